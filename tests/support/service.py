@@ -1,0 +1,183 @@
+"""Start a real `failsoft serve` for a test: its own config, data and log dirs, a free port, and no orphans.
+
+    with running_service(tmp_path, enable_faults=True) as svc:
+        client = openai.OpenAI(base_url=svc.base_url + "/v1", api_key="unused", max_retries=0)
+        ...
+
+The context manager returns once `/api/status` reports both workers ready, and on exit stops the service
+with SIGTERM (then SIGKILL) and kills any worker process it left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import tomli_w
+
+READY_TIMEOUT = 120.0
+STOP_TIMEOUT = 20.0
+
+
+@dataclass
+class ServiceHandle:
+    """A running service: where it listens and where it keeps its files."""
+
+    base_url: str
+    process: subprocess.Popen[bytes]
+    root: Path
+    config_path: Path
+    data_dir: Path
+    log_dir: Path
+    api_key: str = ""
+    output_path: Path = field(default_factory=Path)
+
+    @property
+    def v1(self) -> str:
+        """The base URL the openai client wants."""
+        return self.base_url + "/v1"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def status(self) -> dict[str, Any]:
+        response = httpx.get(self.base_url + "/api/status", headers=self.headers(), timeout=10)
+        response.raise_for_status()
+        data: dict[str, Any] = response.json()
+        return data
+
+    def wait_workers_ready(self, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
+        """Poll /api/status until both workers are ready (e.g. after a fault restarted one)."""
+        return _wait_ready(self, time.monotonic() + timeout)
+
+    def output(self) -> str:
+        """What the service printed so far (stdout and stderr), for failure messages."""
+        try:
+            return self.output_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _both_ready(status: dict[str, Any]) -> bool:
+    workers = status.get("workers") or {}
+    return all((workers.get(role) or {}).get("state") == "ready" for role in ("gpu", "cpu"))
+
+
+def _wait_ready(handle: ServiceHandle, deadline: float) -> dict[str, Any]:
+    last_error = "no answer yet"
+    while time.monotonic() < deadline:
+        if handle.process.poll() is not None:
+            raise RuntimeError(
+                f"failsoft serve exited with {handle.process.returncode} before it was ready:\n{handle.output()}"
+            )
+        try:
+            status = handle.status()
+        except (httpx.HTTPError, ValueError) as error:
+            last_error = repr(error)
+        else:
+            if _both_ready(status):
+                return status
+            last_error = f"workers: {status.get('workers')}"
+        time.sleep(0.1)
+    raise TimeoutError(f"service not ready in time ({last_error}):\n{handle.output()}")
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def stop_process_tree(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM the service (it stops its workers), then make sure nothing it started survives."""
+    children = _descendants(process.pid)
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout)
+    children += _descendants(process.pid)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=timeout)
+
+
+def write_config(path: Path, settings: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(settings), encoding="utf-8")
+
+
+@contextlib.contextmanager
+def running_service(
+    root: Path,
+    *,
+    simulate_vram: str = "4GiB",
+    enable_faults: bool = False,
+    settings: dict[str, Any] | None = None,
+    data_dir: Path | None = None,
+    ready_timeout: float = READY_TIMEOUT,
+    extra_args: list[str] | None = None,
+) -> Iterator[ServiceHandle]:
+    """Run `failsoft serve` in `root` (config/data/logs live there); yields once both workers are ready.
+
+    `settings` is the TOML config as a dict (e.g. {"failover": {"fallback": "approval"}}); pass the same
+    `data_dir` to a second service to see the first one's journal (restart tests).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    config_path = root / "config.toml"
+    data_dir = data_dir or root / "data"
+    log_dir = root / "logs"
+    write_config(config_path, settings or {})
+    port = free_port()
+    env = {
+        **os.environ,
+        "FAILSOFT_CONFIG": str(config_path),
+        "FAILSOFT_DATA_DIR": str(data_dir),
+        "FAILSOFT_LOG_DIR": str(log_dir),
+        "PYTHONUNBUFFERED": "1",
+    }
+    command = [sys.executable, "-m", "tray_app", "serve", "--port", str(port), "--simulate-vram", simulate_vram]
+    if enable_faults:
+        command.append("--enable-faults")
+    command += extra_args or []
+    output_path = root / f"serve-{port}.log"
+    with output_path.open("wb") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    api_key = str((settings or {}).get("server", {}).get("api_key", ""))
+    handle = ServiceHandle(
+        base_url=f"http://127.0.0.1:{port}",
+        process=process,
+        root=root,
+        config_path=config_path,
+        data_dir=data_dir,
+        log_dir=log_dir,
+        api_key=api_key,
+        output_path=output_path,
+    )
+    try:
+        _wait_ready(handle, time.monotonic() + ready_timeout)
+        yield handle
+    finally:
+        stop_process_tree(process)

@@ -1,0 +1,3 @@
+from tray_app.cli import main
+
+raise SystemExit(main())

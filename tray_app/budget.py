@@ -1,0 +1,105 @@
+"""Config -> device probe + model info -> the GPU plan and the CPU plan: the one call the service makes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from tray_app import calibration
+from tray_app.config import Config
+from tray_app.device import DeviceMemory, GpuDevice, SimulatedDevice, probe_gpu, system_ram
+from tray_app.model_info import ModelInfo, inspect_model
+from tray_app.planner import Plan, PlanRequest, plan_cpu, plan_gpu
+from tray_app.sizes import parse_size
+
+
+@dataclass(frozen=True)
+class PlanSet:
+    device: DeviceMemory
+    model: ModelInfo
+    gpu: Plan
+    cpu: Plan
+    ram: DeviceMemory
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device.to_dict(),
+            "model": self.model.to_dict(),
+            "gpu": self.gpu.to_dict(),
+            "cpu": self.cpu.to_dict(),
+            "ram": self.ram.to_dict(),
+        }
+
+
+def physical_cores() -> int:
+    """Physical cores (threads for a llama.cpp worker); logical ones when the count is unknown."""
+    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def gpu_request(cfg: Config) -> PlanRequest:
+    budget = cfg.budget
+    return PlanRequest(
+        n_ctx=budget.n_ctx or None,
+        max_ctx=budget.max_ctx,
+        n_parallel=budget.n_parallel,
+        cache_type_k=budget.cache_type,
+        cache_type_v=budget.cache_type,
+        flash_attn=budget.flash_attn,
+        n_ubatch=budget.n_ubatch,
+        reserve_percent=budget.reserve_percent,
+        reserve_min_bytes=parse_size(budget.reserve_min),
+    )
+
+
+def cpu_request(cfg: Config) -> PlanRequest:
+    # The CPU worker serves one sequence at a time; the same cache settings keep a replayed request's
+    # context compatible with the GPU worker's.
+    return PlanRequest(
+        n_ctx=cfg.cpu.n_ctx or None,
+        max_ctx=cfg.cpu.max_ctx,
+        n_parallel=1,
+        cache_type_k=cfg.budget.cache_type,
+        cache_type_v=cfg.budget.cache_type,
+        flash_attn=cfg.budget.flash_attn,
+        n_ubatch=cfg.budget.n_ubatch,
+        reserve_percent=cfg.cpu.reserve_percent,
+        reserve_min_bytes=parse_size(cfg.cpu.reserve_min),
+    )
+
+
+def gpu_memory(cfg: Config, vram_override: int | None = None, gpu: GpuDevice | None = None) -> DeviceMemory:
+    """The GPU to plan for: a GPU of `vram_override` bytes (what-if, nothing else on it), else `gpu` (the
+    service's live device, e.g. a simulated one under drill pressure), else the device the config names."""
+    if vram_override is not None:
+        what_if = SimulatedDevice(vram_override, name="GPU (size given on the command line)").memory()
+        reason = f"planning for a GPU of {what_if.total_bytes} bytes as asked; no device was probed"
+        return DeviceMemory(
+            name=what_if.name,
+            kind="simulated",
+            total_bytes=what_if.total_bytes,
+            free_bytes=what_if.free_bytes,
+            used_by_others_bytes=0,
+            simulated=True,
+            reason=reason,
+        )
+    return (gpu if gpu is not None else probe_gpu(cfg.device)).memory()
+
+
+def plan_from_config(
+    cfg: Config, *, vram_override: int | None = None, gpu: GpuDevice | None = None
+) -> PlanSet:
+    """Probe the devices, inspect the model and plan both workers, using measured compute buffers when known."""
+    model_path = cfg.model_path()
+    model = inspect_model(model_path)
+    measured = calibration.measured_compute(model_path)
+    device = gpu_memory(cfg, vram_override, gpu)
+    ram = system_ram()
+    return PlanSet(
+        device=device,
+        model=model,
+        gpu=plan_gpu(device, model, gpu_request(cfg), measured),
+        cpu=plan_cpu(ram, model, cpu_request(cfg), measured),
+        ram=ram,
+    )

@@ -1,0 +1,122 @@
+"""The `failsoft` command. Each subcommand lives in its own module, imported only when it runs, so
+`failsoft plan` never loads Qt and `failsoft serve` never needs a display."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tray_app import __version__, config
+
+# subcommand -> "module:function"; the function takes the parsed args and returns an exit status.
+HANDLERS = {
+    None: "tray_app.ui.app:run",
+    "plan": "tray_app.plan_command:run",
+    "config": "tray_app.cli:show_config",
+    "serve": "tray_app.service.serve_command:run",
+    "drill": "tray_app.drill.command:run",
+    "bench": "tray_app.bench.command:run",
+}
+
+
+def _add_model_and_device(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, help="GGUF model file (default: config, else the bundled SmolLM2)")
+    parser.add_argument(
+        "--simulate-vram",
+        metavar="SIZE",
+        help='stand in for a GPU of this size, e.g. "4GiB" (always shown as simulated)',
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="failsoft", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"failsoft {__version__}")
+    parser.add_argument("--config", type=Path, help="config file (default: the user config dir, or $FAILSOFT_CONFIG)")
+    parser.add_argument("--attach", metavar="URL", help="show the tray for a service already running at URL")
+    _add_model_and_device(parser)
+    parser.add_argument("--enable-faults", action="store_true", help="allow fault injection (drills only)")
+    sub = parser.add_subparsers(dest="command")
+
+    plan = sub.add_parser("plan", help="print the VRAM budget split and the caps it leads to")
+    plan.add_argument("--model", type=Path, help="GGUF model file")
+    vram = plan.add_mutually_exclusive_group()
+    vram.add_argument("--vram", metavar="SIZE", help="plan for a GPU of this size instead of the detected one")
+    vram.add_argument("--simulate-vram", metavar="SIZE", help="plan for a simulated GPU of this size")
+    plan.add_argument("--ctx", type=int, help="context length to plan for (total over all sequences)")
+    plan.add_argument("--parallel", type=int, help="parallel sequences")
+    plan.add_argument("--reserve", type=float, metavar="PCT", help="VRAM reserve in percent")
+    plan.add_argument("--cache-type", choices=["f16", "q8_0", "q4_0"], help="KV cache type")
+    plan.add_argument("--flash-attn", action="store_true", default=None, help="plan with flash attention")
+    plan.add_argument("--json", action="store_true", help="print one JSON object, sizes in bytes")
+
+    show = sub.add_parser("config", help="print the effective config")
+    show.add_argument("--json", action="store_true", help="as JSON instead of TOML")
+
+    serve = sub.add_parser("serve", help="run the service headless (supervisor, workers, router)")
+    _add_model_and_device(serve)
+    serve.add_argument("--host", help="address to bind (beyond loopback only with server.api_key set)")
+    serve.add_argument("--port", type=int, help="port (default 8750)")
+    serve.add_argument("--enable-faults", action="store_true", help="expose POST /api/debug/faults for drills")
+
+    drill = sub.add_parser("drill", help="the deliberate memory test: push past the GPU profile, record what happens")
+    drill.add_argument("--url", help="a running service started with --enable-faults (default: start one)")
+    _add_model_and_device(drill)
+    drill.add_argument("--pressure", metavar="SIZE", help="take this much VRAM away from the GPU worker")
+    drill.add_argument("--scenario", action="append", help="run only these scenarios (a..g); repeatable")
+    drill.add_argument("--json", action="store_true", help="print the JSON report")
+
+    bench = sub.add_parser("bench", help="router overhead, failover overhead, profiles and planner accuracy")
+    _add_model_and_device(bench)
+    bench.add_argument("--rounds", type=int, default=40, help="requests per measurement")
+    bench.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def load_config(args: argparse.Namespace) -> config.Config:
+    """The config file with the command line's overrides applied (overrides are validated the same way)."""
+    cfg = config.load(args.config)
+    if getattr(args, "model", None):
+        cfg.model.path = str(args.model)
+    if getattr(args, "simulate_vram", None):
+        cfg.device.simulate_vram = args.simulate_vram
+    if getattr(args, "host", None):
+        cfg.server.host = args.host
+    if getattr(args, "port", None):
+        cfg.server.port = args.port
+    return config.from_dict(cfg.to_dict(), source=cfg.source)
+
+
+def show_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args)
+    if args.json:
+        print(json.dumps({"source": cfg.source, **cfg.to_dict()}, indent=2))
+    else:
+        import tomli_w
+
+        print(f"# effective config; file: {cfg.source}")
+        print(tomli_w.dumps(cfg.to_dict()), end="")
+    return 0
+
+
+def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
+    module_name, function_name = target.split(":")
+    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module_name), function_name)
+    return handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.config:
+        os.environ["FAILSOFT_CONFIG"] = str(args.config)
+    try:
+        return _resolve(HANDLERS[args.command])(args)
+    except config.ConfigError as error:
+        print(f"failsoft: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

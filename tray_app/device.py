@@ -1,0 +1,212 @@
+"""Device memory: a real NVIDIA GPU through NVML, a simulated GPU (a ledger of who holds what), or system RAM."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+import psutil
+
+from tray_app.config import DeviceConfig
+from tray_app.sizes import format_size, parse_size
+
+DeviceKind = Literal["nvidia", "simulated", "none", "ram"]
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process (or, on a simulated device, a labelled holder) using device memory."""
+
+    pid: int | None
+    name: str
+    used_bytes: int | None  # NVML may not know (e.g. under some drivers or without permission)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    name: str
+    kind: DeviceKind
+    total_bytes: int
+    free_bytes: int
+    used_by_others_bytes: int  # in use before our worker counts: other processes, driver, pressure drills
+    simulated: bool
+    reason: str = ""  # why the device is what it is ("no NVIDIA GPU: ...", "simulated 4.00 GiB")
+    processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+
+    @property
+    def available(self) -> bool:
+        return self.kind != "none" and self.total_bytes > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["processes"] = [asdict(process) for process in self.processes]
+        return data
+
+
+class GpuDevice(Protocol):
+    """Something whose memory can be read now; the planner reads it, never holds it."""
+
+    @property
+    def simulated(self) -> bool: ...
+
+    def memory(self) -> DeviceMemory: ...
+
+
+def no_gpu(reason: str) -> DeviceMemory:
+    return DeviceMemory(
+        name="no GPU", kind="none", total_bytes=0, free_bytes=0, used_by_others_bytes=0, simulated=False, reason=reason
+    )
+
+
+class SimulatedDevice:
+    """A GPU of a configured size that exists only as a ledger. Drills `take` memory away to create pressure,
+    exactly as another process would on a real card; `release` gives it back. Thread-safe."""
+
+    simulated = True
+
+    def __init__(self, total_bytes: int, name: str = "simulated GPU") -> None:
+        if total_bytes <= 0:
+            raise ValueError(f"a simulated GPU needs a positive size, got {total_bytes}")
+        self.total_bytes = total_bytes
+        self.name = name
+        self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, label: str, num_bytes: int) -> None:
+        """`label` now holds `num_bytes` (replacing what it held); more than is free raises MemoryError."""
+        if num_bytes < 0:
+            raise ValueError(f"cannot take a negative size ({num_bytes})")
+        with self._lock:
+            others = sum(size for holder, size in self._held.items() if holder != label)
+            if others + num_bytes > self.total_bytes:
+                raise MemoryError(
+                    f"{self.name}: cannot take {format_size(num_bytes)} for {label!r}, "
+                    f"only {format_size(self.total_bytes - others)} free"
+                )
+            self._held[label] = num_bytes
+
+    def release(self, label: str) -> int:
+        """Give back what `label` held; returns those bytes (0 if it held nothing)."""
+        with self._lock:
+            return self._held.pop(label, 0)
+
+    def held(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._held)
+
+    def memory(self, exclude_labels: Iterable[str] = ()) -> DeviceMemory:
+        """The ledger as device memory; holders in `exclude_labels` (our own worker) do not count as others."""
+        excluded = set(exclude_labels)
+        with self._lock:
+            held = dict(self._held)
+        used = sum(held.values())
+        others = sum(size for label, size in held.items() if label not in excluded)
+        return DeviceMemory(
+            name=self.name,
+            kind="simulated",
+            total_bytes=self.total_bytes,
+            free_bytes=self.total_bytes - used,
+            used_by_others_bytes=others,
+            simulated=True,
+            reason=f"simulated {format_size(self.total_bytes)} GPU (no real device memory is used)",
+            processes=tuple(GpuProcess(pid=None, name=label, used_bytes=size) for label, size in held.items()),
+        )
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return str(psutil.Process(pid).name())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "?"  # another container's pid namespace, or already gone
+
+
+def nvml_memory(index: int = 0, exclude_pids: Iterable[int] = ()) -> DeviceMemory:
+    """Read one NVIDIA GPU through NVML; any NVML failure (no driver, no device) gives kind "none" with why."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return no_gpu(f"no NVIDIA GPU: {error}")
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if index >= count:
+            return no_gpu(f"no NVIDIA GPU: device index {index} requested, {count} found")
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        processes = tuple(
+            GpuProcess(pid=int(p.pid), name=_process_name(int(p.pid)), used_bytes=p.usedGpuMemory)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        )
+    except pynvml.NVMLError as error:
+        return no_gpu(f"no NVIDIA GPU: {error}")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass  # shutting down a half-initialised NVML has nothing left to release
+    excluded = set(exclude_pids)
+    ours = sum(p.used_bytes or 0 for p in processes if p.pid in excluded)
+    total, free = int(info.total), int(info.free)
+    return DeviceMemory(
+        name=name.decode() if isinstance(name, bytes) else str(name),
+        kind="nvidia",
+        total_bytes=total,
+        free_bytes=free,
+        # Everything not free is someone else's (other processes, driver reservation) except our own worker.
+        used_by_others_bytes=max(0, total - free - ours),
+        simulated=False,
+        reason=f"NVIDIA GPU {index} through NVML",
+        processes=processes,
+    )
+
+
+class NvmlDevice:
+    """A real NVIDIA GPU, read fresh on every call."""
+
+    simulated = False
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+
+    def memory(self, exclude_pids: Iterable[int] = ()) -> DeviceMemory:
+        return nvml_memory(self.index, exclude_pids)
+
+
+class AbsentDevice:
+    """No GPU: every reading says so, with the reason found at probe time."""
+
+    simulated = False
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def memory(self) -> DeviceMemory:
+        return no_gpu(self.reason)
+
+
+def probe_gpu(device_config: DeviceConfig) -> SimulatedDevice | NvmlDevice | AbsentDevice:
+    """The simulated GPU when configured (`device.simulate_vram`), else the NVIDIA GPU if NVML finds one."""
+    if device_config.simulate_vram:
+        return SimulatedDevice(parse_size(device_config.simulate_vram))
+    reading = nvml_memory(device_config.gpu_index)
+    if reading.kind == "none":
+        return AbsentDevice(reading.reason)
+    return NvmlDevice(device_config.gpu_index)
+
+
+def system_ram() -> DeviceMemory:
+    """System RAM as a device: what the CPU worker is planned against."""
+    memory = psutil.virtual_memory()
+    return DeviceMemory(
+        name="system RAM",
+        kind="ram",
+        total_bytes=int(memory.total),
+        free_bytes=int(memory.available),
+        used_by_others_bytes=int(memory.total - memory.available),
+        simulated=False,
+        reason="system RAM (psutil)",
+    )

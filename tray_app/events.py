@@ -1,0 +1,169 @@
+"""Events are plain data. This module imports nothing else of the project, so any layer can publish them and
+any client (the HTTP event stream, the Qt tray adapter, tests) can consume them.
+
+Every event has a `type` (its wire name), a wall-clock `at`, and fields of its own. `to_dict()` is what goes
+out on /api/events as the JSON `data:` of a server-sent event whose `event:` is the type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Event:
+    type: ClassVar[str] = "event"
+    at: float = field(default_factory=time.time, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class WorkerStateChanged(Event):
+    type: ClassVar[str] = "worker_state"
+    role: str
+    old: str
+    new: str
+    reason: str
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerUnhealthy(Event):
+    type: ClassVar[str] = "worker_unhealthy"
+    role: str
+    kind: str  # failure kind: oom_load, oom_decode, crash_abort, killed, hung, bad_config, exited
+    reason: str
+
+
+@dataclass(frozen=True)
+class WorkerRestarted(Event):
+    type: ClassVar[str] = "worker_restarted"
+    role: str
+    pid: int | None
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class BudgetUpdated(Event):
+    type: ClassVar[str] = "budget"
+    plan: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RouteDecided(Event):
+    type: ClassVar[str] = "route_decided"
+    job_id: str
+    route: str  # gpu, cpu, approval, refused
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobStateChanged(Event):
+    type: ClassVar[str] = "job_state"
+    job_id: str
+    state: str
+    worker: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueChanged(Event):
+    type: ClassVar[str] = "queue"
+    depth: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class FallbackStarted(Event):
+    type: ClassVar[str] = "fallback_started"
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FallbackCompleted(Event):
+    type: ClassVar[str] = "fallback_completed"
+    job_id: str
+    reason: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FallbackRefused(Event):
+    type: ClassVar[str] = "fallback_refused"
+    job_id: str
+    reason: str  # cpu_too_slow, cpu_ram_insufficient, no_cpu_worker, effects_delivered, stream_started, ...
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ApprovalNeeded(Event):
+    type: ClassVar[str] = "approval_needed"
+    job_id: str
+    estimated_seconds: float
+    preview: str
+
+
+Listener = Callable[[Event], None]
+
+
+class EventBus:
+    """Fan-out of events to listeners and async subscribers; safe to publish from any thread.
+
+    Keeps the last `history` events so a client that connects late can catch up.
+    """
+
+    def __init__(self, history: int = 200) -> None:
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self._queues: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[Event]]] = []
+        self._recent: deque[Event] = deque(maxlen=history)
+
+    def publish(self, event: Event) -> None:
+        with self._lock:
+            self._recent.append(event)
+            listeners = list(self._listeners)
+            queues = list(self._queues)
+        for listener in listeners:
+            listener(event)
+        for loop, queue in queues:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        with self._lock:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return remove
+
+    def recent(self) -> list[Event]:
+        with self._lock:
+            return list(self._recent)
+
+    async def subscribe(self) -> AsyncIterator[Event]:
+        """Events published from now on, in order, until the consumer stops iterating."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        entry = (asyncio.get_running_loop(), queue)
+        with self._lock:
+            self._queues.append(entry)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            with self._lock:
+                self._queues.remove(entry)

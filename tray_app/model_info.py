@@ -1,0 +1,153 @@
+"""What the planner needs to know about a GGUF model, read with the `gguf` library (metadata and tensor table)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
+_READ_ERRORS = (OSError, ValueError, IndexError, KeyError, TypeError, OverflowError)
+
+
+class ModelFileError(ValueError):
+    """The model file is missing, not GGUF, truncated or lacks what the planner needs; the message names it."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    architecture: str
+    n_layers: int  # repeating blocks ("block_count")
+    n_embd: int
+    n_head: int
+    n_head_kv: tuple[int, ...]  # per layer; a scalar in the file is expanded
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    n_vocab: int
+    n_ff: int  # feed-forward width (largest layer)
+    file_bytes: int
+    layer_bytes: tuple[int, ...]  # tensor bytes of each repeating layer
+    non_layer_bytes: int  # token embedding, output, norms and anything else outside the blocks
+    input_bytes: int  # what llama.cpp keeps on the CPU as the input layer (token embedding)
+    output_layer_bytes: int  # what goes to the output device: output norm + output (the embedding when tied)
+
+    @property
+    def weights_bytes(self) -> int:
+        """All tensor bytes in the file (what a CPU-only load maps)."""
+        return sum(self.layer_bytes) + self.non_layer_bytes
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["n_head_kv"] = list(self.n_head_kv)
+        data["layer_bytes"] = list(self.layer_bytes)
+        data["weights_bytes"] = self.weights_bytes
+        return data
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.get_field(key)
+    return None if field is None else field.contents()
+
+
+def _required_int(reader: Any, path: Path, key: str) -> int:
+    value = _field(reader, key)
+    if value is None:
+        raise ModelFileError(f"{path}: GGUF metadata lacks {key}")
+    return int(max(value) if isinstance(value, list) else value)
+
+
+def _per_layer(value: Any, n_layers: int, default: int) -> tuple[int, ...]:
+    if value is None:
+        return (default,) * n_layers
+    if isinstance(value, list):
+        if len(value) != n_layers:
+            raise ValueError(f"per-layer value has {len(value)} entries for {n_layers} layers")
+        return tuple(int(v) for v in value)
+    return (int(value),) * n_layers
+
+
+def _open(path: Path) -> Any:
+    # Imported here: gguf pulls in numpy, which callers that only parse logs do not need.
+    from gguf import GGUFReader
+
+    if not path.is_file():
+        raise ModelFileError(f"{path}: model file not found")
+    try:
+        reader = GGUFReader(path)
+    except _READ_ERRORS as error:
+        raise ModelFileError(f"{path}: not a readable GGUF file ({error})") from None
+    file_bytes = path.stat().st_size
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > file_bytes:
+        raise ModelFileError(f"{path}: truncated GGUF file ({file_bytes} bytes, its tensors need {end})")
+    return reader
+
+
+def _tensor_bytes(tensors: Sequence[Any], n_layers: int) -> tuple[list[int], dict[str, int]]:
+    layer_bytes = [0] * n_layers
+    others: dict[str, int] = {}
+    for tensor in tensors:
+        match = _LAYER_TENSOR.match(tensor.name)
+        if match and int(match.group(1)) < n_layers:
+            layer_bytes[int(match.group(1))] += int(tensor.n_bytes)
+        else:
+            others[tensor.name] = int(tensor.n_bytes)
+    return layer_bytes, others
+
+
+def inspect_model(path: str | Path) -> ModelInfo:
+    """Read the GGUF header and tensor table; ModelFileError (naming the file) when that is not possible."""
+    path = Path(path)
+    reader = _open(path)
+    arch = _field(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(f"{path}: GGUF metadata lacks general.architecture")
+    try:
+        n_layers = _required_int(reader, path, f"{arch}.block_count")
+        n_embd = _required_int(reader, path, f"{arch}.embedding_length")
+        head_counts = _per_layer(_field(reader, f"{arch}.attention.head_count"), n_layers, 0)
+        n_head = head_counts[0] if head_counts else 0
+        if n_head <= 0:
+            raise ModelFileError(f"{path}: GGUF metadata lacks {arch}.attention.head_count")
+        n_head_kv = _per_layer(_field(reader, f"{arch}.attention.head_count_kv"), n_layers, n_head)
+        # llama.cpp's default when the file does not say: the embedding split evenly over the heads.
+        head_dim_k = int(_field(reader, f"{arch}.attention.key_length") or n_embd // n_head)
+        head_dim_v = int(_field(reader, f"{arch}.attention.value_length") or n_embd // n_head)
+        tokens = reader.get_field("tokenizer.ggml.tokens")
+        n_vocab = int(_field(reader, f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else 0))
+        n_ctx_train = _required_int(reader, path, f"{arch}.context_length")
+        n_ff_value = _field(reader, f"{arch}.feed_forward_length")
+    except _READ_ERRORS as error:
+        raise ModelFileError(f"{path}: unexpected GGUF metadata ({error})") from None
+    n_ff = int(max(n_ff_value) if isinstance(n_ff_value, list) else (n_ff_value or 4 * n_embd))
+    layer_bytes, others = _tensor_bytes(reader.tensors, n_layers)
+    input_bytes = others.get("token_embd.weight", 0)
+    output_bytes = sum(size for name, size in others.items() if name.startswith(("output.", "output_norm.")))
+    if "output.weight" not in others:
+        output_bytes += input_bytes  # tied embeddings: llama.cpp duplicates the embedding on the output device
+    return ModelInfo(
+        path=str(path),
+        architecture=arch,
+        n_layers=n_layers,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        n_ctx_train=n_ctx_train,
+        n_vocab=n_vocab,
+        n_ff=n_ff,
+        file_bytes=path.stat().st_size,
+        layer_bytes=tuple(layer_bytes),
+        non_layer_bytes=sum(others.values()),
+        input_bytes=input_bytes,
+        output_layer_bytes=output_bytes,
+    )

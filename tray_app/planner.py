@@ -1,0 +1,432 @@
+"""The VRAM (and RAM) budget planner: pure functions over device memory, model info and a request; no I/O.
+
+What a llama.cpp worker puts on a device: the weights of the layers it offloads, their KV cache, and a compute
+buffer (the graph's workspace). Around that sit a reserve we promise never to spend and whatever other processes
+already use. The planner picks the layer split, the context and the concurrency so that the reserve stays
+intact, and says why in words.
+
+Layer counting follows llama.cpp: a model with N repeating blocks has N + 1 offloadable layers, the last being
+the output layer (output norm and output matrix), so `n_gpu_layers == n_layers` means everything on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from tray_app.device import DeviceMemory
+from tray_app.model_info import ModelInfo
+from tray_app.sizes import format_size
+
+CacheType = Literal["f16", "q8_0", "q4_0"]
+Verdict = Literal["gpu", "split", "cpu"]
+
+# Bytes per block and elements per block of each KV cache type (ggml's type sizes).
+CACHE_TYPE_BLOCKS: dict[str, tuple[int, int]] = {"f16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32)}
+# llama.cpp rounds the context (and each sequence's share of it) up to a multiple of this.
+CTX_PAD = 256
+FLOAT_BYTES = 4
+
+
+class PlanError(ValueError):
+    """The request cannot be planned as asked (e.g. a quantised V cache without flash attention)."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    n_ctx: int | None = None  # total over all sequences; None: the largest that fits
+    max_ctx: int = 8192
+    n_parallel: int = 1
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"
+    flash_attn: bool = False
+    n_ubatch: int = 512
+    reserve_percent: float = 10.0
+    reserve_min_bytes: int = 256 * 1024**2
+    # With no context asked for: keep all layers on the GPU only if at least this much context fits with them;
+    # below it, offloading fewer layers and keeping a useful context is the better trade.
+    min_ctx: int = 2048
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """What the compute buffer depends on, for a given model: the key of a measurement."""
+
+    n_ctx: int
+    n_parallel: int
+    cache_type_k: str
+    cache_type_v: str
+    flash_attn: bool
+    n_ubatch: int
+
+
+MeasuredCompute = Callable[[ComputeSettings], int | None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    verdict: Verdict
+    reason: str
+    fits: bool  # the plan keeps the reserve intact
+    n_gpu_layers: int
+    n_layers: int  # offloadable layers: repeating blocks + the output layer
+    n_ctx: int
+    n_parallel: int
+    n_ctx_per_seq: int
+    weights_bytes: int  # on this device
+    kv_bytes: int  # on this device
+    compute_bytes: int  # on this device
+    output_bytes: int  # logits buffer; host memory, not counted against the device
+    reserve_bytes: int
+    other_bytes: int
+    free_bytes: int  # left over after everything above; weights+kv+compute+reserve+other+free = total
+    total_bytes: int
+    simulated: bool
+    device_name: str
+    device_kind: str
+    cache_type_k: str
+    cache_type_v: str
+    flash_attn: bool
+    n_ubatch: int
+    compute_source: Literal["estimate", "measured"]
+    host_weights_bytes: int  # weights left in system RAM (the CPU's share of a split, or all of them)
+    host_kv_bytes: int  # KV cache of the layers left on the CPU
+
+    @property
+    def used_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------- sizes
+
+
+def cache_row_bytes(cache_type: str, n_elements: int) -> int:
+    """Bytes of one cache row of `n_elements` values (ggml_row_size)."""
+    try:
+        block_bytes, block_elements = CACHE_TYPE_BLOCKS[cache_type]
+    except KeyError:
+        raise PlanError(f"unknown cache type {cache_type!r}; use one of {', '.join(CACHE_TYPE_BLOCKS)}") from None
+    return -(-n_elements // block_elements) * block_bytes
+
+
+def padded_context(n_ctx: int, n_parallel: int) -> tuple[int, int]:
+    """(n_ctx, n_ctx_per_seq) as llama.cpp sets them: the total padded to 256, each sequence's share padded to
+    256, the total then made the exact multiple (non-unified cache: one stream per sequence)."""
+    total = -(-max(n_ctx, 1) // CTX_PAD) * CTX_PAD
+    per_seq = -(-(total // n_parallel) // CTX_PAD) * CTX_PAD
+    return per_seq * n_parallel, per_seq
+
+
+def kv_cache_bytes(model: ModelInfo, n_ctx: int, request: PlanRequest, layers: range | None = None) -> int:
+    """Σ over layers of n_ctx × (row of K + row of V): exactly what llama.cpp allocates for these layers."""
+    layers = layers if layers is not None else range(model.n_layers)
+    # Without flash attention V is stored transposed, every layer padded to the widest V (llama.cpp does so).
+    widest_v = max(model.n_head_kv, default=0) * model.head_dim_v
+    total = 0
+    for layer in layers:
+        n_head_kv = model.n_head_kv[layer]
+        if n_head_kv == 0:
+            continue  # a layer without attention has no cache
+        k_row = cache_row_bytes(request.cache_type_k, n_head_kv * model.head_dim_k)
+        v_width = n_head_kv * model.head_dim_v if request.flash_attn else widest_v
+        total += n_ctx * (k_row + cache_row_bytes(request.cache_type_v, v_width))
+    return total
+
+
+def output_buffer_bytes(model: ModelInfo, n_parallel: int) -> int:
+    """The logits buffer llama.cpp reserves at start: one row of n_vocab floats per sequence."""
+    return model.n_vocab * n_parallel * FLOAT_BYTES
+
+
+def estimate_compute_bytes(model: ModelInfo, settings: ComputeSettings) -> int:
+    """An estimate of llama.cpp's compute buffer (the graph's peak workspace) for a full prompt batch.
+
+    The worst case it reserves is one ubatch of prompt tokens attending to the whole cache. Without flash
+    attention the attention scores are materialised (K·Q and its softmax, f32, one n_ctx_seq × ubatch matrix
+    per head); with it they stay in tiles. The logits of the batch (ubatch × n_vocab, f32) are the other peak.
+    """
+    n_tokens = min(settings.n_ctx, settings.n_ubatch)
+    n_ctx_seq = settings.n_ctx // settings.n_parallel
+    # the residual stream and the widest intermediate (feed-forward), a few copies alive at once
+    activations = n_tokens * (model.n_embd * 4 + model.n_ff * 3) * FLOAT_BYTES
+    if settings.flash_attn:
+        attention = n_tokens * model.n_head * model.head_dim_v * 2 * FLOAT_BYTES + n_ctx_seq * n_tokens * 2
+    else:
+        attention = 2 * n_ctx_seq * n_tokens * model.n_head * FLOAT_BYTES
+    logits = n_tokens * model.n_vocab * FLOAT_BYTES
+    return max(attention + activations, logits + activations)
+
+
+def reserve_bytes(total_bytes: int, percent: float, minimum: int) -> int:
+    """The larger of a share of the device and an absolute floor."""
+    return max(int(total_bytes * percent / 100), minimum)
+
+
+def gpu_weights_bytes(model: ModelInfo, n_gpu_layers: int) -> int:
+    """Weights llama.cpp puts on the GPU for `n_gpu_layers`: the last blocks, then the output layer."""
+    blocks = min(n_gpu_layers, model.n_layers)
+    weights = sum(model.layer_bytes[model.n_layers - blocks :]) if blocks else 0
+    if n_gpu_layers > model.n_layers:
+        weights += model.output_layer_bytes
+    return weights
+
+
+def _gpu_blocks(model: ModelInfo, n_gpu_layers: int) -> range:
+    blocks = min(n_gpu_layers, model.n_layers)
+    return range(model.n_layers - blocks, model.n_layers)
+
+
+# ---------------------------------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True)
+class _Budget:
+    device: DeviceMemory
+    model: ModelInfo
+    request: PlanRequest
+    measured: MeasuredCompute | None
+    reserve: int
+    usable: int  # total - others - reserve
+    host: bool = False  # planning system RAM: every weight and cache row lives there
+    _computed: dict[tuple[int, int], tuple[int, Literal["estimate", "measured"]]] = field(default_factory=dict)
+
+    def weights(self, n_gpu_layers: int) -> int:
+        if self.host:
+            return self.model.weights_bytes if n_gpu_layers else 0
+        return gpu_weights_bytes(self.model, n_gpu_layers)
+
+    def compute(self, n_ctx: int, n_parallel: int) -> tuple[int, Literal["estimate", "measured"]]:
+        if (n_ctx, n_parallel) not in self._computed:
+            self._computed[n_ctx, n_parallel] = self._compute(n_ctx, n_parallel)
+        return self._computed[n_ctx, n_parallel]
+
+    def _compute(self, n_ctx: int, n_parallel: int) -> tuple[int, Literal["estimate", "measured"]]:
+        settings = ComputeSettings(
+            n_ctx=n_ctx,
+            n_parallel=n_parallel,
+            cache_type_k=self.request.cache_type_k,
+            cache_type_v=self.request.cache_type_v,
+            flash_attn=self.request.flash_attn,
+            n_ubatch=self.request.n_ubatch,
+        )
+        found = self.measured(settings) if self.measured else None
+        if found is not None:
+            return found, "measured"
+        return estimate_compute_bytes(self.model, settings), "estimate"
+
+    def need(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> int:
+        if n_gpu_layers == 0:
+            return 0
+        kv = kv_cache_bytes(self.model, n_ctx, self.request, _gpu_blocks(self.model, n_gpu_layers))
+        return self.weights(n_gpu_layers) + kv + self.compute(n_ctx, n_parallel)[0]
+
+    def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> bool:
+        return self.need(n_gpu_layers, n_ctx, n_parallel) <= self.usable
+
+    def context_cap(self, n_parallel: int) -> int:
+        return min(self.request.max_ctx, self.model.n_ctx_train * n_parallel)
+
+    def largest_ctx(self, n_gpu_layers: int, n_parallel: int, floor: int) -> int | None:
+        """The largest padded context (at least `floor`) at which these layers fit, or None."""
+        step = CTX_PAD * n_parallel
+        n_ctx = self.context_cap(n_parallel) // step * step
+        while n_ctx >= max(floor, step):
+            if self.fits(n_gpu_layers, n_ctx, n_parallel):
+                return n_ctx
+            n_ctx -= step
+        return None
+
+    def largest_layers(self, n_ctx: int, n_parallel: int) -> int:
+        for n_gpu_layers in range(self.model.n_layers, 0, -1):  # n_layers blocks: all but the output layer
+            if self.fits(n_gpu_layers, n_ctx, n_parallel):
+                return n_gpu_layers
+        return 0
+
+    def plan(self, verdict: Verdict, n_gpu_layers: int, n_ctx: int, n_parallel: int, reason: str) -> Plan:
+        model, request, device = self.model, self.request, self.device
+        on_gpu = _gpu_blocks(model, n_gpu_layers)
+        kv = kv_cache_bytes(model, n_ctx, request, on_gpu) if n_gpu_layers else 0
+        compute, source = self.compute(n_ctx, n_parallel) if n_gpu_layers else (0, "estimate")
+        weights = self.weights(n_gpu_layers)
+        other = min(device.used_by_others_bytes, device.total_bytes)
+        reserve = min(self.reserve, device.total_bytes - other)
+        used = weights + kv + compute
+        return Plan(
+            verdict=verdict,
+            reason=reason,
+            fits=used <= self.usable or n_gpu_layers == 0,
+            n_gpu_layers=0 if self.host else n_gpu_layers,
+            n_layers=model.n_layers + 1,
+            n_ctx=n_ctx,
+            n_parallel=n_parallel,
+            n_ctx_per_seq=n_ctx // n_parallel,
+            weights_bytes=weights,
+            kv_bytes=kv,
+            compute_bytes=compute,
+            output_bytes=output_buffer_bytes(model, n_parallel),
+            reserve_bytes=reserve,
+            other_bytes=other,
+            free_bytes=max(0, device.total_bytes - other - reserve - used),
+            total_bytes=device.total_bytes,
+            simulated=device.simulated,
+            device_name=device.name,
+            device_kind=device.kind,
+            cache_type_k=request.cache_type_k,
+            cache_type_v=request.cache_type_v,
+            flash_attn=request.flash_attn,
+            n_ubatch=request.n_ubatch,
+            compute_source=source,
+            host_weights_bytes=model.weights_bytes - weights,
+            host_kv_bytes=kv_cache_bytes(model, n_ctx, request) - kv,
+        )
+
+
+def _check_request(request: PlanRequest) -> None:
+    for name, cache_type in (("K", request.cache_type_k), ("V", request.cache_type_v)):
+        if cache_type not in CACHE_TYPE_BLOCKS:
+            raise PlanError(f"unknown {name} cache type {cache_type!r}; use one of {', '.join(CACHE_TYPE_BLOCKS)}")
+    if request.cache_type_v != "f16" and not request.flash_attn:
+        raise PlanError(
+            f"a quantised V cache ({request.cache_type_v}) needs flash attention: llama.cpp refuses it otherwise; "
+            "enable flash attention or use f16 for V"
+        )
+    if request.n_parallel < 1:
+        raise PlanError(f"n_parallel must be at least 1, got {request.n_parallel}")
+    if request.n_ctx is not None and request.n_ctx < 1:
+        raise PlanError(f"n_ctx must be positive, got {request.n_ctx}")
+    if request.n_ubatch < 1:
+        raise PlanError(f"n_ubatch must be positive, got {request.n_ubatch}")
+
+
+def _budget(
+    device: DeviceMemory,
+    model: ModelInfo,
+    request: PlanRequest,
+    measured: MeasuredCompute | None,
+    host: bool = False,
+) -> _Budget:
+    _check_request(request)
+    reserve = reserve_bytes(device.total_bytes, request.reserve_percent, request.reserve_min_bytes)
+    usable = device.total_bytes - device.used_by_others_bytes - reserve
+    return _Budget(device, model, request, measured, reserve, usable, host)
+
+
+def _where(budget: _Budget) -> str:
+    device = budget.device
+    label = f"the {device.name}" + (" (simulated)" if device.simulated and "simulated" not in device.name else "")
+    return (
+        f"{label}: {format_size(max(budget.usable, 0))} usable of {format_size(device.total_bytes)} after the "
+        f"{format_size(budget.reserve)} reserve and {format_size(device.used_by_others_bytes)} used by others"
+    )
+
+
+def _ctx_words(n_ctx: int, n_parallel: int) -> str:
+    if n_parallel == 1:
+        return f"n_ctx {n_ctx}"
+    return f"n_ctx {n_ctx} ({n_parallel} sequences of {n_ctx // n_parallel})"
+
+
+def _ctx_limit_words(budget: _Budget, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> str:
+    request = budget.request
+    if n_ctx + CTX_PAD * n_parallel <= budget.context_cap(n_parallel):
+        return "context limited by memory"
+    if budget.context_cap(n_parallel) == request.max_ctx:
+        return f"context capped by max_ctx {request.max_ctx}"
+    return f"context capped by the trained context {budget.model.n_ctx_train} per sequence"
+
+
+def _no_gpu_plan(budget: _Budget) -> Plan:
+    device = budget.device
+    n_ctx, _ = padded_context(budget.request.n_ctx or budget.context_cap(1), 1)
+    detail = f" ({device.reason})" if device.reason else ""
+    reason = (
+        f"no GPU to plan for{detail}: nothing goes on a GPU and the model runs on the CPU; "
+        "use --simulate-vram SIZE (or device.simulate_vram) to plan for a GPU of that size"
+    )
+    return replace(budget.plan("cpu", 0, n_ctx, 1, reason), fits=True)
+
+
+def _plan_requested(budget: _Budget, n_ctx_asked: int) -> Plan:
+    n_parallel = budget.request.n_parallel
+    n_ctx, _ = padded_context(n_ctx_asked, n_parallel)
+    full = budget.model.n_layers + 1
+    need_all = budget.need(full, n_ctx, n_parallel)
+    if need_all <= budget.usable:
+        reason = f"all {full} layers fit at {_ctx_words(n_ctx, n_parallel)}, needing {format_size(need_all)} on "
+        return budget.plan("gpu", full, n_ctx, n_parallel, reason + _where(budget))
+    layers = budget.largest_layers(n_ctx, n_parallel)
+    short = f"all {full} layers at {_ctx_words(n_ctx, n_parallel)} need {format_size(need_all)}, more than {_where(budget)}"
+    if layers:
+        reason = f"{short}; {layers} of {full} layers fit on the GPU, the other {full - layers} run on the CPU"
+        return budget.plan("split", layers, n_ctx, n_parallel, reason)
+    return budget.plan("cpu", 0, n_ctx, n_parallel, f"{short}; not even one layer fits, so the model runs on the CPU")
+
+
+def _plan_largest(budget: _Budget) -> Plan:
+    full = budget.model.n_layers + 1
+    for n_parallel in range(budget.request.n_parallel, 0, -1):
+        floor = min(budget.request.min_ctx, budget.context_cap(n_parallel))
+        n_ctx = budget.largest_ctx(full, n_parallel, floor)
+        if n_ctx is None:
+            continue
+        fewer = "" if n_parallel == budget.request.n_parallel else f" (only {n_parallel} of {budget.request.n_parallel} sequences fit)"
+        reason = (
+            f"all {full} layers fit at {_ctx_words(n_ctx, n_parallel)}{fewer}, "
+            f"{_ctx_limit_words(budget, full, n_ctx, n_parallel)}, needing "
+            f"{format_size(budget.need(full, n_ctx, n_parallel))} on {_where(budget)}"
+        )
+        return budget.plan("gpu", full, n_ctx, n_parallel, reason)
+    n_parallel = budget.request.n_parallel
+    target, _ = padded_context(min(budget.request.min_ctx, budget.context_cap(n_parallel)), n_parallel)
+    layers = budget.largest_layers(target, n_parallel)
+    short = f"all {full} layers do not fit with even n_ctx {target} on {_where(budget)}"
+    if not layers:
+        return budget.plan("cpu", 0, target, n_parallel, f"{short}; not even one layer fits, so the model runs on the CPU")
+    n_ctx = budget.largest_ctx(layers, n_parallel, target) or target
+    reason = (
+        f"{short}; {layers} of {full} layers fit on the GPU (the other {full - layers} run on the CPU) "
+        f"at {_ctx_words(n_ctx, n_parallel)}, {_ctx_limit_words(budget, layers, n_ctx, n_parallel)}"
+    )
+    return budget.plan("split", layers, n_ctx, n_parallel, reason)
+
+
+def plan_gpu(
+    device: DeviceMemory, model: ModelInfo, request: PlanRequest, measured: MeasuredCompute | None = None
+) -> Plan:
+    """Split the GPU: all layers if they fit, else the most that fit, else none; the largest context and
+    concurrency (up to what was asked) that keep the reserve intact."""
+    budget = _budget(device, model, request, measured)
+    if not device.available:
+        return _no_gpu_plan(budget)
+    if request.n_ctx is not None:
+        return _plan_requested(budget, request.n_ctx)
+    return _plan_largest(budget)
+
+
+def plan_cpu(
+    ram: DeviceMemory, model: ModelInfo, request: PlanRequest, measured: MeasuredCompute | None = None
+) -> Plan:
+    """Size the CPU worker against system RAM (its own reserve in the request): every layer in RAM, the
+    largest context up to what was asked that keeps the reserve intact."""
+    budget = _budget(ram, model, request, measured, host=True)
+    full = model.n_layers + 1
+    n_parallel = request.n_parallel
+    if request.n_ctx is not None:
+        n_ctx, _ = padded_context(request.n_ctx, n_parallel)
+        fits = budget.fits(full, n_ctx, n_parallel)
+        limit = "as asked"
+    else:
+        found = budget.largest_ctx(full, n_parallel, CTX_PAD * n_parallel)
+        fits = found is not None
+        n_ctx = found if found is not None else CTX_PAD * n_parallel
+        limit = _ctx_limit_words(budget, full, n_ctx, n_parallel)
+    need = format_size(budget.need(full, n_ctx, n_parallel))
+    if fits:
+        reason = f"the CPU worker fits in RAM at {_ctx_words(n_ctx, n_parallel)} ({limit}), needing {need} of {_where(budget)}"
+    else:
+        reason = f"the CPU worker needs {need} at {_ctx_words(n_ctx, n_parallel)}, more than {_where(budget)}"
+    return replace(budget.plan("cpu", full, n_ctx, n_parallel, reason), fits=fits)

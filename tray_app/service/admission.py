@@ -1,0 +1,185 @@
+"""Admission control: count a request's tokens with the model's own tokenizer, and bound how many requests
+run on each worker and how many wait (FIFO, with known positions; a full queue answers at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CHAT_TEMPLATE_STOP = "<|im_end|>"
+
+
+class TokenCounter:
+    """The model's tokenizer and chat template, loaded once (vocab only: no weights, a fraction of a second)."""
+
+    def __init__(self, model_path: Path) -> None:
+        # Imported here so the pure parts of this module load without the native library.
+        import llama_cpp
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self._llama = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+        metadata: dict[str, str] = self._llama.metadata
+        template = metadata.get("tokenizer.chat_template")
+        self._formatter: Jinja2ChatFormatter | None = None
+        if template:
+            vocab = self._llama
+            eos = vocab._model.token_get_text(vocab.token_eos()) if vocab.token_eos() != -1 else ""
+            bos = vocab._model.token_get_text(vocab.token_bos()) if vocab.token_bos() != -1 else ""
+            self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+
+    def count_text(self, text: str) -> int:
+        return len(self._llama.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
+        """The prompt text the worker's template makes of these messages, ready for the answer, and its stops."""
+        if self._formatter is None:
+            text = "".join(f"<|im_start|>{m.get('role')}\n{_text(m)}<|im_end|>\n" for m in messages)
+            return text + "<|im_start|>assistant\n", [DEFAULT_CHAT_TEMPLATE_STOP]
+        result = self._formatter(messages=[{**m, "content": _text(m)} for m in messages])
+        stops = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
+        return result.prompt, stops
+
+    def count_chat(self, body: dict[str, Any]) -> int:
+        prompt, _ = self.chat_prompt(body["messages"])
+        extra = ""
+        for name in ("tools", "functions", "tool_choice", "response_format"):
+            if body.get(name) is not None:
+                # Tool schemas go into the prompt (or a grammar); their JSON size is a fair token estimate.
+                extra += json.dumps(body[name])
+        return self.count_text(prompt + extra)
+
+    def count_completion(self, body: dict[str, Any]) -> int:
+        prompt = body["prompt"]
+        return self.count_text(prompt if isinstance(prompt, str) else "".join(prompt))
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    if content is None and message.get("tool_calls"):
+        return json.dumps(message["tool_calls"])
+    return content or ""
+
+
+def requested_tokens(prompt_tokens: int, max_tokens: int | None, n_ctx_per_seq: int) -> int:
+    """The generation budget a request claims: its max_tokens, else whatever the context leaves."""
+    if max_tokens is not None:
+        return max_tokens
+    return max(n_ctx_per_seq - prompt_tokens, 1)
+
+
+class QueueFull(Exception):
+    def __init__(self, depth: int, retry_after: int) -> None:
+        super().__init__(f"the wait queue is full ({depth} waiting)")
+        self.depth = depth
+        self.retry_after = retry_after
+
+
+class QueueTimeout(Exception):
+    def __init__(self, waited: float, retry_after: int) -> None:
+        super().__init__(f"waited {waited:.1f}s for a free slot")
+        self.retry_after = retry_after
+
+
+@dataclass
+class _Waiter:
+    job_id: str
+    future: asyncio.Future[None]
+
+
+@dataclass
+class _Worker:
+    capacity: int
+    in_flight: int = 0
+    waiters: deque[_Waiter] = field(default_factory=deque)
+    seconds_per_job: float = 1.0  # moving average, for Retry-After
+
+
+class SlotPool:
+    """At most `capacity` requests in flight per worker; the rest wait in FIFO order, up to `queue_limit`
+    waiting in all. Replays of accepted work (`accepted=True`) are never turned away by the limit."""
+
+    def __init__(
+        self,
+        capacities: dict[str, int],
+        queue_limit: int,
+        on_change: Callable[[int], None] | None = None,
+    ) -> None:
+        self._workers = {role: _Worker(max(capacity, 1)) for role, capacity in capacities.items()}
+        self.queue_limit = queue_limit
+        self._on_change = on_change
+
+    @property
+    def depth(self) -> int:
+        return sum(len(worker.waiters) for worker in self._workers.values())
+
+    def in_flight(self, role: str) -> int:
+        return self._workers[role].in_flight
+
+    def capacity(self, role: str) -> int:
+        return self._workers[role].capacity
+
+    def position(self, job_id: str) -> int | None:
+        """1-based place in its worker's line, or None when not waiting."""
+        for worker in self._workers.values():
+            for index, waiter in enumerate(worker.waiters):
+                if waiter.job_id == job_id:
+                    return index + 1
+        return None
+
+    def retry_after(self, role: str) -> int:
+        worker = self._workers[role]
+        waiting = len(worker.waiters) + worker.in_flight
+        return max(1, math.ceil(waiting * worker.seconds_per_job / worker.capacity))
+
+    async def acquire(self, role: str, job_id: str, timeout: float, *, accepted: bool = False) -> float:
+        """Wait for a slot on `role`; returns the acquisition time (pass it to `release`)."""
+        worker = self._workers[role]
+        if worker.in_flight < worker.capacity and not worker.waiters:
+            worker.in_flight += 1
+            return time.monotonic()
+        if not accepted and self.depth >= self.queue_limit:
+            raise QueueFull(self.depth, self.retry_after(role))
+        waiter = _Waiter(job_id, asyncio.get_running_loop().create_future())
+        worker.waiters.append(waiter)
+        self._changed()
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+        except (TimeoutError, asyncio.CancelledError) as error:
+            if waiter in worker.waiters:
+                worker.waiters.remove(waiter)
+                self._changed()
+            elif waiter.future.done():
+                # The slot was handed over just as we gave up: pass it on.
+                self.release(role, time.monotonic(), record=False)
+            if isinstance(error, TimeoutError):
+                raise QueueTimeout(time.monotonic() - started, self.retry_after(role)) from None
+            raise
+        return time.monotonic()
+
+    def release(self, role: str, acquired_at: float, *, record: bool = True) -> None:
+        worker = self._workers[role]
+        if record:
+            elapsed = time.monotonic() - acquired_at
+            worker.seconds_per_job = 0.8 * worker.seconds_per_job + 0.2 * elapsed
+        while worker.waiters:
+            waiter = worker.waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_result(None)  # the slot passes straight to the next in line
+                self._changed()
+                return
+        worker.in_flight -= 1
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self.depth)

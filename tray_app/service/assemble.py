@@ -1,0 +1,152 @@
+"""Turn a worker's stream of chunks into the plain OpenAI answer (the router always streams upstream), and
+turn a stored answer back into a stream (idempotent replays, answers that completed after an approval)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    text = payload if isinstance(payload, str) else json.dumps(payload)
+    return b"data: " + text.encode() + b"\n\n"
+
+
+class Assembler:
+    """Accumulates chunks of one kind ("chat" or "completion") into the non-streamed response object."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.id = ""
+        self.created = 0
+        self.model = ""
+        self.content: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.tokens = 0  # content chunks seen: llama.cpp sends one token per chunk
+        self.usage: dict[str, Any] | None = None
+        self.role = "assistant"
+
+    def feed(self, obj: dict[str, Any]) -> None:
+        self.id = self.id or str(obj.get("id", ""))
+        self.created = self.created or int(obj.get("created") or time.time())
+        self.model = self.model or str(obj.get("model", ""))
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        for choice in obj.get("choices") or []:
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+            if self.kind == "completion":
+                text = choice.get("text") or ""
+                if text:
+                    self.content.append(text)
+                    self.tokens += 1
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.content.append(delta["content"])
+                self.tokens += 1
+            for call in delta.get("tool_calls") or []:
+                self._add_tool_call(call)
+                self.tokens += 1
+
+    def _add_tool_call(self, call: dict[str, Any]) -> None:
+        index = int(call.get("index", 0))
+        entry = self.tool_calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        if call.get("id"):
+            entry["id"] = call["id"]
+        function = call.get("function") or {}
+        if function.get("name"):
+            entry["function"]["name"] = function["name"]
+        if function.get("arguments"):
+            entry["function"]["arguments"] += function["arguments"]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.content)
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return bool(self.tool_calls)
+
+    def result(self, prompt_tokens: int, failsoft: dict[str, Any]) -> dict[str, Any]:
+        usage = self.usage or {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": self.tokens,
+            "total_tokens": prompt_tokens + self.tokens,
+        }
+        if self.kind == "completion":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": self.text,
+                "logprobs": None,
+                "finish_reason": self.finish_reason or "stop",
+            }
+            obj = "text_completion"
+        else:
+            message: dict[str, Any] = {"role": self.role, "content": self.text or None}
+            if self.tool_calls:
+                message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason or "stop"}
+            obj = "chat.completion"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+            "failsoft": failsoft,
+        }
+
+
+def chat_chunk(chunk_id: str, created: int, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    return {
+        "id": chunk_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def completion_chunk(chunk_id: str, created: int, model: str, text: str, finish: str | None) -> dict[str, Any]:
+    return {
+        "id": chunk_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def failsoft_chunk(kind: str, chunk_id: str, created: int, model: str, failsoft: dict[str, Any]) -> dict[str, Any]:
+    """The last chunk before [DONE]: no content, only who served the answer."""
+    base = (
+        chat_chunk(chunk_id, created, model, {}, None)
+        if kind == "chat"
+        else completion_chunk(chunk_id, created, model, "", None)
+    )
+    base["choices"] = []
+    base["failsoft"] = failsoft
+    return base
+
+
+def result_to_stream(kind: str, result: dict[str, Any]) -> list[bytes]:
+    """A stored answer as a short stream: the whole content in one chunk, the finish, who served it, [DONE]."""
+    chunk_id, created, model = result.get("id", ""), int(result.get("created", 0)), result.get("model", "")
+    choice = result["choices"][0]
+    finish = choice.get("finish_reason")
+    if kind == "completion":
+        pieces = [completion_chunk(chunk_id, created, model, choice.get("text") or "", finish)]
+    else:
+        message = choice.get("message") or {}
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        pieces = [chat_chunk(chunk_id, created, model, delta, finish)]
+    pieces.append(failsoft_chunk(kind, chunk_id, created, model, result.get("failsoft", {})))
+    return [*(sse(piece) for piece in pieces), DONE]

@@ -1,0 +1,35 @@
+"""Idempotency-Key rules (as Stripe and the IETF draft define them): within the retention window, the same key
+with the same body returns the stored answer, with a different body is 422, and while the first request with
+that key is still running is 409."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+RETENTION_SECONDS = 24 * 3600
+FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
+
+Verdict = Literal["new", "replay", "in_progress", "mismatch"]
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    job_id: str
+    body_hash: str
+    created_at: float
+    state: str
+
+
+def decide(record: KeyRecord | None, body_hash: str, now: float, retention: float = RETENTION_SECONDS) -> Verdict:
+    """What to do with a request carrying a key that `record` (or nothing) already used."""
+    if record is None or now - record.created_at > retention:
+        return "new"
+    if record.body_hash != body_hash:
+        return "mismatch"
+    if record.state not in FINAL_STATES:
+        return "in_progress"
+    if record.state in ("failed", "cancelled", "rejected"):
+        # A request that ended without an answer may be tried again under the same key.
+        return "new"
+    return "replay"

@@ -1,0 +1,276 @@
+"""The durable journal: SQLite in WAL mode with a versioned schema (jobs, attempts, results).
+
+Writes go through one writer thread that batches them into a transaction, so the response path only puts a
+tuple on a queue. `flush()` waits until everything queued so far is committed (used where durability must
+come before the answer, e.g. accepting a background job).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Each entry moves the schema one version up; never edit an entry once released, append a new one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        request_id TEXT NOT NULL,
+        idempotency_key TEXT,
+        body_hash TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        stream INTEGER NOT NULL,
+        background INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        route TEXT,
+        state TEXT NOT NULL,
+        worker TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        fallback_reason TEXT,
+        error TEXT,
+        result TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE attempts (
+        job_id TEXT NOT NULL REFERENCES jobs(id),
+        number INTEGER NOT NULL,
+        worker TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        outcome TEXT,
+        error TEXT,
+        PRIMARY KEY (job_id, number)
+    );
+    """,
+    """
+    CREATE INDEX jobs_by_key ON jobs(idempotency_key) WHERE idempotency_key IS NOT NULL;
+    CREATE INDEX jobs_by_state ON jobs(state);
+    ALTER TABLE jobs ADD COLUMN estimated_seconds REAL;
+    ALTER TABLE jobs ADD COLUMN seed INTEGER;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+UNFINISHED = ("queued", "running", "awaiting_approval")
+
+_JOB_FIELDS = (
+    "route",
+    "state",
+    "worker",
+    "attempts",
+    "fallback_reason",
+    "error",
+    "result",
+    "estimated_seconds",
+)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.row_factory = sqlite3.Row
+    return connection
+
+
+def schema_version(connection: sqlite3.Connection) -> int:
+    connection.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL)")
+    row = connection.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+    return int(row[0] or 0)
+
+
+def migrate(connection: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Apply the migrations above the current version, each in its own transaction; returns the new version."""
+    current = schema_version(connection)
+    if current > SCHEMA_VERSION:
+        raise RuntimeError(f"journal schema {current} is newer than this program understands ({SCHEMA_VERSION})")
+    for version in range(current + 1, target + 1):
+        script = MIGRATIONS[version - 1]
+        connection.execute("BEGIN")
+        try:
+            for statement in (s.strip() for s in script.split(";")):
+                if statement:
+                    connection.execute(statement)
+            connection.execute("INSERT INTO schema_migrations VALUES (?, ?)", (version, time.time()))
+            connection.execute("COMMIT")
+        except sqlite3.Error:
+            connection.execute("ROLLBACK")
+            raise
+    return max(current, target)
+
+
+@dataclass
+class StoredJob:
+    """A job as the journal has it (used to resume after a restart and to answer /v1/jobs/{id})."""
+
+    id: str
+    request_id: str
+    idempotency_key: str | None
+    body_hash: str
+    kind: str
+    stream: bool
+    background: bool
+    body: dict[str, Any]
+    state: str
+    worker: str | None
+    attempts: int
+    fallback_reason: str | None
+    error: str | None
+    result: dict[str, Any] | None
+    created_at: float
+    estimated_seconds: float | None
+    seed: int | None
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> StoredJob:
+        return cls(
+            id=row["id"],
+            request_id=row["request_id"],
+            idempotency_key=row["idempotency_key"],
+            body_hash=row["body_hash"],
+            kind=row["kind"],
+            stream=bool(row["stream"]),
+            background=bool(row["background"]),
+            body=json.loads(row["body"]),
+            state=row["state"],
+            worker=row["worker"],
+            attempts=row["attempts"],
+            fallback_reason=row["fallback_reason"],
+            error=row["error"],
+            result=json.loads(row["result"]) if row["result"] else None,
+            created_at=row["created_at"],
+            estimated_seconds=row["estimated_seconds"],
+            seed=row["seed"],
+        )
+
+
+Operation = Callable[[sqlite3.Connection], None]
+
+
+class Journal:
+    """The writer thread and the read helpers over one journal file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._write = connect(path)
+        migrate(self._write)
+        self._read = connect(path)
+        self._read_lock = threading.Lock()
+        self._queue: queue.Queue[Operation | threading.Event | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="failsoft-journal", daemon=True)
+        self._thread.start()
+
+    # writes (queued) ------------------------------------------------------------------------------
+    def add_job(self, job: dict[str, Any]) -> None:
+        row = dict(job)
+        row["body"] = json.dumps(row["body"])
+        columns = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        self._queue.put(lambda c: c.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(row.values())))
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        unknown = set(values) - set(_JOB_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown job fields {sorted(unknown)}")
+        if "result" in values and values["result"] is not None:
+            values["result"] = json.dumps(values["result"])
+        values["updated_at"] = time.time()
+        assignments = ", ".join(f"{name} = ?" for name in values)
+        params = (*values.values(), job_id)
+        self._queue.put(lambda c: c.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", params))
+
+    def start_attempt(self, job_id: str, number: int, worker: str, started_at: float) -> None:
+        params = (job_id, number, worker, started_at)
+        self._queue.put(lambda c: c.execute("INSERT INTO attempts VALUES (?, ?, ?, ?, NULL, NULL, NULL)", params))
+
+    def end_attempt(self, job_id: str, number: int, outcome: str, error: str | None = None) -> None:
+        params = (time.time(), outcome, error, job_id, number)
+        self._queue.put(
+            lambda c: c.execute(
+                "UPDATE attempts SET ended_at = ?, outcome = ?, error = ? WHERE job_id = ? AND number = ?", params
+            )
+        )
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Block until everything queued before this call is committed."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+        self._write.close()
+        self._read.close()
+
+    # reads ----------------------------------------------------------------------------------------
+    def job(self, job_id: str) -> StoredJob | None:
+        with self._read_lock:
+            row = self._read.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return StoredJob.from_row(row) if row else None
+
+    def job_by_key(self, key: str, since: float) -> StoredJob | None:
+        with self._read_lock:
+            row = self._read.execute(
+                "SELECT * FROM jobs WHERE idempotency_key = ? AND created_at >= ? ORDER BY created_at DESC LIMIT 1",
+                (key, since),
+            ).fetchone()
+        return StoredJob.from_row(row) if row else None
+
+    def unfinished(self) -> list[StoredJob]:
+        with self._read_lock:
+            rows = self._read.execute(
+                f"SELECT * FROM jobs WHERE state IN ({', '.join('?' for _ in UNFINISHED)}) ORDER BY created_at",
+                UNFINISHED,
+            ).fetchall()
+        return [StoredJob.from_row(row) for row in rows]
+
+    def attempts(self, job_id: str) -> list[dict[str, Any]]:
+        with self._read_lock:
+            rows = self._read.execute(
+                "SELECT number, worker, started_at, ended_at, outcome, error FROM attempts WHERE job_id = ? "
+                "ORDER BY number",
+                (job_id,),
+            ).fetchall()
+        return [dict(row) for row in rows]
+
+    # the writer thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            batch = [self._queue.get()]
+            while len(batch) < 500:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            waiters: list[threading.Event] = []
+            self._write.execute("BEGIN")
+            for item in batch:
+                if item is None:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    waiters.append(item)
+                else:
+                    try:
+                        item(self._write)
+                    except sqlite3.Error as error:
+                        # One bad write must not lose the batch; the journal keeps the rest.
+                        _log_write_error(error)
+            self._write.execute("COMMIT")
+            for waiter in waiters:
+                waiter.set()
+
+
+def _log_write_error(error: sqlite3.Error) -> None:
+    import logging
+
+    logging.getLogger(__name__).error("journal write failed: %s", error)

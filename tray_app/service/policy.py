@@ -1,0 +1,168 @@
+"""The failover policy: pure decisions over plain data, never effects.
+
+Two questions are answered here and nowhere else:
+- `decide_route`: where should a new request run, given its size and the two worker profiles?
+- `decide_replay`: a GPU attempt failed; may the job run (again) on the CPU, wait for the user's approval,
+  or must it end with a controlled error carrying a reason code?
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FallbackPolicy = Literal["auto", "approval", "never"]
+StreamFailurePolicy = Literal["resume", "error"]
+Action = Literal["gpu", "cpu", "approval", "refuse"]
+
+# Reason codes: stable strings that clients, events, the journal and the tray all use.
+CPU_TOO_SLOW = "cpu_too_slow"
+CPU_RAM_INSUFFICIENT = "cpu_ram_insufficient"
+NO_CPU_WORKER = "no_cpu_worker"
+EFFECTS_DELIVERED = "effects_delivered"
+STREAM_STARTED = "stream_started"
+FALLBACK_DISABLED = "fallback_disabled"
+CONTEXT_EXCEEDED = "context_length_exceeded"
+
+# Prompt processing runs much faster than generation; this keeps the estimate honest for long prompts
+# without a second measurement.
+PROMPT_SPEEDUP = 8.0
+
+
+@dataclass(frozen=True)
+class CpuState:
+    """What the effect layer found out about the CPU worker just before asking."""
+
+    enabled: bool
+    ready: bool
+    ram_ok: bool
+    tokens_per_second: float
+    n_ctx_per_seq: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    fallback: FallbackPolicy = "auto"
+    stream_after_content: StreamFailurePolicy = "resume"
+    auto_approve_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str  # a reason code, or "" for the plain GPU route
+    estimated_seconds: float = 0.0
+    detail: str = ""
+    resume: bool = False  # continue after text the client already has
+
+    @property
+    def refused(self) -> bool:
+        return self.action == "refuse"
+
+
+def estimate_cpu_seconds(prompt_tokens: int, max_tokens: int, tokens_per_second: float) -> float:
+    """How long the CPU worker needs for this job; infinity when its speed is unknown or zero."""
+    if tokens_per_second <= 0:
+        return float("inf")
+    return (prompt_tokens / PROMPT_SPEEDUP + max_tokens) / tokens_per_second
+
+
+def _cpu_route(
+    cpu: CpuState, settings: Settings, needed_seconds: float, time_left: float, *, resume: bool
+) -> Decision:
+    """The CPU is usable in principle: run it now, ask the user, or refuse for speed."""
+    if settings.fallback == "never":
+        return Decision("refuse", FALLBACK_DISABLED, needed_seconds, "failover.fallback is never")
+    auto_approved = needed_seconds <= settings.auto_approve_seconds
+    if settings.fallback == "approval" and not auto_approved:
+        if resume:
+            # A live stream cannot wait for a person; it ends with a reason instead.
+            return Decision("refuse", CPU_TOO_SLOW, needed_seconds, "the CPU run needs approval")
+        return Decision("approval", "approval_required", needed_seconds)
+    if needed_seconds <= time_left or auto_approved:
+        return Decision("cpu", "", needed_seconds, resume=resume)
+    detail = f"CPU needs about {needed_seconds:.1f}s, {max(time_left, 0.0):.1f}s left before the deadline"
+    if resume:
+        return Decision("refuse", CPU_TOO_SLOW, needed_seconds, detail)
+    return Decision("approval", CPU_TOO_SLOW, needed_seconds, detail)
+
+
+def _cpu_unusable(cpu: CpuState, total_tokens: int) -> Decision | None:
+    if not cpu.enabled or not cpu.ready:
+        return Decision("refuse", NO_CPU_WORKER, detail="the CPU worker is disabled or not ready")
+    if not cpu.ram_ok:
+        return Decision("refuse", CPU_RAM_INSUFFICIENT, detail="not enough free RAM for the CPU worker")
+    if total_tokens > cpu.n_ctx_per_seq:
+        return Decision(
+            "refuse",
+            CONTEXT_EXCEEDED,
+            detail=f"needs {total_tokens} tokens; the CPU profile fits {cpu.n_ctx_per_seq}",
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    prompt_tokens: int
+    max_tokens: int
+    gpu_n_ctx_per_seq: int
+    gpu_available: bool  # the GPU worker exists and is not failed/stopped
+    time_left: float
+
+
+def decide_route(request: RouteRequest, cpu: CpuState, settings: Settings) -> Decision:
+    """Capacity routing for a new request: the GPU when it fits, else the CPU by policy, else a clear error."""
+    total = request.prompt_tokens + request.max_tokens
+    if request.gpu_available and total <= request.gpu_n_ctx_per_seq:
+        return Decision("gpu", "")
+    reason = "gpu_unavailable" if not request.gpu_available else "exceeds_gpu_profile"
+    unusable = _cpu_unusable(cpu, total)
+    if unusable is not None:
+        if unusable.reason == CONTEXT_EXCEEDED or request.gpu_available:
+            fits = max(request.gpu_n_ctx_per_seq if request.gpu_available else 0, cpu.n_ctx_per_seq * cpu.enabled)
+            return Decision(
+                "refuse",
+                CONTEXT_EXCEEDED,
+                detail=f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} = {total} tokens; "
+                f"the GPU profile fits {request.gpu_n_ctx_per_seq}, the largest that fits is {fits}",
+            )
+        return unusable
+    needed = estimate_cpu_seconds(request.prompt_tokens, request.max_tokens, cpu.tokens_per_second)
+    decision = _cpu_route(cpu, settings, needed, request.time_left, resume=False)
+    if decision.action == "cpu":
+        return Decision("cpu", reason, needed)
+    if decision.reason == FALLBACK_DISABLED and reason == "exceeds_gpu_profile":
+        return Decision(
+            "refuse",
+            CONTEXT_EXCEEDED,
+            needed,
+            f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} = {total} tokens; the GPU "
+            f"profile fits {request.gpu_n_ctx_per_seq} and failover.fallback is never",
+        )
+    return decision
+
+
+@dataclass(frozen=True)
+class FailureContext:
+    """What happened so far to a job whose GPU attempt just failed."""
+
+    streaming: bool
+    content_delivered: bool  # any generated text reached the client
+    tool_call_delivered: bool  # a tool call reached the client: its action may already have run
+    prompt_tokens: int
+    remaining_tokens: int  # max_tokens minus what the client already has
+    time_left: float  # seconds until the client's deadline
+
+
+def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) -> Decision:
+    """May the failed job continue on the CPU? Checks run from the hardest rule (effects) to the softest."""
+    if failure.tool_call_delivered:
+        return Decision("refuse", EFFECTS_DELIVERED, detail="a tool call was already delivered")
+    resume = failure.streaming and failure.content_delivered
+    if resume and settings.stream_after_content == "error":
+        return Decision("refuse", STREAM_STARTED, detail="content was already streamed to the client")
+    unusable = _cpu_unusable(cpu, failure.prompt_tokens + failure.remaining_tokens)
+    if unusable is not None:
+        return unusable
+    needed = estimate_cpu_seconds(failure.prompt_tokens, failure.remaining_tokens, cpu.tokens_per_second)
+    return _cpu_route(cpu, settings, needed, failure.time_left, resume=resume)

@@ -1,0 +1,149 @@
+"""Parse and check an OpenAI request body before anything is spent on it: wrong types are a 400 here, not a
+500 deep inside a worker."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tray_app.service.errors import ApiError, bad_request
+
+Kind = Literal["chat", "completion"]
+ROLES = {"system", "user", "assistant", "tool", "function", "developer"}
+_NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repeat_penalty")
+_INT_FIELDS = ("seed", "top_k", "logprobs", "top_logprobs")
+
+
+@dataclass
+class ParsedRequest:
+    kind: Kind
+    body: dict[str, Any]
+    stream: bool
+    max_tokens: int | None
+    body_hash: str
+
+    @property
+    def model(self) -> str | None:
+        value = self.body.get("model")
+        return value if isinstance(value, str) else None
+
+
+def body_hash(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array", "messages")
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"'{where}' must be an object", where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad_request(f"'{where}.role' must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise bad_request(f"'{where}.content' must be a string, an array or null", f"{where}.content")
+        if isinstance(content, list) and not all(
+            isinstance(part, dict) and isinstance(part.get("text", ""), str) for part in content
+        ):
+            raise bad_request(f"'{where}.content' parts must be objects with text", f"{where}.content")
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise bad_request(f"'{where}.tool_calls' must be an array", f"{where}.tool_calls")
+
+
+def _check_common(body: dict[str, Any]) -> int | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request("'stream' must be true or false", "stream")
+    for name in _NUMBER_FIELDS:
+        if body.get(name) is not None and not _is_number(body[name]):
+            raise bad_request(f"'{name}' must be a number", name)
+    for name in _INT_FIELDS:
+        if body.get(name) is not None and not _is_int(body[name]):
+            raise bad_request(f"'{name}' must be an integer", name)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request("only 'n' = 1 is supported", "n", code="unsupported_value")
+    stop = body.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise bad_request("'stop' must be a string or an array of strings", "stop")
+    max_tokens: int | None = None
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise bad_request(f"'{name}' must be an integer >= 1", name)
+        max_tokens = value
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    return max_tokens
+
+
+def _check_tools(body: dict[str, Any]) -> None:
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools)):
+        raise bad_request("'tools' must be an array of objects", "tools")
+    choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, str | dict):
+        raise bad_request("'tool_choice' must be a string or an object", "tool_choice")
+    for name in ("response_format", "logit_bias"):
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise bad_request(f"'{name}' must be an object", name)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request(f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
+    """A checked request; ApiError(400) naming the field when something is wrong."""
+    body = parse_json_object(raw)
+    max_tokens = _check_common(body)
+    if kind == "chat":
+        _check_messages(body.get("messages"))
+        _check_tools(body)
+    else:
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))):
+            raise bad_request("'prompt' must be a string or an array of strings", "prompt")
+        if isinstance(prompt, list) and len(prompt) != 1:
+            raise bad_request("'prompt' as an array must hold exactly one string", "prompt")
+    return ParsedRequest(kind, body, bool(body.get("stream")), max_tokens, body_hash(raw))
+
+
+def check_model(request: ParsedRequest, known: set[str]) -> None:
+    """404 in the OpenAI format for a model this service does not serve (no model given: the default)."""
+    model = request.model
+    if model is not None and model not in known:
+        raise ApiError(
+            404,
+            f"The model '{model}' does not exist; this service serves {', '.join(sorted(known))}",
+            code="model_not_found",
+            param="model",
+        )

@@ -1,0 +1,380 @@
+"""HTTP to the service without ever blocking the GUI thread.
+
+Everything goes through one QNetworkAccessManager: requests are asynchronous and their answers come back as
+Qt signals on the GUI thread's event loop, so no widget waits on the network. Three kinds of calls:
+
+- `ApiCall`: one JSON request and its answer (`succeeded(object)` or `failed(str)`);
+- `EventStream`: the `/api/events` server-sent event stream, reconnecting with backoff when it drops;
+- `ChatStream`: one streamed `/v1/chat/completions`, token by token, with the final `failsoft` object.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QObject, QTimer, QUrl, Signal
+from PySide6.QtNetwork import QNetworkAccessManager, QNetworkProxy, QNetworkReply, QNetworkRequest
+
+log = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT_MS = 15_000
+RECONNECT_DELAYS_MS = (500, 1000, 2000, 5000)
+
+
+@dataclass(frozen=True)
+class SseMessage:
+    event: str
+    data: str
+
+
+class SseParser:
+    """Incremental server-sent events parser: feed bytes as they arrive, get whole messages back."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[SseMessage]:
+        self._buffer += chunk
+        messages: list[SseMessage] = []
+        while (end := self._buffer.find(b"\n")) >= 0:
+            # A newline byte never occurs inside a multi-byte UTF-8 sequence, so decoding per line is safe.
+            line = self._buffer[:end].rstrip(b"\r").decode("utf-8", "replace")
+            self._buffer = self._buffer[end + 1 :]
+            if not line:
+                if self._data:
+                    messages.append(SseMessage(self._event or "message", "\n".join(self._data)))
+                self._event, self._data = "", []
+            elif not line.startswith(":"):  # a leading colon is a comment (keep-alive)
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "event":
+                    self._event = value
+                elif name == "data":
+                    self._data.append(value)
+        return messages
+
+
+def error_message(body: bytes, status: int | None, fallback: str) -> str:
+    """The message of an OpenAI-format error body, else the HTTP status and transport error."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if data.get("detail"):
+            return str(data["detail"])
+    if status:
+        text = body.decode("utf-8", "replace").strip()[:200]
+        return f"HTTP {status}: {text or fallback}"
+    return fallback
+
+
+def error_payload(body: bytes) -> dict[str, Any]:
+    """The `error` object of an OpenAI-format error body, or {}."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return {}
+    error = data.get("error") if isinstance(data, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def _status_code(reply: QNetworkReply) -> int | None:
+    value = reply.attribute(QNetworkRequest.Attribute.HttpStatusCodeAttribute)
+    return int(value) if value is not None else None
+
+
+class ApiCall(QObject):
+    """One request/answer. Emits exactly one of `succeeded(parsed JSON)` or `failed(message)`."""
+
+    succeeded = Signal(object)
+    failed = Signal(str)
+
+    def __init__(self, reply: QNetworkReply, parent: QObject) -> None:
+        super().__init__(parent)
+        self.status: int | None = None
+        self.error: dict[str, Any] = {}
+        self._reply = reply
+        reply.finished.connect(self._finished)
+
+    def _finished(self) -> None:
+        reply = self._reply
+        self.status = _status_code(reply)
+        body = bytes(reply.readAll().data())
+        if self.status is None or self.status >= 400:
+            self.error = error_payload(body)
+            message = error_message(body, self.status, reply.errorString())
+            self.failed.emit(message)
+        else:
+            try:
+                data: Any = json.loads(body) if body.strip() else {}
+            except ValueError:
+                data = body.decode("utf-8", "replace")
+            self.succeeded.emit(data)
+        reply.deleteLater()
+        self.deleteLater()
+
+
+class ServiceClient(QObject):
+    """The service's HTTP API (docs/architecture.md), asynchronously."""
+
+    def __init__(self, base_url: str, api_key: str = "", parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.manager = QNetworkAccessManager(self)
+        # The service is on loopback or the LAN: a desktop proxy setting must not reroute it.
+        self.manager.setProxy(QNetworkProxy(QNetworkProxy.ProxyType.NoProxy))
+
+    def request(self, path: str, timeout_ms: int = CONTROL_TIMEOUT_MS) -> QNetworkRequest:
+        request = QNetworkRequest(QUrl(self.base_url + path))
+        request.setTransferTimeout(timeout_ms)
+        if self.api_key:
+            request.setRawHeader(b"Authorization", f"Bearer {self.api_key}".encode())
+        return request
+
+    def get(self, path: str) -> ApiCall:
+        return ApiCall(self.manager.get(self.request(path)), self)
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> ApiCall:
+        request = self.request(path)
+        request.setHeader(QNetworkRequest.KnownHeaders.ContentTypeHeader, "application/json")
+        payload = QByteArray(json.dumps(body or {}).encode())
+        return ApiCall(self.manager.post(request, payload), self)
+
+    # The control API, by name.
+    def status(self) -> ApiCall:
+        return self.get("/api/status")
+
+    def worker_action(self, role: str, action: str) -> ApiCall:
+        """`action` is restart, stop or start."""
+        return self.post(f"/api/workers/{role}/{action}")
+
+    def awaiting_approval(self) -> ApiCall:
+        return self.get("/api/jobs?state=awaiting_approval")
+
+    def approve(self, job_id: str) -> ApiCall:
+        return self.post(f"/api/jobs/{job_id}/approve")
+
+    def reject(self, job_id: str) -> ApiCall:
+        return self.post(f"/api/jobs/{job_id}/reject")
+
+    def approve_all(self) -> ApiCall:
+        return self.post("/api/jobs/approve-all")
+
+    def reload_config(self, restart: bool) -> ApiCall:
+        return self.post("/api/config/reload", {"restart": restart})
+
+    def job(self, job_id: str) -> ApiCall:
+        return self.get(f"/v1/jobs/{job_id}")
+
+    def events(self) -> EventStream:
+        return EventStream(self)
+
+    def chat(self, messages: list[dict[str, Any]], max_tokens: int, deadline: float | None = None) -> ChatStream:
+        return ChatStream(self, messages, max_tokens, deadline)
+
+
+class EventStream(QObject):
+    """`/api/events` as Qt signals; reconnects with backoff until `stop()`."""
+
+    event_received = Signal(dict)
+    connection_changed = Signal(bool)
+
+    def __init__(self, client: ServiceClient) -> None:
+        super().__init__(client)
+        self._client = client
+        self._reply: QNetworkReply | None = None
+        self._parser = SseParser()
+        self._stopped = True
+        self._attempt = 0
+        self.connected = False
+        self._retry = QTimer(self)
+        self._retry.setSingleShot(True)
+        self._retry.timeout.connect(self._open)
+
+    def start(self) -> None:
+        self._stopped = False
+        self._open()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._retry.stop()
+        reply, self._reply = self._reply, None
+        if reply is not None:
+            reply.abort()
+            reply.deleteLater()
+        self._set_connected(False)
+
+    def _open(self) -> None:
+        if self._stopped:
+            return
+        request = self._client.request("/api/events", timeout_ms=0)
+        request.setRawHeader(b"Accept", b"text/event-stream")
+        request.setAttribute(
+            QNetworkRequest.Attribute.CacheLoadControlAttribute, QNetworkRequest.CacheLoadControl.AlwaysNetwork
+        )
+        self._parser = SseParser()
+        reply = self._client.manager.get(request)
+        reply.metaDataChanged.connect(lambda: self._on_headers(reply))
+        reply.readyRead.connect(lambda: self._on_data(reply))
+        reply.finished.connect(lambda: self._on_finished(reply))
+        self._reply = reply
+
+    def _on_headers(self, reply: QNetworkReply) -> None:
+        if reply is self._reply and _status_code(reply) == 200:
+            self._attempt = 0
+            self._set_connected(True)
+
+    def _on_data(self, reply: QNetworkReply) -> None:
+        if reply is not self._reply:
+            return
+        for message in self._parser.feed(bytes(reply.readAll().data())):
+            try:
+                data = json.loads(message.data)
+            except ValueError:
+                log.warning("event %s with data that is not JSON: %.200s", message.event, message.data)
+                continue
+            if isinstance(data, dict):
+                data.setdefault("type", message.event)
+                self.event_received.emit(data)
+
+    def _on_finished(self, reply: QNetworkReply) -> None:
+        reply.deleteLater()
+        if reply is not self._reply:
+            return
+        self._reply = None
+        self._set_connected(False)
+        if not self._stopped:
+            delay = RECONNECT_DELAYS_MS[min(self._attempt, len(RECONNECT_DELAYS_MS) - 1)]
+            self._attempt += 1
+            log.info("event stream closed (%s); reconnecting in %d ms", reply.errorString(), delay)
+            self._retry.start(delay)
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected != self.connected:
+            self.connected = connected
+            self.connection_changed.emit(connected)
+
+
+class ChatStream(QObject):
+    """One streamed chat completion. Signals, in order: `started(headers)`, `delta(text)`* then exactly one of
+    `finished(failsoft_info)`, `failed(message, error_object)` or `stopped()`."""
+
+    started = Signal(dict)
+    delta = Signal(str)
+    finished = Signal(dict)
+    failed = Signal(str, dict)
+    stopped = Signal()
+
+    def __init__(
+        self,
+        client: ServiceClient,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__(client)
+        self.request_id = f"chat-{uuid.uuid4().hex[:16]}"
+        self.failsoft: dict[str, Any] = {}
+        self.usage: dict[str, Any] = {}
+        self.chunks = 0
+        self._done = False
+        self._stopping = False
+        self._parser = SseParser()
+        self._error_body = b""
+        request = client.request("/v1/chat/completions", timeout_ms=0)
+        request.setHeader(QNetworkRequest.KnownHeaders.ContentTypeHeader, "application/json")
+        request.setRawHeader(b"Accept", b"text/event-stream")
+        request.setRawHeader(b"X-Request-Id", self.request_id.encode())
+        if deadline:
+            request.setRawHeader(b"X-Failsoft-Deadline", str(deadline).encode())
+        body = {"messages": messages, "stream": True, "max_tokens": max_tokens}
+        self._reply = client.manager.post(request, QByteArray(json.dumps(body).encode()))
+        self._reply.metaDataChanged.connect(self._on_headers)
+        self._reply.readyRead.connect(self._on_data)
+        self._reply.finished.connect(self._on_finished)
+
+    def stop(self) -> None:
+        """Close the connection: the service cancels the generation when its client goes away."""
+        if not self._done:
+            self._stopping = True
+            self._reply.abort()
+
+    def _is_error_status(self) -> bool:
+        status = _status_code(self._reply)
+        return status is not None and status >= 400
+
+    def _on_headers(self) -> None:
+        if self._is_error_status():
+            return
+        headers = {
+            bytes(name.data()).decode().lower(): bytes(value.data()).decode()
+            for name, value in self._reply.rawHeaderPairs()
+        }
+        self.started.emit(headers)
+
+    def _on_data(self) -> None:
+        data = bytes(self._reply.readAll().data())
+        if self._is_error_status():
+            self._error_body += data
+            return
+        for message in self._parser.feed(data):
+            self._handle(message.data)
+
+    def _handle(self, data: str) -> None:
+        if self._done or data.strip() == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            log.warning("stream chunk that is not JSON: %.200s", data)
+            return
+        if not isinstance(chunk, dict):
+            return
+        if "error" in chunk:
+            error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+            self._finish_failed(str(error.get("message") or "the stream failed"), error)
+            return
+        if isinstance(chunk.get("failsoft"), dict):
+            self.failsoft = chunk["failsoft"]
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content")
+            if text:
+                self.chunks += 1
+                self.delta.emit(text)
+
+    def _finish_failed(self, message: str, error: dict[str, Any]) -> None:
+        if not self._done:
+            self._done = True
+            self.failed.emit(message, error)
+
+    def _on_finished(self) -> None:
+        reply = self._reply
+        reply.deleteLater()
+        if self._done:
+            return
+        if self._stopping:
+            self._done = True
+            self.stopped.emit()
+            return
+        status = _status_code(reply)
+        if status is None or status >= 400:
+            body = self._error_body + bytes(reply.readAll().data())
+            self._finish_failed(error_message(body, status, reply.errorString()), error_payload(body))
+            return
+        self._done = True
+        self.finished.emit(self.failsoft)

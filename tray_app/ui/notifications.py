@@ -1,0 +1,163 @@
+"""Tray messages for what a person should know about: a job moved to the CPU, a fallback refused, a job
+waiting for approval, a worker restarted. A burst (a chaos test, a flapping GPU) gives one message, not twenty:
+events are gathered for a moment, and messages keep a minimum distance from each other."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+NOTIFIED_TYPES = ("approval_needed", "fallback_refused", "fallback_started", "worker_restarted")
+GATHER_MS = 800
+COOLDOWN_MS = 4_000
+STALE_AFTER_S = 60.0  # an event replayed after a reconnect is history, not news
+
+REASONS = {
+    "oom_decode": "the GPU ran out of memory while generating",
+    "oom_load": "the GPU ran out of memory loading the model",
+    "crash_abort": "the GPU worker crashed",
+    "killed": "the GPU worker was killed",
+    "hung": "the GPU worker stopped answering",
+    "exited": "the GPU worker exited",
+    "exceeds_gpu_profile": "the request is larger than the GPU profile",
+    "cpu_too_slow": "the CPU would miss the deadline",
+    "cpu_ram_insufficient": "there is not enough RAM for the CPU worker",
+    "no_cpu_worker": "no CPU worker is available",
+    "effects_delivered": "a tool call was already delivered",
+    "stream_started": "part of the answer was already sent",
+}
+
+
+def reason_text(reason: str) -> str:
+    """A reason code in words, keeping the code itself for anyone searching the logs."""
+    words = REASONS.get(reason)
+    return f"{words} ({reason})" if words else reason or "no reason given"
+
+
+@dataclass(frozen=True)
+class Notice:
+    title: str
+    body: str
+    level: str  # information, warning or critical
+    opens_approvals: bool
+
+
+def _single(event: dict[str, Any]) -> Notice:
+    kind = event["type"]
+    job = str(event.get("job_id") or "")[:12]
+    if kind == "approval_needed":
+        seconds = float(event.get("estimated_seconds") or 0)
+        preview = str(event.get("preview") or "").strip()
+        body = f"Job {job} needs about {seconds:.0f} s on the CPU. Click to review."
+        if preview:
+            body += f"\n“{preview[:80]}”"
+        return Notice("Approval needed", body, "information", True)
+    if kind == "fallback_refused":
+        body = f"Job {job} was not moved to the CPU: {reason_text(str(event.get('reason') or ''))}."
+        return Notice("Fallback refused", body, "critical", False)
+    if kind == "fallback_started":
+        body = f"Job {job} continues on the CPU: {reason_text(str(event.get('reason') or ''))}."
+        return Notice("Moved to the CPU", body, "warning", False)
+    role = str(event.get("role") or "worker").upper()
+    body = f"Restarted after: {reason_text(str(event.get('reason') or ''))} (attempt {event.get('attempt', 1)})."
+    return Notice(f"{role} worker restarted", body, "warning", False)
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return one if count == 1 else many.format(count)
+
+
+def coalesce(events: list[dict[str, Any]]) -> Notice | None:
+    """One notice for a batch of events (oldest first), led by the most important kind."""
+    events = [e for e in events if e.get("type") in NOTIFIED_TYPES]
+    if not events:
+        return None
+    if len(events) == 1:
+        return _single(events[0])
+    counts = Counter(e["type"] for e in events)
+    lines = []
+    if counts["approval_needed"]:
+        lines.append(
+            _plural(counts["approval_needed"], "1 job waits for approval", "{} jobs wait for approval")
+            + " — click to review"
+        )
+    if counts["fallback_refused"]:
+        reasons = sorted({str(e.get("reason")) for e in events if e["type"] == "fallback_refused"})
+        lines.append(
+            _plural(counts["fallback_refused"], "1 fallback refused", "{} fallbacks refused")
+            + f" ({', '.join(reasons)})"
+        )
+    if counts["fallback_started"]:
+        lines.append(_plural(counts["fallback_started"], "1 job moved to the CPU", "{} jobs moved to the CPU"))
+    if counts["worker_restarted"]:
+        roles = sorted({str(e.get("role")).upper() for e in events if e["type"] == "worker_restarted"})
+        lines.append(
+            _plural(counts["worker_restarted"], "1 worker restart", "{} worker restarts") + f" ({', '.join(roles)})"
+        )
+    for kind in NOTIFIED_TYPES:  # the title is the most important thing that happened
+        if counts[kind]:
+            lead = _single(next(e for e in events if e["type"] == kind))
+            break
+    level = "critical" if counts["fallback_refused"] else lead.level
+    return Notice(lead.title, "\n".join(lines), level, bool(counts["approval_needed"]))
+
+
+class NotificationCenter(QObject):
+    """Gathers notable events and hands out coalesced notices through `show`."""
+
+    approvals_requested = Signal()
+
+    def __init__(
+        self,
+        show: Callable[[Notice], None],
+        gather_ms: int = GATHER_MS,
+        cooldown_ms: int = COOLDOWN_MS,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._show = show
+        self._gather_ms = gather_ms
+        self._cooldown_ms = cooldown_ms
+        self._pending: list[dict[str, Any]] = []
+        self._seen: deque[tuple[Any, ...]] = deque(maxlen=500)
+        self._last_shown = float("-inf")
+        self.last_notice: Notice | None = None
+        self.shown: list[Notice] = []
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.timeout.connect(self.flush)
+
+    def add(self, event: dict[str, Any]) -> None:
+        if event.get("type") not in NOTIFIED_TYPES:
+            return
+        key = (event.get("type"), event.get("at"), event.get("job_id"), event.get("role"))
+        at = event.get("at")
+        if key in self._seen or (isinstance(at, int | float) and time.time() - at > STALE_AFTER_S):
+            return
+        self._seen.append(key)
+        self._pending.append(event)
+        if not self._timer.isActive():
+            since_last_ms = (time.monotonic() - self._last_shown) * 1000
+            self._timer.start(int(max(self._gather_ms, self._cooldown_ms - since_last_ms)))
+
+    def flush(self) -> None:
+        self._timer.stop()
+        notice = coalesce(self._pending)
+        self._pending = []
+        if notice is None:
+            return
+        self._last_shown = time.monotonic()
+        self.last_notice = notice
+        self.shown.append(notice)
+        del self.shown[:-50]
+        self._show(notice)
+
+    def message_clicked(self) -> None:
+        """The user clicked the last message: an approval message opens the approvals window."""
+        if self.last_notice is not None and self.last_notice.opens_approvals:
+            self.approvals_requested.emit()
