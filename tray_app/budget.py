@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
@@ -12,7 +12,7 @@ from tray_app.config import Config
 from tray_app.device import DeviceMemory, GpuDevice, SimulatedDevice, probe_gpu, system_ram
 from tray_app.model_info import ModelInfo, inspect_model
 from tray_app.planner import Plan, PlanRequest, plan_cpu, plan_gpu
-from tray_app.sizes import parse_size
+from tray_app.sizes import format_size, parse_size
 
 
 @dataclass(frozen=True)
@@ -73,24 +73,16 @@ def gpu_memory(cfg: Config, vram_override: int | None = None, gpu: GpuDevice | N
     """The GPU to plan for: a GPU of `vram_override` bytes (what-if, nothing else on it), else `gpu` (the
     service's live device, e.g. a simulated one under drill pressure), else the device the config names."""
     if vram_override is not None:
-        what_if = SimulatedDevice(vram_override, name="GPU (size given on the command line)").memory()
-        reason = f"planning for a GPU of {what_if.total_bytes} bytes as asked; no device was probed"
-        return DeviceMemory(
-            name=what_if.name,
-            kind="simulated",
-            total_bytes=what_if.total_bytes,
-            free_bytes=what_if.free_bytes,
-            used_by_others_bytes=0,
-            simulated=True,
-            reason=reason,
-        )
+        what_if = SimulatedDevice(vram_override, name="what-if GPU").memory()
+        reason = f"a GPU of {format_size(vram_override)} as asked; no device was probed"
+        return replace(what_if, reason=reason)
     return (gpu if gpu is not None else probe_gpu(cfg.device)).memory()
 
 
 def plan_from_config(
     cfg: Config, *, vram_override: int | None = None, gpu: GpuDevice | None = None
 ) -> PlanSet:
-    """Probe the devices, inspect the model and plan both workers, using measured compute buffers when known."""
+    """Probe the devices, inspect the model and plan both workers (with measured compute buffers if known)."""
     model_path = cfg.model_path()
     model = inspect_model(model_path)
     measured = calibration.measured_compute(model_path)

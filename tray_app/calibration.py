@@ -1,5 +1,5 @@
-"""Buffer sizes llama.cpp reported for a model at given settings, kept in the data dir so the next plan uses the
-measured compute buffer instead of the estimate (estimate first, then measure).
+"""Buffer sizes llama.cpp reported for a model at given settings, kept in the data dir so that the next plan
+uses the measured compute buffer instead of the estimate (estimate first, then measure).
 
 One small JSON file per (model, settings): writers in different processes (the GPU and the CPU worker) never
 read-modify-write a shared file, and each file is replaced atomically.
@@ -25,12 +25,12 @@ _FORMAT = 1
 
 
 def _model_key(model_path: Path) -> str:
-    # Name and size identify a model file well enough and survive moving it; a re-quantised file differs in size.
+    # Name and size identify a model file and survive moving it; a re-quantised file has another size.
     return f"{model_path.name}-{model_path.stat().st_size}"
 
 
 def _normalised(settings: ComputeSettings) -> ComputeSettings:
-    """The settings as llama.cpp applies them (padded context), so a request for 2000 finds the 2048 measurement."""
+    """The settings as llama.cpp applies them (padded context): asking for 2000 finds the 2048 measurement."""
     n_ctx, _ = padded_context(settings.n_ctx, settings.n_parallel)
     return ComputeSettings(
         n_ctx=n_ctx,
@@ -83,7 +83,16 @@ def lookup_measurement(model_path: str | Path, settings: ComputeSettings) -> Buf
         record = json.loads(target.read_text(encoding="utf-8"))
         if record.get("format") != _FORMAT or record.get("settings") != asdict(_normalised(settings)):
             return None
-        return BufferSizes(**{key: int(value) for key, value in record["buffers"].items()})
+        buffers = record["buffers"]
+        return BufferSizes(
+            model_bytes=int(buffers["model_bytes"]),
+            kv_bytes=int(buffers["kv_bytes"]),
+            compute_bytes=int(buffers["compute_bytes"]),
+            output_bytes=int(buffers["output_bytes"]),
+            model_buffers=tuple(
+                (str(name), int(size)) for name, size in buffers.get("model_buffers", {}).items()
+            ),
+        )
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
@@ -93,7 +102,7 @@ def lookup_measurement(model_path: str | Path, settings: ComputeSettings) -> Buf
 
 
 def measured_compute(model_path: str | Path) -> MeasuredCompute:
-    """The planner's lookup for one model: the measured compute buffer at given settings, when there is one."""
+    """The planner's lookup for one model: the measured compute buffer at given settings, if there is one."""
 
     def lookup(settings: ComputeSettings) -> int | None:
         found = lookup_measurement(model_path, settings)

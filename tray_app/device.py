@@ -1,7 +1,8 @@
-"""Device memory: a real NVIDIA GPU through NVML, a simulated GPU (a ledger of who holds what), or system RAM."""
+"""Device memory: an NVIDIA GPU through NVML, a simulated GPU (a ledger of who holds what), or system RAM."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -56,7 +57,13 @@ class GpuDevice(Protocol):
 
 def no_gpu(reason: str) -> DeviceMemory:
     return DeviceMemory(
-        name="no GPU", kind="none", total_bytes=0, free_bytes=0, used_by_others_bytes=0, simulated=False, reason=reason
+        name="no GPU",
+        kind="none",
+        total_bytes=0,
+        free_bytes=0,
+        used_by_others_bytes=0,
+        simulated=False,
+        reason=reason,
     )
 
 
@@ -97,7 +104,7 @@ class SimulatedDevice:
             return dict(self._held)
 
     def memory(self, exclude_labels: Iterable[str] = ()) -> DeviceMemory:
-        """The ledger as device memory; holders in `exclude_labels` (our own worker) do not count as others."""
+        """The ledger as device memory; holders in `exclude_labels` (our own worker) are not "others"."""
         excluded = set(exclude_labels)
         with self._lock:
             held = dict(self._held)
@@ -111,7 +118,9 @@ class SimulatedDevice:
             used_by_others_bytes=others,
             simulated=True,
             reason=f"simulated {format_size(self.total_bytes)} GPU (no real device memory is used)",
-            processes=tuple(GpuProcess(pid=None, name=label, used_bytes=size) for label, size in held.items()),
+            processes=tuple(
+                GpuProcess(pid=None, name=label, used_bytes=size) for label, size in held.items()
+            ),
         )
 
 
@@ -123,7 +132,7 @@ def _process_name(pid: int) -> str:
 
 
 def nvml_memory(index: int = 0, exclude_pids: Iterable[int] = ()) -> DeviceMemory:
-    """Read one NVIDIA GPU through NVML; any NVML failure (no driver, no device) gives kind "none" with why."""
+    """Read one NVIDIA GPU through NVML; an NVML failure (no driver, no device) gives kind "none" and why."""
     import pynvml
 
     try:
@@ -144,10 +153,9 @@ def nvml_memory(index: int = 0, exclude_pids: Iterable[int] = ()) -> DeviceMemor
     except pynvml.NVMLError as error:
         return no_gpu(f"no NVIDIA GPU: {error}")
     finally:
-        try:
+        # shutting down a half-initialised NVML has nothing left to release
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass  # shutting down a half-initialised NVML has nothing left to release
     excluded = set(exclude_pids)
     ours = sum(p.used_bytes or 0 for p in processes if p.pid in excluded)
     total, free = int(info.total), int(info.free)

@@ -18,13 +18,15 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 _UNIT_BYTES = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
 _NUMBER = r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[KMG]i?B|B)\b"
 # One line per backend buffer; the backend name may be followed by one or two spaces ("CPU  output").
-_BUFFER_RE = re.compile(r"(?P<backend>[\w.-]+)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*" + _NUMBER)
+_BUFFER_RE = re.compile(
+    r"(?P<backend>[\w.-]+)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*" + _NUMBER
+)
 # The KV summary ("llama_kv_cache: size = ...", older "KV self size = ..."), used only when no KV buffer line
 # was printed: the summary repeats the buffers' total, so counting both would double it.
 _KV_SUMMARY_RE = re.compile(r"(?:llama_kv_cache\w*:\s+size|KV self size)\s*=\s*" + _NUMBER)
@@ -32,19 +34,39 @@ _KV_SUMMARY_RE = re.compile(r"(?:llama_kv_cache\w*:\s+size|KV self size)\s*=\s*"
 
 @dataclass(frozen=True)
 class BufferSizes:
-    """Bytes llama.cpp allocated, summed over every backend it printed (host and devices)."""
+    """Bytes llama.cpp allocated, summed over every backend it printed (host and devices).
+
+    `model_buffers` keeps the model buffers per backend: on CPUs with AMX (or other repacking) llama.cpp keeps
+    the file's tensors mapped ("CPU_Mapped") and also holds repacked copies of the weights in another buffer.
+    """
 
     model_bytes: int = 0
     kv_bytes: int = 0
     compute_bytes: int = 0
     output_bytes: int = 0
+    model_buffers: tuple[tuple[str, int], ...] = ()
 
     @property
     def total_bytes(self) -> int:
         return self.model_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
 
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
+    def model_buffer(self, backend: str) -> int:
+        """Bytes of the model buffers whose backend name is `backend` (e.g. "CPU_Mapped", "CUDA0")."""
+        return sum(size for name, size in self.model_buffers if name == backend)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_bytes": self.model_bytes,
+            "kv_bytes": self.kv_bytes,
+            "compute_bytes": self.compute_bytes,
+            "output_bytes": self.output_bytes,
+            "model_buffers": dict(self.model_buffers),
+        }
+
+
+def as_printed(num_bytes: int) -> str:
+    """A size as llama.cpp prints it (MiB, two decimals): compare an estimate at the log's precision."""
+    return f"{num_bytes / 1024**2:.2f}"
 
 
 def _to_bytes(match: re.Match[str]) -> int:
@@ -53,15 +75,28 @@ def _to_bytes(match: re.Match[str]) -> int:
 
 
 def parse_buffer_sizes(text: str) -> BufferSizes:
-    """Sum the model, KV, compute and output buffers found in a llama.cpp load log (zeros when absent)."""
-    totals = {"model": 0, "KV": 0, "compute": 0, "output": 0}
+    """Sum the model, KV, compute and output buffers found in the log of one model load (zeros when absent).
+
+    Model, KV and output buffers add up (a split model, or a model with two KV caches, prints several lines
+    for one backend). The compute buffer is per backend the last one printed: llama.cpp re-reserves its
+    graph (e.g. after changing adapters) and each reservation replaces the previous buffer.
+    """
+    totals = {"model": 0, "KV": 0, "output": 0}
+    compute: dict[str, int] = {}
+    model_buffers: list[tuple[str, int]] = []
     kv_lines = 0
     kv_summary = 0
     for line in text.splitlines():
         buffer = _BUFFER_RE.search(line)
         if buffer is not None:
-            totals[buffer.group("kind")] += _to_bytes(buffer)
-            kv_lines += buffer.group("kind") == "KV"
+            kind, backend, size = buffer.group("kind"), buffer.group("backend"), _to_bytes(buffer)
+            if kind == "compute":
+                compute[backend] = size
+            else:
+                totals[kind] += size
+            if kind == "model":
+                model_buffers.append((backend, size))
+            kv_lines += kind == "KV"
             continue
         summary = _KV_SUMMARY_RE.search(line)
         if summary is not None:
@@ -69,13 +104,14 @@ def parse_buffer_sizes(text: str) -> BufferSizes:
     return BufferSizes(
         model_bytes=totals["model"],
         kv_bytes=totals["KV"] if kv_lines else kv_summary,
-        compute_bytes=totals["compute"],
+        compute_bytes=sum(compute.values()),
         output_bytes=totals["output"],
+        model_buffers=tuple(model_buffers),
     )
 
 
 class LlamaLogCapture:
-    """The text llama.cpp logged while this capture was active (thread-safe; llama.cpp may log from any thread)."""
+    """What llama.cpp logged while this capture was active (thread-safe: it may log from any thread)."""
 
     def __init__(self) -> None:
         self._parts: list[str] = []
@@ -99,18 +135,23 @@ class LlamaLogCapture:
 _active: list[LlamaLogCapture] = []
 _active_lock = threading.Lock()
 _dispatcher: Any = None  # the ctypes callback object; kept referenced so it is never garbage-collected
+_install_lock = threading.Lock()
 
 
 def _install_dispatcher() -> None:
     global _dispatcher
-    if _dispatcher is not None:
-        return
+    with _install_lock:
+        if _dispatcher is None:
+            _dispatcher = _make_dispatcher()
+
+
+def _make_dispatcher() -> Any:
     import llama_cpp
     from llama_cpp import _logger
 
     forward = _logger.llama_log_callback
 
-    @llama_cpp.llama_log_callback  # type: ignore[misc]
+    @llama_cpp.llama_log_callback
     def dispatch(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         decoded = text.decode("utf-8", errors="replace")
         with _active_lock:
@@ -120,7 +161,7 @@ def _install_dispatcher() -> None:
         forward(level, text, user_data)
 
     llama_cpp.llama_log_set(dispatch, ctypes.c_void_p(0))
-    _dispatcher = dispatch
+    return dispatch
 
 
 @contextmanager

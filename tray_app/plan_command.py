@@ -1,4 +1,4 @@
-"""`failsoft plan`: print the VRAM split for the configured (or given) model and device, and the caps it sets."""
+"""`failsoft plan`: the VRAM split for the configured (or given) model and device, and the caps it sets."""
 
 from __future__ import annotations
 
@@ -14,8 +14,19 @@ from tray_app.sizes import format_size, parse_size
 BAR_WIDTH = 32
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    # Checked here so that the message names the option, not the config file the value would land in.
+    if args.ctx is not None and args.ctx < 0:
+        raise ValueError(f"--ctx {args.ctx}: use 0 (the largest that fits) or a number of tokens")
+    if args.parallel is not None and args.parallel < 1:
+        raise ValueError(f"--parallel {args.parallel}: at least 1 sequence")
+    if args.reserve is not None and not 0 <= args.reserve < 100:
+        raise ValueError(f"--reserve {args.reserve}: a percentage from 0 up to (not including) 100")
+
+
 def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]]:
     """The effective config with this command's options applied; notes say what was adjusted and why."""
+    _check_options(args)
     cfg = cli.load_config(args)
     notes: list[str] = []
     if args.ctx is not None:
@@ -97,7 +108,7 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
 
 
 def plan_json(plans: PlanSet) -> dict[str, object]:
-    """The GPU plan's keys at the top level (sizes in bytes), with the device, model and CPU plan beside them."""
+    """The GPU plan's keys at the top level (sizes in bytes); the device, model and CPU plan beside them."""
     return {
         **plans.gpu.to_dict(),
         "device": plans.device.to_dict(),

@@ -1,9 +1,9 @@
 """The VRAM (and RAM) budget planner: pure functions over device memory, model info and a request; no I/O.
 
-What a llama.cpp worker puts on a device: the weights of the layers it offloads, their KV cache, and a compute
-buffer (the graph's workspace). Around that sit a reserve we promise never to spend and whatever other processes
-already use. The planner picks the layer split, the context and the concurrency so that the reserve stays
-intact, and says why in words.
+What a llama.cpp worker puts on a device: the weights of the layers it offloads, their KV cache, and a
+compute buffer (the graph's workspace). Around that sit a reserve we promise never to spend and whatever
+other processes already use. The planner picks the layer split, the context and the concurrency so that
+the reserve stays intact, and says why in words.
 
 Layer counting follows llama.cpp: a model with N repeating blocks has N + 1 offloadable layers, the last being
 the output layer (output norm and output matrix), so `n_gpu_layers == n_layers` means everything on the GPU.
@@ -27,6 +27,8 @@ CACHE_TYPE_BLOCKS: dict[str, tuple[int, int]] = {"f16": (2, 1), "q8_0": (34, 32)
 # llama.cpp rounds the context (and each sequence's share of it) up to a multiple of this.
 CTX_PAD = 256
 FLOAT_BYTES = 4
+# ggml's allocator packs the graph's tensors with some fragmentation: measured 0-4 % above the peak tensors.
+COMPUTE_MARGIN = 1.05
 
 
 class PlanError(ValueError):
@@ -77,7 +79,7 @@ class Plan:
     weights_bytes: int  # on this device
     kv_bytes: int  # on this device
     compute_bytes: int  # on this device
-    output_bytes: int  # logits buffer; host memory, not counted against the device
+    output_bytes: int  # logits buffer: host memory, so counted in a RAM plan's free bytes, not a GPU's
     reserve_bytes: int
     other_bytes: int
     free_bytes: int  # left over after everything above; weights+kv+compute+reserve+other+free = total
@@ -95,7 +97,10 @@ class Plan:
 
     @property
     def used_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes
+        """What this plan puts on its device: weights+kv+compute+reserve+other+free = total on a GPU; a RAM
+        plan also holds the (host) logits buffer."""
+        output = self.output_bytes if self.device_kind == "ram" else 0
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + output
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,7 +114,9 @@ def cache_row_bytes(cache_type: str, n_elements: int) -> int:
     try:
         block_bytes, block_elements = CACHE_TYPE_BLOCKS[cache_type]
     except KeyError:
-        raise PlanError(f"unknown cache type {cache_type!r}; use one of {', '.join(CACHE_TYPE_BLOCKS)}") from None
+        raise PlanError(
+            f"unknown cache type {cache_type!r}; use one of {', '.join(CACHE_TYPE_BLOCKS)}"
+        ) from None
     return -(-n_elements // block_elements) * block_bytes
 
 
@@ -143,22 +150,26 @@ def output_buffer_bytes(model: ModelInfo, n_parallel: int) -> int:
 
 
 def estimate_compute_bytes(model: ModelInfo, settings: ComputeSettings) -> int:
-    """An estimate of llama.cpp's compute buffer (the graph's peak workspace) for a full prompt batch.
+    """An estimate of llama.cpp's compute buffer (the graph's peak workspace), from the worst case it
+    reserves: one ubatch of prompt tokens attending to a whole sequence's cache, with a logit row per token.
 
-    The worst case it reserves is one ubatch of prompt tokens attending to the whole cache. Without flash
-    attention the attention scores are materialised (K·Q and its softmax, f32, one n_ctx_seq × ubatch matrix
-    per head); with it they stay in tiles. The logits of the batch (ubatch × n_vocab, f32) are the other peak.
+    Two peaks compete. The logits (ubatch × n_vocab floats) at the end of the graph; and, without flash
+    attention, the attention scores (K·Q, one n_ctx_seq × ubatch float matrix per head) with their mask. With
+    flash attention the scores stay in tiles and only the (f16) mask is materialised. Around either peak a few
+    residual and feed-forward rows are alive. Checked against llama.cpp's own numbers for a llama model
+    (within a few percent); the allocator's fragmentation is covered by a small margin.
     """
     n_tokens = min(settings.n_ctx, settings.n_ubatch)
     n_ctx_seq = settings.n_ctx // settings.n_parallel
-    # the residual stream and the widest intermediate (feed-forward), a few copies alive at once
-    activations = n_tokens * (model.n_embd * 4 + model.n_ff * 3) * FLOAT_BYTES
+    logits = n_tokens * (model.n_vocab + 2 * model.n_embd) * FLOAT_BYTES
+    rows = n_tokens * (model.n_embd + 2 * model.n_ff) * FLOAT_BYTES
     if settings.flash_attn:
-        attention = n_tokens * model.n_head * model.head_dim_v * 2 * FLOAT_BYTES + n_ctx_seq * n_tokens * 2
+        attention = (
+            n_ctx_seq * n_tokens * 2 + 2 * n_tokens * model.n_head * model.head_dim_v * FLOAT_BYTES + rows
+        )
     else:
-        attention = 2 * n_ctx_seq * n_tokens * model.n_head * FLOAT_BYTES
-    logits = n_tokens * model.n_vocab * FLOAT_BYTES
-    return max(attention + activations, logits + activations)
+        attention = n_ctx_seq * n_tokens * (model.n_head + 1) * FLOAT_BYTES + rows
+    return int(max(logits, attention) * COMPUTE_MARGIN)
 
 
 def reserve_bytes(total_bytes: int, percent: float, minimum: int) -> int:
@@ -173,6 +184,16 @@ def gpu_weights_bytes(model: ModelInfo, n_gpu_layers: int) -> int:
     if n_gpu_layers > model.n_layers:
         weights += model.output_layer_bytes
     return weights
+
+
+def host_weights_bytes(model: ModelInfo, n_gpu_layers: int) -> int:
+    """Weights that stay in system RAM: the blocks not offloaded and the tensors outside the blocks, except
+    the output layer's own tensors once it is offloaded (a tied embedding stays: its copy went to the GPU)."""
+    blocks = min(n_gpu_layers, model.n_layers)
+    host = sum(model.layer_bytes[: model.n_layers - blocks]) + model.non_layer_bytes
+    if n_gpu_layers > model.n_layers:
+        host -= model.output_layer_bytes - (model.input_bytes if model.tied_embeddings else 0)
+    return host
 
 
 def _gpu_blocks(model: ModelInfo, n_gpu_layers: int) -> range:
@@ -192,7 +213,9 @@ class _Budget:
     reserve: int
     usable: int  # total - others - reserve
     host: bool = False  # planning system RAM: every weight and cache row lives there
-    _computed: dict[tuple[int, int], tuple[int, Literal["estimate", "measured"]]] = field(default_factory=dict)
+    _computed: dict[tuple[int, int], tuple[int, Literal["estimate", "measured"]]] = field(
+        default_factory=dict
+    )
 
     def weights(self, n_gpu_layers: int) -> int:
         if self.host:
@@ -218,11 +241,15 @@ class _Budget:
             return found, "measured"
         return estimate_compute_bytes(self.model, settings), "estimate"
 
+    def output(self, n_parallel: int) -> int:
+        # The logits buffer is host memory: it counts against RAM, never against a GPU.
+        return output_buffer_bytes(self.model, n_parallel) if self.host else 0
+
     def need(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> int:
         if n_gpu_layers == 0:
             return 0
         kv = kv_cache_bytes(self.model, n_ctx, self.request, _gpu_blocks(self.model, n_gpu_layers))
-        return self.weights(n_gpu_layers) + kv + self.compute(n_ctx, n_parallel)[0]
+        return self.weights(n_gpu_layers) + kv + self.compute(n_ctx, n_parallel)[0] + self.output(n_parallel)
 
     def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> bool:
         return self.need(n_gpu_layers, n_ctx, n_parallel) <= self.usable
@@ -254,7 +281,7 @@ class _Budget:
         weights = self.weights(n_gpu_layers)
         other = min(device.used_by_others_bytes, device.total_bytes)
         reserve = min(self.reserve, device.total_bytes - other)
-        used = weights + kv + compute
+        used = weights + kv + compute + (self.output(n_parallel) if n_gpu_layers else 0)
         return Plan(
             verdict=verdict,
             reason=reason,
@@ -280,7 +307,7 @@ class _Budget:
             flash_attn=request.flash_attn,
             n_ubatch=request.n_ubatch,
             compute_source=source,
-            host_weights_bytes=model.weights_bytes - weights,
+            host_weights_bytes=0 if self.host else host_weights_bytes(model, n_gpu_layers),
             host_kv_bytes=kv_cache_bytes(model, n_ctx, request) - kv,
         )
 
@@ -288,11 +315,13 @@ class _Budget:
 def _check_request(request: PlanRequest) -> None:
     for name, cache_type in (("K", request.cache_type_k), ("V", request.cache_type_v)):
         if cache_type not in CACHE_TYPE_BLOCKS:
-            raise PlanError(f"unknown {name} cache type {cache_type!r}; use one of {', '.join(CACHE_TYPE_BLOCKS)}")
+            raise PlanError(
+                f"unknown {name} cache type {cache_type!r}; use one of {', '.join(CACHE_TYPE_BLOCKS)}"
+            )
     if request.cache_type_v != "f16" and not request.flash_attn:
         raise PlanError(
-            f"a quantised V cache ({request.cache_type_v}) needs flash attention: llama.cpp refuses it otherwise; "
-            "enable flash attention or use f16 for V"
+            f"a quantised V cache ({request.cache_type_v}) needs flash attention: llama.cpp refuses it "
+            "otherwise; enable flash attention or use f16 for V"
         )
     if request.n_parallel < 1:
         raise PlanError(f"n_parallel must be at least 1, got {request.n_parallel}")
@@ -317,10 +346,13 @@ def _budget(
 
 def _where(budget: _Budget) -> str:
     device = budget.device
-    label = f"the {device.name}" + (" (simulated)" if device.simulated and "simulated" not in device.name else "")
+    label = f"the {device.name}" + (
+        " (simulated)" if device.simulated and "simulated" not in device.name else ""
+    )
+    usable, total = format_size(max(budget.usable, 0)), format_size(device.total_bytes)
     return (
-        f"{label}: {format_size(max(budget.usable, 0))} usable of {format_size(device.total_bytes)} after the "
-        f"{format_size(budget.reserve)} reserve and {format_size(device.used_by_others_bytes)} used by others"
+        f"{label}: {usable} usable of {total} after the {format_size(budget.reserve)} reserve "
+        f"and {format_size(device.used_by_others_bytes)} used by others"
     )
 
 
@@ -330,7 +362,7 @@ def _ctx_words(n_ctx: int, n_parallel: int) -> str:
     return f"n_ctx {n_ctx} ({n_parallel} sequences of {n_ctx // n_parallel})"
 
 
-def _ctx_limit_words(budget: _Budget, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> str:
+def _ctx_limit_words(budget: _Budget, n_ctx: int, n_parallel: int) -> str:
     request = budget.request
     if n_ctx + CTX_PAD * n_parallel <= budget.context_cap(n_parallel):
         return "context limited by memory"
@@ -347,7 +379,7 @@ def _no_gpu_plan(budget: _Budget) -> Plan:
         f"no GPU to plan for{detail}: nothing goes on a GPU and the model runs on the CPU; "
         "use --simulate-vram SIZE (or device.simulate_vram) to plan for a GPU of that size"
     )
-    return replace(budget.plan("cpu", 0, n_ctx, 1, reason), fits=True)
+    return budget.plan("cpu", 0, n_ctx, 1, reason)
 
 
 def _plan_requested(budget: _Budget, n_ctx_asked: int) -> Plan:
@@ -356,14 +388,21 @@ def _plan_requested(budget: _Budget, n_ctx_asked: int) -> Plan:
     full = budget.model.n_layers + 1
     need_all = budget.need(full, n_ctx, n_parallel)
     if need_all <= budget.usable:
-        reason = f"all {full} layers fit at {_ctx_words(n_ctx, n_parallel)}, needing {format_size(need_all)} on "
+        reason = (
+            f"all {full} layers fit at {_ctx_words(n_ctx, n_parallel)}, needing {format_size(need_all)} on "
+        )
         return budget.plan("gpu", full, n_ctx, n_parallel, reason + _where(budget))
     layers = budget.largest_layers(n_ctx, n_parallel)
-    short = f"all {full} layers at {_ctx_words(n_ctx, n_parallel)} need {format_size(need_all)}, more than {_where(budget)}"
+    context = _ctx_words(n_ctx, n_parallel)
+    short = f"all {full} layers at {context} need {format_size(need_all)}, more than {_where(budget)}"
     if layers:
-        reason = f"{short}; {layers} of {full} layers fit on the GPU, the other {full - layers} run on the CPU"
+        reason = (
+            f"{short}; {layers} of {full} layers fit on the GPU, the other {full - layers} run on the CPU"
+        )
         return budget.plan("split", layers, n_ctx, n_parallel, reason)
-    return budget.plan("cpu", 0, n_ctx, n_parallel, f"{short}; not even one layer fits, so the model runs on the CPU")
+    return budget.plan(
+        "cpu", 0, n_ctx, n_parallel, f"{short}; not even one layer fits, so the model runs on the CPU"
+    )
 
 
 def _plan_largest(budget: _Budget) -> Plan:
@@ -373,23 +412,29 @@ def _plan_largest(budget: _Budget) -> Plan:
         n_ctx = budget.largest_ctx(full, n_parallel, floor)
         if n_ctx is None:
             continue
-        fewer = "" if n_parallel == budget.request.n_parallel else f" (only {n_parallel} of {budget.request.n_parallel} sequences fit)"
+        fewer = (
+            ""
+            if n_parallel == budget.request.n_parallel
+            else f" (only {n_parallel} of {budget.request.n_parallel} sequences fit)"
+        )
         reason = (
             f"all {full} layers fit at {_ctx_words(n_ctx, n_parallel)}{fewer}, "
-            f"{_ctx_limit_words(budget, full, n_ctx, n_parallel)}, needing "
+            f"{_ctx_limit_words(budget, n_ctx, n_parallel)}, needing "
             f"{format_size(budget.need(full, n_ctx, n_parallel))} on {_where(budget)}"
         )
         return budget.plan("gpu", full, n_ctx, n_parallel, reason)
     n_parallel = budget.request.n_parallel
     target, _ = padded_context(min(budget.request.min_ctx, budget.context_cap(n_parallel)), n_parallel)
     layers = budget.largest_layers(target, n_parallel)
-    short = f"all {full} layers do not fit with even n_ctx {target} on {_where(budget)}"
+    short = f"not all {full} layers fit even at n_ctx {target} on {_where(budget)}"
     if not layers:
-        return budget.plan("cpu", 0, target, n_parallel, f"{short}; not even one layer fits, so the model runs on the CPU")
+        return budget.plan(
+            "cpu", 0, target, n_parallel, f"{short}; not even one layer fits, so the model runs on the CPU"
+        )
     n_ctx = budget.largest_ctx(layers, n_parallel, target) or target
     reason = (
         f"{short}; {layers} of {full} layers fit on the GPU (the other {full - layers} run on the CPU) "
-        f"at {_ctx_words(n_ctx, n_parallel)}, {_ctx_limit_words(budget, layers, n_ctx, n_parallel)}"
+        f"at {_ctx_words(n_ctx, n_parallel)}, {_ctx_limit_words(budget, n_ctx, n_parallel)}"
     )
     return budget.plan("split", layers, n_ctx, n_parallel, reason)
 
@@ -423,10 +468,11 @@ def plan_cpu(
         found = budget.largest_ctx(full, n_parallel, CTX_PAD * n_parallel)
         fits = found is not None
         n_ctx = found if found is not None else CTX_PAD * n_parallel
-        limit = _ctx_limit_words(budget, full, n_ctx, n_parallel)
+        limit = _ctx_limit_words(budget, n_ctx, n_parallel)
     need = format_size(budget.need(full, n_ctx, n_parallel))
+    context = _ctx_words(n_ctx, n_parallel)
     if fits:
-        reason = f"the CPU worker fits in RAM at {_ctx_words(n_ctx, n_parallel)} ({limit}), needing {need} of {_where(budget)}"
+        reason = f"the CPU worker fits in RAM at {context} ({limit}), needing {need} of {_where(budget)}"
     else:
-        reason = f"the CPU worker needs {need} at {_ctx_words(n_ctx, n_parallel)}, more than {_where(budget)}"
+        reason = f"the CPU worker needs {need} at {context}, more than {_where(budget)}"
     return replace(budget.plan("cpu", full, n_ctx, n_parallel, reason), fits=fits)
