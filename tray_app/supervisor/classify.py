@@ -29,8 +29,14 @@ _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, 
 # so an old decode error earlier in the log does not explain a later load failure.
 _LINE_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     ("oom_decode", re.compile(r"llama_decode returned -[23]\b")),
-    ("bad_config", re.compile(r"Model path does not exist|No such file or directory|invalid magic|unknown model architecture")),
-    ("bad_config", re.compile(r"^usage: |error: (unrecognized arguments|argument )")),
+    (
+        "bad_config",
+        re.compile(
+            r"Model path does not exist|No such file or directory|invalid magic|unknown model architecture"
+        ),
+    ),
+    # argparse: "prog: error: ..." is the last line, after the usage lines.
+    ("bad_config", re.compile(r"^python -m tray_app\.worker: error: |^usage: ")),
     (
         "oom_load",
         re.compile(
@@ -75,7 +81,9 @@ def classify_exit(returncode: int | None, output_tail: list[str]) -> Failure:
             detail = f": {found[1]}" if found else ""
             return Failure("crash_abort", f"worker crashed ({name}){detail}")
         if number == signal.SIGKILL:
-            return Failure("killed", "worker was killed (SIGKILL), e.g. by the kernel's out-of-memory killer or a user")
+            return Failure(
+                "killed", "worker was killed (SIGKILL), e.g. by the kernel's out-of-memory killer or a user"
+            )
         return Failure("exited", f"worker ended by {name}")
     found = _matching_line(output_tail)
     if found is not None:

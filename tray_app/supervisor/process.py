@@ -8,6 +8,7 @@ loop only after the output pipe is drained, so the classification sees the worke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -33,7 +34,9 @@ def worker_log_path(log_dir: Path, role: str) -> Path:
 class WorkerProcess:
     """A running (or ended) worker subprocess. Create it with `spawn` from inside a running asyncio loop."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], log_file: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], log_file: Path, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._popen = popen
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._tail_lock = threading.Lock()
@@ -45,7 +48,9 @@ class WorkerProcess:
         self._logger.propagate = False
         self.exited: asyncio.Future[int] = loop.create_future()
         self._loop = loop
-        self._pump = threading.Thread(target=self._pump_output, name=f"worker-output-{popen.pid}", daemon=True)
+        self._pump = threading.Thread(
+            target=self._pump_output, name=f"worker-output-{popen.pid}", daemon=True
+        )
         self._pump.start()
         threading.Thread(target=self._watch_exit, name=f"worker-exit-{popen.pid}", daemon=True).start()
 
@@ -90,7 +95,7 @@ class WorkerProcess:
                 self._popen.send_signal(sig)
 
     async def stop(self, grace: float) -> int:
-        """SIGTERM to the group (and SIGCONT, so a stopped process can act on it), then SIGKILL after `grace`."""
+        """SIGTERM to the group (and SIGCONT, so a stopped process can act on it); SIGKILL after `grace`."""
         if not self.exited.done():
             self.signal_group(signal.SIGTERM)
             self.signal_group(signal.SIGCONT)
@@ -123,7 +128,8 @@ class WorkerProcess:
         self._pump.join(_DRAIN_TIMEOUT)
         self._logger.info("--- worker %d ended with status %d", self._popen.pid, returncode)
         self._handler.close()
-        if not self._loop.is_closed():
+        # The loop is gone only when its owner stopped caring about this process (interpreter shutdown).
+        with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._report_exit, returncode)
 
     def _report_exit(self, returncode: int) -> None:

@@ -21,6 +21,7 @@ class WorkerArgs:
     n_gpu_layers: int
     threads: int
     n_parallel: int
+    n_ubatch: int
     cache_type_k: str
     cache_type_v: str
     flash_attn: bool
@@ -52,7 +53,7 @@ def _non_negative(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tray_app.worker",
-        description="One llama.cpp worker: llama-cpp-python's OpenAI server plus /health and fault injection.",
+        description="One llama.cpp worker: llama-cpp-python's OpenAI server, /health and fault injection.",
     )
     parser.add_argument("--model", type=Path, required=True, help="GGUF model file")
     parser.add_argument("--role", choices=ROLES, required=True)
@@ -62,18 +63,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (-1: all)")
     parser.add_argument("--threads", type=_positive, default=1)
     parser.add_argument("--n-parallel", type=_positive, default=1)
+    parser.add_argument(
+        "--n-ubatch", type=_positive, default=512, help="physical batch size (sizes the compute buffer)"
+    )
     parser.add_argument("--cache-type-k", choices=CACHE_TYPES, default="f16")
     parser.add_argument("--cache-type-v", choices=CACHE_TYPES, default="f16")
     parser.add_argument("--flash-attn", action="store_true")
-    parser.add_argument("--chat-format", default="", help="llama-cpp-python chat format (default: the model's)")
+    parser.add_argument(
+        "--chat-format", default="", help="llama-cpp-python chat format (default: the model's)"
+    )
     parser.add_argument(
         "--simulated-vram-bytes",
         type=_positive,
         default=None,
         help="run as a GPU worker on a simulated device with this much free VRAM",
     )
-    parser.add_argument("--enable-faults", action="store_true", help="allow fault injection (drills and tests)")
-    parser.add_argument("--fault-load-oom", action="store_true", help="fail the allocation at load (needs --enable-faults)")
+    parser.add_argument(
+        "--enable-faults", action="store_true", help="allow fault injection (drills and tests)"
+    )
+    parser.add_argument(
+        "--fault-load-oom", action="store_true", help="fail the allocation at load (needs --enable-faults)"
+    )
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     return parser
 
@@ -94,6 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerArgs:
         n_gpu_layers=ns.n_gpu_layers,
         threads=ns.threads,
         n_parallel=ns.n_parallel,
+        n_ubatch=ns.n_ubatch,
         cache_type_k=ns.cache_type_k,
         cache_type_v=ns.cache_type_v,
         flash_attn=ns.flash_attn,

@@ -3,8 +3,8 @@
 Each fault is one-shot and fires at the first decode after `after_tokens` tokens were generated since it was
 armed, from inside llama-cpp-python's own decode path (the Llama instance's `eval`), so it travels exactly the
 way the real failure does:
-- oom_decode: raises what a real failed `llama_decode` raises, RuntimeError("llama_decode returned -2"), before
-  anything is decoded (a real -2 leaves the KV cache as it was, too). The worker stays up.
+- oom_decode: raises what a real failed `llama_decode` raises, RuntimeError("llama_decode returned -2"),
+  before anything is decoded (a real -2 leaves the KV cache as it was, too). The worker stays up.
 - abort: prints CUDA's out-of-memory line and aborts the process (SIGABRT), like CUDA's pool failing.
 - hang: stops the whole process (SIGSTOP to itself): no token, no /health answer, until it is killed.
 """

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import psutil
 
-# Room for what the worker maps after the baseline: uvicorn and its thread pool (8 MiB stack each), llama.cpp's
-# compute threads, malloc arenas (capped at two below) and Python's own heap growth while serving.
+# Room for what the worker maps after the baseline: uvicorn and its thread pool (8 MiB stack each),
+# llama.cpp's compute threads, malloc arenas (capped at two below) and Python's own heap growth while serving.
 MARGIN_BYTES = 1536 * 1024 * 1024
 _M_ARENA_MAX = -8
 
@@ -49,7 +49,7 @@ def _cap_malloc_arenas(arenas: int = 2) -> None:
 
 
 def apply_address_space_limit(simulated_vram_bytes: int) -> MemoryLimit | None:
-    """Cap RLIMIT_AS for this process; None where that cannot be done safely (not Linux, or a lower hard cap)."""
+    """Cap RLIMIT_AS for this process; None where that cannot be done safely (not Linux, lower hard cap)."""
     if not sys.platform.startswith("linux"):
         return None
     import resource

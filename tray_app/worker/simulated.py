@@ -1,7 +1,7 @@
 """Out-of-memory at load on a simulated GPU, through the same path and message shape as a real one.
 
-After the model loaded (on the CPU build), what llama.cpp allocated (from its own log) is laid out in the order
-a CUDA build allocates it: weights, KV cache, output, compute. The first buffer that does not fit in the
+After the model loaded (on the CPU build), what llama.cpp allocated (from its own log) is laid out in the
+order a CUDA build allocates it: weights, KV cache, output, compute. The first buffer that does not fit in the
 simulated free VRAM fails as cudaMalloc would: llama.cpp's lines are printed (marked "(simulated)") and the
 same exception llama-cpp-python raises is raised. Weights and KV cache of layers left on the CPU do not count.
 """
@@ -45,7 +45,7 @@ def device_share(buffers: BufferSizes, n_gpu_layers: int, n_layers: int) -> Simu
     )
 
 
-def _alloc_failed_lines(size: int, what: str) -> list[str]:
+def alloc_failed_lines(size: int, what: str) -> list[str]:
     return [
         f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {size / MIB:.2f} MiB on device 0: "
         f"cudaMalloc failed: out of memory {MARK}",
@@ -54,18 +54,26 @@ def _alloc_failed_lines(size: int, what: str) -> list[str]:
     ]
 
 
-def failure_for(allocation: SimulatedAllocation, free_bytes: int, model_path: Path) -> tuple[list[str], str] | None:
+def failure_for(
+    allocation: SimulatedAllocation, free_bytes: int, model_path: Path
+) -> tuple[list[str], str] | None:
     """The log lines and exception message of the first allocation that does not fit, or None if all fit."""
     used = 0
     steps = (
         (allocation.model_bytes, "llama_model_load: error loading model: unable to allocate CUDA0 buffer"),
-        (allocation.kv_bytes, "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache"),
-        (allocation.output_bytes, "llama_init_from_model: failed to initialize the context: failed to allocate output buffer"),
+        (
+            allocation.kv_bytes,
+            "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache",
+        ),
+        (
+            allocation.output_bytes,
+            "llama_init_from_model: failed to initialize the context: failed to allocate output buffer",
+        ),
         (allocation.compute_bytes, "graph_reserve: failed to allocate compute buffers"),
     )
     for index, (size, what) in enumerate(steps):
         if used + size > free_bytes:
-            lines = _alloc_failed_lines(size, what)
+            lines = alloc_failed_lines(size, what)
             if index == 0:
                 # Weights that do not fit fail model loading itself, before any context exists.
                 return [*lines, "llama_model_load_from_file_impl: failed to load model"], (

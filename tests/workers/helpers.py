@@ -1,0 +1,40 @@
+"""Small helpers for the worker tests: an openai client on a worker, condition polling, process checks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import openai
+import psutil
+
+from tray_app.supervisor import WorkerSupervisor
+
+
+def client_for(supervisor: WorkerSupervisor, timeout: float = 30.0) -> openai.AsyncOpenAI:
+    """The real openai client on the worker; no retries, so a one-shot fault is seen as it happened."""
+    assert supervisor.base_url is not None, f"{supervisor.role} worker has no URL ({supervisor.state})"
+    return openai.AsyncOpenAI(
+        base_url=supervisor.base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout
+    )
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll `condition` until true; returns the seconds it took, fails the test after `timeout`."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+HELLO = [{"role": "user", "content": "Say hello."}]

@@ -1,0 +1,159 @@
+"""Worker profiles: what each worker process is started with, derived from the budget plans."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from tray_app.budget import PlanSet, physical_cores
+from tray_app.config import Config
+from tray_app.planner import Plan
+
+Role = Literal["gpu", "cpu"]
+WORKER_MODULE = "tray_app.worker"
+
+
+@dataclass(frozen=True)
+class WorkerProfile:
+    role: Role
+    model_path: Path
+    n_ctx: int
+    n_gpu_layers: int
+    n_threads: int
+    n_parallel: int = 1
+    n_ubatch: int = 512
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: bool = False
+    chat_format: str = ""  # empty: the worker picks from the model's template
+    simulated_vram_bytes: int | None = None  # free VRAM of the simulated device; None on a real one
+    enable_faults: bool = False
+    fault_load_oom: bool = False
+    warm: bool = True  # start with the service; False: start on first use
+    warm_reason: str = ""  # why it is (not) started with the service, in words
+
+    def worker_args(self, port: int, parent_pid: int | None) -> list[str]:
+        """The `python -m tray_app.worker` arguments for this profile on `port`."""
+        args = [
+            "--model",
+            str(self.model_path),
+            "--role",
+            self.role,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n-ctx",
+            str(self.n_ctx),
+            "--n-gpu-layers",
+            str(self.n_gpu_layers),
+            "--threads",
+            str(self.n_threads),
+            "--n-parallel",
+            str(self.n_parallel),
+            "--n-ubatch",
+            str(self.n_ubatch),
+            "--cache-type-k",
+            self.cache_type_k,
+            "--cache-type-v",
+            self.cache_type_v,
+        ]
+        if self.flash_attn:
+            args.append("--flash-attn")
+        if self.chat_format:
+            args += ["--chat-format", self.chat_format]
+        if self.simulated_vram_bytes is not None:
+            args += ["--simulated-vram-bytes", str(self.simulated_vram_bytes)]
+        if self.enable_faults:
+            args.append("--enable-faults")
+            if self.fault_load_oom:
+                args.append("--fault-load-oom")
+        if parent_pid is not None:
+            args += ["--parent-pid", str(parent_pid)]
+        return args
+
+    def with_faults(self, *, load_oom: bool = False) -> WorkerProfile:
+        return replace(self, enable_faults=True, fault_load_oom=load_oom)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["model_path"] = str(self.model_path)
+        return data
+
+
+@dataclass(frozen=True)
+class WorkerProfiles:
+    gpu: WorkerProfile | None  # None: no GPU (real or simulated) to run one on
+    cpu: WorkerProfile | None  # None: the CPU worker is disabled in the config
+    notes: tuple[str, ...] = ()  # what the service should tell the user about these choices
+
+
+def _threads(cfg: Config) -> int:
+    return cfg.cpu.threads or physical_cores()
+
+
+def gpu_profile(cfg: Config, plan: Plan, model_path: Path, simulated_free_bytes: int | None) -> WorkerProfile:
+    return WorkerProfile(
+        role="gpu",
+        model_path=model_path,
+        n_ctx=plan.n_ctx,
+        n_gpu_layers=plan.n_gpu_layers,
+        n_threads=_threads(cfg),
+        n_parallel=plan.n_parallel,
+        n_ubatch=plan.n_ubatch,
+        cache_type_k=plan.cache_type_k,
+        cache_type_v=plan.cache_type_v,
+        flash_attn=plan.flash_attn,
+        chat_format=cfg.model.chat_format,
+        simulated_vram_bytes=simulated_free_bytes,
+        warm=True,
+        warm_reason="the GPU worker always starts with the service",
+    )
+
+
+def cpu_profile(cfg: Config, plan: Plan, model_path: Path) -> WorkerProfile:
+    if not plan.fits:
+        warm, reason = False, f"started on demand only: {plan.reason}"
+    elif not cfg.cpu.warm:
+        warm, reason = False, "started on demand (cpu.warm = false)"
+    else:
+        warm, reason = True, f"warm: {plan.reason}"
+    return WorkerProfile(
+        role="cpu",
+        model_path=model_path,
+        n_ctx=plan.n_ctx,
+        n_gpu_layers=0,
+        n_threads=_threads(cfg),
+        n_parallel=plan.n_parallel,
+        n_ubatch=plan.n_ubatch,
+        cache_type_k=plan.cache_type_k,
+        cache_type_v=plan.cache_type_v,
+        flash_attn=plan.flash_attn,
+        chat_format=cfg.model.chat_format,
+        warm=warm,
+        warm_reason=reason,
+    )
+
+
+def profiles_from_plans(cfg: Config, plan_set: PlanSet, *, enable_faults: bool = False) -> WorkerProfiles:
+    """The GPU worker from the GPU plan, the CPU worker from the RAM plan (threads = physical cores)."""
+    model_path = cfg.model_path()
+    notes: list[str] = []
+    gpu: WorkerProfile | None = None
+    if plan_set.device.available:
+        simulated_free = plan_set.device.free_bytes if plan_set.device.simulated else None
+        gpu = gpu_profile(cfg, plan_set.gpu, model_path, simulated_free)
+    else:
+        notes.append(f"no GPU worker: {plan_set.device.reason or 'no GPU device'}")
+    cpu: WorkerProfile | None = None
+    if cfg.cpu.enabled:
+        cpu = cpu_profile(cfg, plan_set.cpu, model_path)
+        if not cpu.warm:
+            notes.append(f"CPU worker {cpu.warm_reason}")
+    else:
+        notes.append("no CPU worker: cpu.enabled = false")
+    if enable_faults:
+        gpu = gpu.with_faults() if gpu else None
+        cpu = cpu.with_faults() if cpu else None
+    return WorkerProfiles(gpu=gpu, cpu=cpu, notes=tuple(notes))

@@ -1,0 +1,560 @@
+"""One owner per worker: spawn, wait for /health, watch it, classify its failures, restart it with backoff.
+
+All state changes happen in one asyncio task (the owner) that reads a queue of messages: commands from the
+public methods, the process's exit, health-probe results. Nobody else writes the state, so there is no
+"read the state, then act on it" race; callers ask (`ensure_ready`) instead of peeking. Every transition is
+published as an event with a reason.
+
+The interface the router and the service use is deliberately narrow (start, stop, restart, ensure_ready,
+base_url, status, mark_unhealthy, arm_fault), so a worker of another kind (an external llama-server) can be
+supervised the same way later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import httpx
+import psutil
+
+from tray_app import paths
+from tray_app.config import SupervisorConfig
+from tray_app.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
+from tray_app.supervisor.backoff import Backoff
+from tray_app.supervisor.classify import FAILURE_KINDS, Failure, FailureKind, classify_exit, hung_failure
+from tray_app.supervisor.process import WorkerProcess, python_module_argv, worker_log_path
+from tray_app.supervisor.profile import WORKER_MODULE, WorkerProfile
+
+State = Literal["stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed"]
+STATES: tuple[State, ...] = ("stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed")
+
+STARTUP_POLL_SECONDS = 0.1  # /health polling while a worker loads: load takes well under a second
+DEATH_GRACE_SECONDS = 0.5  # how long a reported failure waits for a dying process to be reaped
+
+
+class SupervisorError(RuntimeError):
+    """A request to the supervisor could not be carried out (e.g. faults armed on a worker that is down)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------------------------ messages
+
+
+@dataclass
+class _Command:
+    name: Literal["start", "ensure_started", "stop", "restart", "mark_unhealthy"]
+    reason: str = ""
+    kind: str = ""
+    done: asyncio.Future[Any] | None = None
+
+
+@dataclass
+class _Exited:
+    generation: int
+    returncode: int
+
+
+@dataclass
+class _HealthResult:
+    generation: int
+    body: dict[str, Any] | None
+    error: str = ""
+    timed_out: bool = False
+
+
+_Message = _Command | _Exited | _HealthResult
+
+
+@dataclass
+class _Attempt:
+    """One spawned process and what the owner tracks about it."""
+
+    generation: int
+    process: WorkerProcess
+    port: int
+    started_at: float
+    ready_at: float | None = None
+    probe_due: float = 0.0
+    probe_in_flight: bool = False
+    unanswered_since: float | None = None
+    outcome: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    psutil_process: psutil.Process | None = None
+
+
+class WorkerSupervisor:
+    def __init__(
+        self,
+        profile: WorkerProfile,
+        bus: EventBus,
+        settings: SupervisorConfig,
+        *,
+        log_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._profile = profile
+        self._bus = bus
+        self._settings = settings
+        self._log_dir = log_dir
+        self._clock = clock
+        self._state: State = "stopped"
+        self._state_reason = "not started"
+        self._attempt: _Attempt | None = None
+        self._generation = 0
+        self._backoff = Backoff(settings.backoff_initial, settings.backoff_max, settings.stable_after)
+        self._restarts = 0
+        self._last_failure: dict[str, Any] | None = None
+        self._retry_at: float | None = None  # monotonic
+        self._next_retry_wall: float | None = None  # the same moment as a wall-clock time, for status
+        self._health: dict[str, Any] = {}
+        self._queue: asyncio.Queue[_Message] | None = None
+        self._owner: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._changed: asyncio.Event | None = None
+        self._probes: set[asyncio.Task[None]] = set()  # kept until done: never collected mid-flight
+
+    # ------------------------------------------------------------------------------------ public interface
+
+    @property
+    def role(self) -> str:
+        return self._profile.role
+
+    @property
+    def profile(self) -> WorkerProfile:
+        return self._profile
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        attempt = self._attempt
+        return attempt.process.pid if attempt is not None and attempt.process.returncode is None else None
+
+    @property
+    def base_url(self) -> str | None:
+        """Where the worker's OpenAI API is, while a process is up (it changes on every restart)."""
+        attempt = self._attempt
+        if attempt is None or attempt.process.exited.done():
+            return None
+        return f"http://127.0.0.1:{attempt.port}"
+
+    @property
+    def health(self) -> dict[str, Any]:
+        """The worker's last /health answer (empty before the first one of the current process)."""
+        return dict(self._health)
+
+    async def start(self) -> bool:
+        """Start now (also cutting short a backoff wait); True once /health says ready, False if this attempt
+        failed (the process exited, or no ready answer within start_timeout); `status()` says why."""
+        return bool(await self._send(_Command("start", reason="start requested")))
+
+    async def ensure_ready(self, timeout: float) -> bool:
+        """Ready within `timeout` seconds? Starts a stopped (on-demand) worker, never skips a backoff wait."""
+        if self._state == "ready":
+            return True
+        await self._send(_Command("ensure_started", reason="needed for a request"))
+        return await self._wait_for(lambda: self._state in ("ready", "failed", "stopped"), timeout) and (
+            self._state == "ready"
+        )
+
+    async def restart(self, reason: str) -> bool:
+        """Stop the worker (grace, then SIGKILL) and start a fresh one now; True when it is ready."""
+        return bool(await self._send(_Command("restart", reason=reason)))
+
+    async def stop(self) -> None:
+        """SIGTERM to the worker's process group, `stop_grace` seconds, then SIGKILL; state stopped."""
+        if self._owner is None:
+            return
+        await self._send(_Command("stop", reason="stop requested"))
+
+    async def aclose(self) -> None:
+        """Stop the worker and end the owner task (the supervisor cannot be used afterwards)."""
+        await self.stop()
+        if self._owner is not None:
+            self._owner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._owner
+            self._owner = None
+        for probe in list(self._probes):
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def mark_unhealthy(self, reason: str, kind: str) -> None:
+        """A request saw this worker fail (e.g. `oom_decode`): restart it in the background. Thread-safe."""
+        self._post(_Command("mark_unhealthy", reason=reason, kind=kind))
+
+    async def arm_fault(self, kind: str, after_tokens: int) -> dict[str, Any]:
+        """Arm a one-shot fault in the worker (it must run with faults enabled); returns what it armed."""
+        url = self.base_url
+        if url is None or self._state != "ready":
+            raise SupervisorError(f"the {self.role} worker is {self._state}: no fault can be armed")
+        client = self._http()
+        response = await client.post(
+            f"{url}/debug/faults", json={"kind": kind, "after_tokens": after_tokens}, timeout=5.0
+        )
+        body: dict[str, Any] = response.json()
+        if response.status_code != 200:
+            message = body.get("error", {}).get("message", response.text)
+            raise SupervisorError(f"the {self.role} worker refused the fault: {message}")
+        return body
+
+    def status(self) -> dict[str, Any]:
+        attempt = self._attempt
+        rss = cpu = None
+        if attempt is not None and attempt.psutil_process is not None:
+            try:
+                rss = attempt.psutil_process.memory_info().rss
+                cpu = attempt.psutil_process.cpu_percent(interval=None)
+            except psutil.Error:
+                rss = cpu = None
+        return {
+            "role": self.role,
+            "state": self._state,
+            "reason": self._state_reason,
+            "pid": self.pid,
+            "base_url": self.base_url,
+            "rss_bytes": rss,
+            "cpu_percent": cpu,
+            "restarts": self._restarts,
+            "last_failure": self._last_failure,
+            "next_retry_at": self._next_retry_wall,
+            "warm": self._profile.warm,
+            "warm_reason": self._profile.warm_reason,
+            "log_file": str(self._log_file()),
+            "profile": self._profile.to_dict(),
+            "health": dict(self._health),
+        }
+
+    # --------------------------------------------------------------------------------- messaging plumbing
+
+    def _ensure_owner(self) -> None:
+        if self._owner is not None and not self._owner.done():
+            return
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        self._changed = asyncio.Event()
+        self._owner = self._loop.create_task(self._run(), name=f"supervisor-{self.role}")
+
+    async def _send(self, command: _Command) -> Any:
+        self._ensure_owner()
+        assert self._loop is not None and self._queue is not None
+        command.done = self._loop.create_future()
+        self._queue.put_nowait(command)
+        return await command.done
+
+    def _post(self, message: _Message) -> None:
+        loop, queue = self._loop, self._queue
+        if loop is None or queue is None or loop.is_closed():
+            return
+        loop.call_soon_threadsafe(queue.put_nowait, message)
+
+    async def _wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        deadline = self._clock() + timeout
+        while not predicate():
+            left = deadline - self._clock()
+            if left <= 0 or self._changed is None:
+                return False
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=left)
+        return True
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            # trust_env=False: a proxy from the environment must never sit between us and 127.0.0.1.
+            self._client = httpx.AsyncClient(trust_env=False)
+        return self._client
+
+    def _log_file(self) -> Path:
+        return worker_log_path(self._log_dir or paths.log_dir(), self.role)
+
+    # -------------------------------------------------------------------------------------------- owner
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        while True:
+            due = self._next_due()
+            timeout = None if due is None else max(0.0, due - self._clock())
+            try:
+                message = await asyncio.wait_for(self._queue.get(), timeout=timeout)
+            except TimeoutError:
+                await self._on_timer()
+                continue
+            await self._handle(message)
+
+    def _next_due(self) -> float | None:
+        candidates: list[float] = []
+        attempt = self._attempt
+        if self._state == "restarting" and self._retry_at is not None:
+            candidates.append(self._retry_at)
+        if attempt is not None and self._state in ("starting", "ready"):
+            if not attempt.probe_in_flight:
+                candidates.append(attempt.probe_due)
+            if self._state == "starting":
+                candidates.append(attempt.started_at + self._settings.start_timeout)
+        return min(candidates) if candidates else None
+
+    async def _on_timer(self) -> None:
+        now = self._clock()
+        attempt = self._attempt
+        if self._state == "restarting" and self._retry_at is not None and now >= self._retry_at:
+            await self._spawn(f"retry after {self._last_failure_kind()}", counts_as_restart=True)
+            return
+        if attempt is None or self._state not in ("starting", "ready"):
+            return
+        if self._state == "starting" and now >= attempt.started_at + self._settings.start_timeout:
+            await self._fail(hung_failure(self._settings.start_timeout, "start"))
+            return
+        if not attempt.probe_in_flight and now >= attempt.probe_due:
+            attempt.probe_in_flight = True
+            probe = asyncio.get_running_loop().create_task(self._probe(attempt.generation, attempt.port))
+            self._probes.add(probe)
+            probe.add_done_callback(self._probes.discard)
+
+    async def _handle(self, message: _Message) -> None:
+        if isinstance(message, _Exited):
+            await self._on_exit(message)
+        elif isinstance(message, _HealthResult):
+            await self._on_health(message)
+        else:
+            await self._on_command(message)
+
+    async def _on_command(self, command: _Command) -> None:
+        result: Any = None
+        if command.name in ("start", "ensure_started"):
+            result = await self._on_start(manual=command.name == "start")
+        elif command.name == "stop":
+            await self._stop_process("stopped", "stop requested")
+            self._backoff.reset()
+            result = None
+        elif command.name == "restart":
+            await self._stop_process("restarting", f"restart: {command.reason}")
+            result = self._spawn_and_outcome(await self._spawn(command.reason, counts_as_restart=True))
+        else:
+            await self._on_mark_unhealthy(command.reason, command.kind)
+        if command.done is not None and not command.done.done():
+            if isinstance(result, asyncio.Future):
+                # Resolve the caller when the attempt settles, without holding up the owner.
+                _chain(result, command.done)
+            else:
+                command.done.set_result(result)
+
+    def _spawn_and_outcome(self, attempt: _Attempt | None) -> asyncio.Future[bool] | bool:
+        return attempt.outcome if attempt is not None else False
+
+    async def _on_start(self, manual: bool) -> asyncio.Future[bool] | bool:
+        if self._state == "ready":
+            return True
+        if self._state == "starting" and self._attempt is not None:
+            return self._attempt.outcome
+        if self._state == "restarting" and not manual:
+            return False  # keep the backoff wait; ensure_ready waits for its outcome
+        if self._state == "failed" and not manual:
+            return False  # a worker that cannot start (bad config) is started again only on request
+        reason = "start requested" if manual else "started on demand"
+        return self._spawn_and_outcome(
+            await self._spawn(reason, counts_as_restart=self._state == "restarting")
+        )
+
+    async def _on_mark_unhealthy(self, reason: str, kind: str) -> None:
+        attempt = self._attempt
+        if attempt is None or self._state not in ("starting", "ready"):
+            return
+        # A request that saw the connection drop may be ahead of the process's own death (the kernel closes
+        # its sockets before it reaps it): give the exit a moment, so the real classification wins.
+        grace = None if _process_gone(attempt) else DEATH_GRACE_SECONDS
+        try:
+            returncode = await asyncio.wait_for(asyncio.shield(attempt.process.exited), timeout=grace)
+        except TimeoutError:
+            await self._fail(Failure(_known_kind(kind), reason))
+            return
+        await self._on_exit(_Exited(attempt.generation, returncode))
+
+    async def _on_exit(self, message: _Exited) -> None:
+        attempt = self._attempt
+        if (
+            attempt is None
+            or message.generation != attempt.generation
+            or self._state not in ("starting", "ready")
+        ):
+            return  # an old process, or one we stopped on purpose
+        await self._fail(classify_exit(message.returncode, attempt.process.tail()))
+
+    async def _on_health(self, result: _HealthResult) -> None:
+        attempt = self._attempt
+        if attempt is None or result.generation != attempt.generation:
+            return
+        attempt.probe_in_flight = False
+        now = self._clock()
+        interval = STARTUP_POLL_SECONDS if self._state == "starting" else self._settings.health_interval
+        attempt.probe_due = now + interval
+        if self._state not in ("starting", "ready"):
+            return
+        if result.body is not None:
+            attempt.unanswered_since = None
+            self._health = result.body
+            if self._state == "starting" and result.body.get("state") == "ready":
+                attempt.ready_at = now
+                self._backoff.note_ready(now)
+                self._retry_at = self._next_retry_wall = None
+                self._set_state("ready", f"answered /health in {now - attempt.started_at:.2f} s")
+                if not attempt.outcome.done():
+                    attempt.outcome.set_result(True)
+            return
+        if self._state == "starting":
+            return  # not listening yet; the start deadline and the exit watcher cover one that never will
+        if result.timed_out:
+            await self._fail(hung_failure(self._settings.health_timeout, "a health check"))
+            return
+        if attempt.unanswered_since is None:
+            attempt.unanswered_since = now
+        elif now - attempt.unanswered_since >= self._settings.health_timeout:
+            await self._fail(
+                Failure(
+                    "hung", f"/health unreachable for {now - attempt.unanswered_since:.1f} s: {result.error}"
+                )
+            )
+
+    async def _probe(self, generation: int, port: int) -> None:
+        timeout = self._settings.health_timeout
+        try:
+            response = await self._http().get(f"http://127.0.0.1:{port}/health", timeout=timeout)
+            body = response.json() if response.status_code == 200 else None
+            message = _HealthResult(
+                generation, body, error=f"HTTP {response.status_code}" if body is None else ""
+            )
+        except httpx.TimeoutException:
+            message = _HealthResult(generation, None, error="timed out", timed_out=True)
+        except (httpx.HTTPError, ValueError) as error:
+            message = _HealthResult(generation, None, error=f"{type(error).__name__}: {error}")
+        self._post(message)
+
+    # ------------------------------------------------------------------------------------------ effects
+
+    async def _spawn(self, reason: str, counts_as_restart: bool) -> _Attempt | None:
+        self._retry_at = self._next_retry_wall = None
+        self._generation += 1
+        generation = self._generation
+        port = free_port()
+        argv = python_module_argv(WORKER_MODULE, self._profile.worker_args(port, parent_pid=os.getpid()))
+        try:
+            process = WorkerProcess.spawn(argv, self._log_file())
+        except OSError as error:
+            self._attempt = None
+            await self._fail(Failure("bad_config", f"could not start the worker: {error}"), never_ready=True)
+            return None
+        attempt = _Attempt(generation=generation, process=process, port=port, started_at=self._clock())
+        with contextlib.suppress(psutil.Error):
+            attempt.psutil_process = psutil.Process(process.pid)
+            attempt.psutil_process.cpu_percent(interval=None)  # the first call only sets the baseline
+        process.exited.add_done_callback(
+            lambda future: (
+                self._post(_Exited(generation, future.result())) if not future.cancelled() else None
+            )
+        )
+        self._attempt = attempt
+        self._health = {}
+        self._set_state("starting", reason)
+        if counts_as_restart:
+            self._restarts += 1
+            self._bus.publish(
+                WorkerRestarted(
+                    role=self.role, pid=process.pid, attempt=self._backoff.failures, reason=reason
+                )
+            )
+        return attempt
+
+    async def _stop_process(self, final_state: State, reason: str) -> None:
+        attempt = self._attempt
+        self._retry_at = self._next_retry_wall = None
+        if attempt is not None and not attempt.process.exited.done():
+            self._set_state("stopping", reason)
+            await attempt.process.stop(self._settings.stop_grace)
+        if attempt is not None and not attempt.outcome.done():
+            attempt.outcome.set_result(False)
+        self._set_state(final_state, reason)
+
+    async def _fail(self, failure: Failure, never_ready: bool | None = None) -> None:
+        """Record a failure, make sure the process is gone, and schedule the next start (or give up)."""
+        attempt = self._attempt
+        now = self._clock()
+        if never_ready is None:
+            never_ready = attempt is None or attempt.ready_at is None
+        self._last_failure = {"kind": failure.kind, "message": failure.message, "at": time.time()}
+        self._set_state("unhealthy", f"{failure.kind}: {failure.message}")
+        self._bus.publish(WorkerUnhealthy(role=self.role, kind=failure.kind, reason=failure.message))
+        if attempt is not None:
+            if not attempt.outcome.done():
+                attempt.outcome.set_result(False)
+            if not attempt.process.exited.done():
+                # A hung process gets no grace: it would not use it.
+                if failure.kind == "hung":
+                    await attempt.process.kill()
+                else:
+                    await attempt.process.stop(self._settings.stop_grace)
+        if failure.kind == "bad_config":
+            self._set_state(
+                "failed", f"{failure.message} (not retried: fix the configuration, then start it)"
+            )
+            return
+        # A worker that never became ready is not retried at once: loading again would most likely fail again.
+        delay = self._backoff.note_failure(now, load_failure=failure.kind == "oom_load" or never_ready)
+        if delay <= 0:
+            await self._spawn(f"restart after {failure.kind}", counts_as_restart=True)
+            return
+        self._retry_at = now + delay
+        self._next_retry_wall = time.time() + delay
+        self._set_state("restarting", f"{failure.kind}: next start in {delay:.1f} s")
+
+    def _set_state(self, new: State, reason: str) -> None:
+        old = self._state
+        self._state = new
+        self._state_reason = reason
+        self._bus.publish(WorkerStateChanged(role=self.role, old=old, new=new, reason=reason, pid=self.pid))
+        if self._changed is not None:
+            # Wake every waiter, then arm a fresh event for the next change.
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def _last_failure_kind(self) -> str:
+        return str(self._last_failure["kind"]) if self._last_failure else "failure"
+
+
+def _chain(source: asyncio.Future[bool], target: asyncio.Future[Any]) -> None:
+    def copy(done: asyncio.Future[bool]) -> None:
+        if not target.done():
+            target.set_result(done.result() if not done.cancelled() else False)
+
+    source.add_done_callback(copy)
+
+
+def _known_kind(kind: str) -> FailureKind:
+    return cast(FailureKind, kind) if kind in FAILURE_KINDS else "exited"
+
+
+def _process_gone(attempt: _Attempt) -> bool:
+    if attempt.process.exited.done():
+        return True
+    try:
+        return psutil.Process(attempt.process.pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
