@@ -86,7 +86,8 @@ def _wait_ready(handle: ServiceHandle, deadline: float) -> dict[str, Any]:
     while time.monotonic() < deadline:
         if handle.process.poll() is not None:
             raise RuntimeError(
-                f"failsoft serve exited with {handle.process.returncode} before it was ready:\n{handle.output()}"
+                f"failsoft serve exited with {handle.process.returncode} before it was ready:\n"
+                f"{handle.output()}"
             )
         try:
             status = handle.status()
@@ -158,7 +159,16 @@ def running_service(
         "FAILSOFT_LOG_DIR": str(log_dir),
         "PYTHONUNBUFFERED": "1",
     }
-    command = [sys.executable, "-m", "tray_app", "serve", "--port", str(port), "--simulate-vram", simulate_vram]
+    command = [
+        sys.executable,
+        "-m",
+        "tray_app",
+        "serve",
+        "--port",
+        str(port),
+        "--simulate-vram",
+        simulate_vram,
+    ]
     if enable_faults:
         command.append("--enable-faults")
     command += extra_args or []

@@ -55,7 +55,9 @@ class Assembler:
 
     def _add_tool_call(self, call: dict[str, Any]) -> None:
         index = int(call.get("index", 0))
-        entry = self.tool_calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        entry = self.tool_calls.setdefault(
+            index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+        )
         if call.get("id"):
             entry["id"] = call["id"]
         function = call.get("function") or {}
@@ -90,7 +92,12 @@ class Assembler:
             message: dict[str, Any] = {"role": self.role, "content": self.text or None}
             if self.tool_calls:
                 message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason or "stop"}
+            choice = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": self.finish_reason or "stop",
+            }
             obj = "chat.completion"
         return {
             "id": self.id,
@@ -103,7 +110,9 @@ class Assembler:
         }
 
 
-def chat_chunk(chunk_id: str, created: int, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+def chat_chunk(
+    chunk_id: str, created: int, model: str, delta: dict[str, Any], finish: str | None
+) -> dict[str, Any]:
     return {
         "id": chunk_id,
         "object": "chat.completion.chunk",
@@ -113,7 +122,9 @@ def chat_chunk(chunk_id: str, created: int, model: str, delta: dict[str, Any], f
     }
 
 
-def completion_chunk(chunk_id: str, created: int, model: str, text: str, finish: str | None) -> dict[str, Any]:
+def completion_chunk(
+    chunk_id: str, created: int, model: str, text: str, finish: str | None
+) -> dict[str, Any]:
     return {
         "id": chunk_id,
         "object": "text_completion",
@@ -123,7 +134,9 @@ def completion_chunk(chunk_id: str, created: int, model: str, text: str, finish:
     }
 
 
-def failsoft_chunk(kind: str, chunk_id: str, created: int, model: str, failsoft: dict[str, Any]) -> dict[str, Any]:
+def failsoft_chunk(
+    kind: str, chunk_id: str, created: int, model: str, failsoft: dict[str, Any]
+) -> dict[str, Any]:
     """The last chunk before [DONE]: no content, only who served the answer."""
     base = (
         chat_chunk(chunk_id, created, model, {}, None)
@@ -136,7 +149,7 @@ def failsoft_chunk(kind: str, chunk_id: str, created: int, model: str, failsoft:
 
 
 def result_to_stream(kind: str, result: dict[str, Any]) -> list[bytes]:
-    """A stored answer as a short stream: the whole content in one chunk, the finish, who served it, [DONE]."""
+    """A stored answer as a short stream: all content in one chunk, the finish, who served it, [DONE]."""
     chunk_id, created, model = result.get("id", ""), int(result.get("created", 0)), result.get("model", "")
     choice = result["choices"][0]
     finish = choice.get("finish_reason")

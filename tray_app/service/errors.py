@@ -23,7 +23,12 @@ class ApiError(Exception):
         super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
+        }
         error.update(self.extra)
         return {"error": error}
 
@@ -38,5 +43,10 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_req
 def unavailable(message: str, code: str, retry_after: int, **extra: Any) -> ApiError:
     """A controlled 503: the job could not be finished now; the code says why, Retry-After says when."""
     return ApiError(
-        503, message, type="service_unavailable", code=code, headers={"Retry-After": str(retry_after)}, extra=extra
+        503,
+        message,
+        type="service_unavailable",
+        code=code,
+        headers={"Retry-After": str(retry_after)},
+        extra=extra,
     )

@@ -21,7 +21,9 @@ class KeyRecord:
     state: str
 
 
-def decide(record: KeyRecord | None, body_hash: str, now: float, retention: float = RETENTION_SECONDS) -> Verdict:
+def decide(
+    record: KeyRecord | None, body_hash: str, now: float, retention: float = RETENTION_SECONDS
+) -> Verdict:
     """What to do with a request carrying a key that `record` (or nothing) already used."""
     if record is None or now - record.created_at > retention:
         return "new"

@@ -81,16 +81,20 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def schema_version(connection: sqlite3.Connection) -> int:
-    connection.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL)")
+    connection.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL)"
+    )
     row = connection.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
     return int(row[0] or 0)
 
 
 def migrate(connection: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
-    """Apply the migrations above the current version, each in its own transaction; returns the new version."""
+    """Apply the migrations above the current version, each in one transaction; returns the new version."""
     current = schema_version(connection)
     if current > SCHEMA_VERSION:
-        raise RuntimeError(f"journal schema {current} is newer than this program understands ({SCHEMA_VERSION})")
+        raise RuntimeError(
+            f"journal schema {current} is newer than this program understands ({SCHEMA_VERSION})"
+        )
     for version in range(current + 1, target + 1):
         script = MIGRATIONS[version - 1]
         connection.execute("BEGIN")
@@ -151,7 +155,7 @@ class StoredJob:
         )
 
 
-Operation = Callable[[sqlite3.Connection], None]
+Operation = Callable[[sqlite3.Connection], Any]
 
 
 class Journal:
@@ -174,7 +178,9 @@ class Journal:
         row["body"] = json.dumps(row["body"])
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        self._queue.put(lambda c: c.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(row.values())))
+        self._queue.put(
+            lambda c: c.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(row.values()))
+        )
 
     def update_job(self, job_id: str, **values: Any) -> None:
         unknown = set(values) - set(_JOB_FIELDS)
@@ -189,13 +195,16 @@ class Journal:
 
     def start_attempt(self, job_id: str, number: int, worker: str, started_at: float) -> None:
         params = (job_id, number, worker, started_at)
-        self._queue.put(lambda c: c.execute("INSERT INTO attempts VALUES (?, ?, ?, ?, NULL, NULL, NULL)", params))
+        self._queue.put(
+            lambda c: c.execute("INSERT INTO attempts VALUES (?, ?, ?, ?, NULL, NULL, NULL)", params)
+        )
 
     def end_attempt(self, job_id: str, number: int, outcome: str, error: str | None = None) -> None:
         params = (time.time(), outcome, error, job_id, number)
         self._queue.put(
             lambda c: c.execute(
-                "UPDATE attempts SET ended_at = ?, outcome = ?, error = ? WHERE job_id = ? AND number = ?", params
+                "UPDATE attempts SET ended_at = ?, outcome = ?, error = ? WHERE job_id = ? AND number = ?",
+                params,
             )
         )
 
@@ -220,7 +229,8 @@ class Journal:
     def job_by_key(self, key: str, since: float) -> StoredJob | None:
         with self._read_lock:
             row = self._read.execute(
-                "SELECT * FROM jobs WHERE idempotency_key = ? AND created_at >= ? ORDER BY created_at DESC LIMIT 1",
+                "SELECT * FROM jobs WHERE idempotency_key = ? AND created_at >= ? "
+                "ORDER BY created_at DESC LIMIT 1",
                 (key, since),
             ).fetchone()
         return StoredJob.from_row(row) if row else None
@@ -228,7 +238,8 @@ class Journal:
     def unfinished(self) -> list[StoredJob]:
         with self._read_lock:
             rows = self._read.execute(
-                f"SELECT * FROM jobs WHERE state IN ({', '.join('?' for _ in UNFINISHED)}) ORDER BY created_at",
+                f"SELECT * FROM jobs WHERE state IN ({', '.join('?' for _ in UNFINISHED)}) "
+                "ORDER BY created_at",
                 UNFINISHED,
             ).fetchall()
         return [StoredJob.from_row(row) for row in rows]

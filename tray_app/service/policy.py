@@ -111,7 +111,7 @@ class RouteRequest:
 
 
 def decide_route(request: RouteRequest, cpu: CpuState, settings: Settings) -> Decision:
-    """Capacity routing for a new request: the GPU when it fits, else the CPU by policy, else a clear error."""
+    """Capacity routing of a new request: the GPU when it fits, else the CPU by policy, else an error."""
     total = request.prompt_tokens + request.max_tokens
     if request.gpu_available and total <= request.gpu_n_ctx_per_seq:
         return Decision("gpu", "")
@@ -119,7 +119,8 @@ def decide_route(request: RouteRequest, cpu: CpuState, settings: Settings) -> De
     unusable = _cpu_unusable(cpu, total)
     if unusable is not None:
         if unusable.reason == CONTEXT_EXCEEDED or request.gpu_available:
-            fits = max(request.gpu_n_ctx_per_seq if request.gpu_available else 0, cpu.n_ctx_per_seq * cpu.enabled)
+            cpu_fits = cpu.n_ctx_per_seq if cpu.enabled else 0
+            fits = max(request.gpu_n_ctx_per_seq if request.gpu_available else 0, cpu_fits)
             return Decision(
                 "refuse",
                 CONTEXT_EXCEEDED,

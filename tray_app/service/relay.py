@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,9 @@ class UpstreamError(Exception):
     """An attempt on a worker failed. `kind` is a supervisor failure kind, or `client_error` when the request
     itself is wrong (a 4xx from the worker: no failover, the client gets it)."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None, body: dict[str, Any] | None = None):
+    def __init__(
+        self, kind: str, message: str, status: int | None = None, body: dict[str, Any] | None = None
+    ):
         super().__init__(message)
         self.kind = kind
         self.message = message
@@ -45,6 +47,9 @@ class UpstreamError(Exception):
 
 def classify_error(status: int | None, message: str) -> str:
     if status is not None and 400 <= status < 500:
+        return "client_error"
+    if "validation error" in message.lower():
+        # llama-cpp-python answers a request its schema rejects with a 500; it is still the request's fault.
         return "client_error"
     lowered = message.lower()
     if any(signature in lowered for signature in _OOM_SIGNATURES):
@@ -84,7 +89,7 @@ class Relay:
         headers: dict[str, str],
         first_timeout: float,
         chunk_timeout: float,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """The worker's SSE chunks, parsed. Raises UpstreamError when the attempt fails in any way: an error
         status, an error event, a dropped connection, a stall past the timeout, or an end without [DONE]."""
         try:
@@ -119,7 +124,9 @@ class Relay:
                     try:
                         obj = json.loads(data)
                     except ValueError:
-                        raise UpstreamError("exited", f"the worker sent a malformed chunk: {data[:200]}") from None
+                        raise UpstreamError(
+                            "exited", f"the worker sent a malformed chunk: {data[:200]}"
+                        ) from None
                     if isinstance(obj, dict) and "error" in obj:
                         message = _error_message(obj, data)
                         raise UpstreamError(classify_error(None, message), message, None, obj)

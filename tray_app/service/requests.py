@@ -130,7 +130,9 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
         _check_tools(body)
     else:
         prompt = body.get("prompt")
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))):
+        if not (
+            isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
+        ):
             raise bad_request("'prompt' must be a string or an array of strings", "prompt")
         if isinstance(prompt, list) and len(prompt) != 1:
             raise bad_request("'prompt' as an array must hold exactly one string", "prompt")

@@ -179,10 +179,15 @@ class ServiceClient(QObject):
     def job(self, job_id: str) -> ApiCall:
         return self.get(f"/v1/jobs/{job_id}")
 
+    def cancel_job(self, job_id: str) -> ApiCall:
+        return ApiCall(self.manager.deleteResource(self.request(f"/v1/jobs/{job_id}")), self)
+
     def events(self) -> EventStream:
         return EventStream(self)
 
-    def chat(self, messages: list[dict[str, Any]], max_tokens: int, deadline: float | None = None) -> ChatStream:
+    def chat(
+        self, messages: list[dict[str, Any]], max_tokens: int, deadline: float | None = None
+    ) -> ChatStream:
         return ChatStream(self, messages, max_tokens, deadline)
 
 
@@ -217,13 +222,20 @@ class EventStream(QObject):
             reply.deleteLater()
         self._set_connected(False)
 
+    def retry_now(self) -> None:
+        """Skip the rest of the backoff (e.g. the service was just started)."""
+        if not self._stopped and self._reply is None:
+            self._retry.stop()
+            self._open()
+
     def _open(self) -> None:
         if self._stopped:
             return
         request = self._client.request("/api/events", timeout_ms=0)
         request.setRawHeader(b"Accept", b"text/event-stream")
         request.setAttribute(
-            QNetworkRequest.Attribute.CacheLoadControlAttribute, QNetworkRequest.CacheLoadControl.AlwaysNetwork
+            QNetworkRequest.Attribute.CacheLoadControlAttribute,
+            QNetworkRequest.CacheLoadControl.AlwaysNetwork,
         )
         self._parser = SseParser()
         reply = self._client.manager.get(request)
@@ -364,6 +376,8 @@ class ChatStream(QObject):
 
     def _on_finished(self) -> None:
         reply = self._reply
+        if not self._stopping:
+            self._on_data()  # the last chunks can arrive together with the end of the body
         reply.deleteLater()
         if self._done:
             return

@@ -21,11 +21,12 @@ class Segment:
     bytes: int
 
 
-# (key, legend label, colour, plan keys summed into it). Output buffers are small and live with compute.
+# (key, legend label, colour, plan keys summed into it). The output (logits) buffer lives in host memory, so
+# it is not part of the device's split.
 SEGMENTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("weights", "Weights", "#3b5bdb", ("weights_bytes",)),
     ("kv", "KV cache", "#0c8599", ("kv_bytes",)),
-    ("compute", "Compute", "#e8590c", ("compute_bytes", "output_bytes")),
+    ("compute", "Compute", "#e8590c", ("compute_bytes",)),
     ("reserve", "Reserve", "#868e96", ("reserve_bytes",)),
     ("other", "Other processes", "#c2255c", ("other_bytes",)),
     ("free", "Free", "#dee2e6", ("free_bytes",)),
@@ -42,22 +43,19 @@ def plan_segments(plan: dict[str, Any]) -> list[Segment]:
 
 
 def caps_text(plan: dict[str, Any], caps: dict[str, Any]) -> str:
-    """"Context 8,192 tokens per request · 1 parallel · 30/30 layers on GPU"."""
+    """ "Context 8,192 tokens per request · 1 parallel · 30/30 layers on GPU"."""
     n_ctx = caps.get("n_ctx", plan.get("n_ctx"))
     parallel = caps.get("n_parallel", plan.get("n_parallel")) or 1
     per_seq = caps.get("n_ctx_per_seq") or (n_ctx // parallel if n_ctx else 0)
     parts = []
     if per_seq:
-        parts.append(f"Context {per_seq:,} tokens per request")
+        parts.append(f"Context {per_seq:,} per request")
     else:
         parts.append("No GPU context")
     parts.append(f"{parallel} parallel")
     layers, n_layers = plan.get("n_gpu_layers"), plan.get("n_layers")
     if layers is not None and n_layers:
         parts.append(f"{min(int(layers), int(n_layers))}/{n_layers} layers on GPU")
-    cpu_ctx = caps.get("cpu_n_ctx")
-    if cpu_ctx:
-        parts.append(f"CPU context {cpu_ctx:,}")
     return " · ".join(parts)
 
 
@@ -70,7 +68,7 @@ class BarCanvas(QWidget):
         self.setMinimumHeight(20)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
-    def sizeHint(self) -> QSize:  # noqa: N802 (Qt API)
+    def sizeHint(self) -> QSize:
         return QSize(320, 22)
 
     def set_segments(self, segments: list[Segment]) -> None:
@@ -87,7 +85,7 @@ class BarCanvas(QWidget):
         scale = width / sum(raw)
         return [w * scale for w in raw]
 
-    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt API)
+    def paintEvent(self, event: QPaintEvent) -> None:
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         rect = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
@@ -118,6 +116,9 @@ class BudgetBar(QWidget):
     def __init__(self, parent: QWidget | None = None, compact: bool = False) -> None:
         super().__init__(parent)
         self.setObjectName("BudgetBar")
+        self.compact = compact
+        if compact:  # inside the tray menu: a steady width, the planner's long reason as a tooltip
+            self.setMinimumWidth(470)
         layout = QVBoxLayout(self)
         margin = 10 if compact else 4
         layout.setContentsMargins(margin + 4, margin, margin + 4, margin)
@@ -185,5 +186,7 @@ class BudgetBar(QWidget):
             device += ' <span style="color:#6741d9; font-weight:600;">simulated</span>'
         self.device.setText(device)
         self.caps.setText(caps_text(plan, caps) if plan else "")
-        self.reason.setText(str(plan.get("reason") or ""))
-        self.reason.setVisible(bool(plan.get("reason")))
+        reason = str(plan.get("reason") or "")
+        self.reason.setText(reason)
+        self.reason.setVisible(bool(reason) and not self.compact)
+        self.canvas.setToolTip(reason + "\n\n" + self.canvas.toolTip() if reason else self.canvas.toolTip())

@@ -36,7 +36,9 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, st
     ]
 
 
-def apply_changes(path: Path, changes: dict[str, dict[str, Any]]) -> tuple[config.Config, list[tuple[str, str]]]:
+def apply_changes(
+    path: Path, changes: dict[str, dict[str, Any]]
+) -> tuple[config.Config, list[tuple[str, str]]]:
     """Validate the file's config with `changes` applied, write it, and return it with the keys that changed.
 
     Raises ConfigError (nothing written) when a value is not allowed.

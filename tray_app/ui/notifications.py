@@ -1,6 +1,6 @@
 """Tray messages for what a person should know about: a job moved to the CPU, a fallback refused, a job
-waiting for approval, a worker restarted. A burst (a chaos test, a flapping GPU) gives one message, not twenty:
-events are gathered for a moment, and messages keep a minimum distance from each other."""
+waiting for approval, a worker restarted. A burst (a chaos test, a flapping GPU) gives one message, not
+twenty: events are gathered for a moment, and messages keep a minimum distance from each other."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ REASONS = {
     "hung": "the GPU worker stopped answering",
     "exited": "the GPU worker exited",
     "exceeds_gpu_profile": "the request is larger than the GPU profile",
+    "gpu_unavailable": "the GPU worker is not available",
+    "approval_required": "the CPU run waits for approval",
+    "fallback_disabled": "fallback is turned off in the settings",
+    "context_length_exceeded": "the request does not fit any worker's context",
     "cpu_too_slow": "the CPU would miss the deadline",
     "cpu_ram_insufficient": "there is not enough RAM for the CPU worker",
     "no_cpu_worker": "no CPU worker is available",
@@ -64,7 +68,9 @@ def _single(event: dict[str, Any]) -> Notice:
         body = f"Job {job} continues on the CPU: {reason_text(str(event.get('reason') or ''))}."
         return Notice("Moved to the CPU", body, "warning", False)
     role = str(event.get("role") or "worker").upper()
-    body = f"Restarted after: {reason_text(str(event.get('reason') or ''))} (attempt {event.get('attempt', 1)})."
+    body = (
+        f"Restarted after: {reason_text(str(event.get('reason') or ''))} (attempt {event.get('attempt', 1)})."
+    )
     return Notice(f"{role} worker restarted", body, "warning", False)
 
 
@@ -93,11 +99,14 @@ def coalesce(events: list[dict[str, Any]]) -> Notice | None:
             + f" ({', '.join(reasons)})"
         )
     if counts["fallback_started"]:
-        lines.append(_plural(counts["fallback_started"], "1 job moved to the CPU", "{} jobs moved to the CPU"))
+        lines.append(
+            _plural(counts["fallback_started"], "1 job moved to the CPU", "{} jobs moved to the CPU")
+        )
     if counts["worker_restarted"]:
         roles = sorted({str(e.get("role")).upper() for e in events if e["type"] == "worker_restarted"})
         lines.append(
-            _plural(counts["worker_restarted"], "1 worker restart", "{} worker restarts") + f" ({', '.join(roles)})"
+            _plural(counts["worker_restarted"], "1 worker restart", "{} worker restarts")
+            + f" ({', '.join(roles)})"
         )
     for kind in NOTIFIED_TYPES:  # the title is the most important thing that happened
         if counts[kind]:

@@ -29,7 +29,7 @@ def worker_state(status: dict[str, Any], role: str) -> str:
 
 
 def device_label(status: dict[str, Any]) -> str:
-    """"simulated 4.00 GiB" or the GPU's name and size."""
+    """ "simulated 4.00 GiB" or the GPU's name and size."""
     device = status.get("device") or {}
     plan = status.get("plan") or {}
     total = device.get("total_bytes") or plan.get("total_bytes")
@@ -70,8 +70,12 @@ def _level_and_headline(status: dict[str, Any], active_fallbacks: int) -> tuple[
     return DOWN, f"GPU worker {gpu}, CPU worker {cpu}"
 
 
-def summarize(status: dict[str, Any] | None, reachable: bool, active_fallbacks: int = 0) -> TraySummary:
+def summarize(
+    status: dict[str, Any] | None, reachable: bool, active_fallbacks: int = 0, starting: bool = False
+) -> TraySummary:
     """The tray's level, headline and tooltip from the last /api/status (None: never reached)."""
+    if starting and (not reachable or status is None):
+        return TraySummary(DEGRADED, "Starting the service…", "Failsoft: starting the service…", False)
     if not reachable or status is None:
         return TraySummary(DOWN, "Service not reachable", "Failsoft: service not reachable", False)
     level, headline = _level_and_headline(status, active_fallbacks)

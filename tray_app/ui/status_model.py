@@ -30,6 +30,7 @@ class StatusModel(QObject):
         self.client = client
         self.status: dict[str, Any] | None = None
         self.reachable = False
+        self.starting = False  # the in-process service is still coming up: not reachable is expected
         self.last_error = ""
         self.active_fallbacks: set[str] = set()
         self.last_fallback_at: float | None = None
@@ -53,7 +54,7 @@ class StatusModel(QObject):
         self._reconcile.stop()
 
     def summary(self) -> TraySummary:
-        return summarize(self.status, self.reachable, len(self.active_fallbacks))
+        return summarize(self.status, self.reachable, len(self.active_fallbacks), self.starting)
 
     def schedule_refresh(self) -> None:
         self._reconcile.start()
@@ -72,6 +73,7 @@ class StatusModel(QObject):
         if isinstance(data, dict):
             self.status = data
             self.reachable = True
+            self.starting = False
             self.last_error = ""
             self.changed.emit()
         self._fetch_again_if_asked()
@@ -105,7 +107,7 @@ class StatusModel(QObject):
                 if event.get("pid") is not None:
                     worker["pid"] = event["pid"]
             elif kind == "budget" and isinstance(event.get("plan"), dict):
-                status["plan"] = event["plan"]
+                self._apply_budget(status, event["plan"])
             elif kind == "queue":
                 status["queue"] = {"depth": event.get("depth", 0), "limit": event.get("limit", 0)}
             elif kind == "approval_needed":
@@ -114,6 +116,20 @@ class StatusModel(QObject):
             self.status = status
         self.changed.emit()
         self.schedule_refresh()
+
+    @staticmethod
+    def _apply_budget(status: dict[str, Any], plans: dict[str, Any]) -> None:
+        """A `budget` event carries the whole plan set: device, gpu and cpu plans."""
+        gpu = plans.get("gpu")
+        if not isinstance(gpu, dict):
+            return
+        status["plan"] = gpu
+        if isinstance(plans.get("cpu"), dict):
+            status["cpu_plan"] = plans["cpu"]
+        if isinstance(plans.get("device"), dict):
+            status["device"] = plans["device"]
+        caps = status.setdefault("caps", {})
+        caps.update({key: gpu[key] for key in ("n_ctx", "n_ctx_per_seq", "n_parallel") if key in gpu})
 
     def _track_fallbacks(self, kind: object, event: dict[str, Any]) -> None:
         job_id = str(event.get("job_id") or "")

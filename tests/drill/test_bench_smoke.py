@@ -1,0 +1,65 @@
+"""`failsoft bench` with very few rounds on a simulated GPU: one run gives every section, with numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "FAILSOFT_DATA_DIR": str(tmp_path / "data"),
+        "FAILSOFT_LOG_DIR": str(tmp_path / "logs"),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "tray_app",
+        "bench",
+        "--simulate-vram",
+        "4GiB",
+        "--rounds",
+        "3",
+        "--json",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(done.stdout)
+
+    router = results["router_overhead"]
+    for side in ("direct", "router", "added_ms", "ratio"):
+        assert all(number(router[side][key]) for key in ("p50_ms", "p99_ms", "ttft_p50_ms", "gap_mean_ms"))
+    assert router["direct"]["p50_ms"] > 0 and router["router"]["p50_ms"] > 0
+
+    failover = results["failover_overhead"]
+    assert failover["measured"] >= 1
+    for key in ("failure_to_first_cpu_token_ms", "cpu_ttft_ms", "overhead_ms", "ratio"):
+        assert number(failover[key]), failover
+    assert failover["failure_to_first_cpu_token_ms"] > 0
+
+    workers = results["profiles"]["workers"]
+    assert set(workers) == {"cpu", "gpu_simulated"}
+    for figures in workers.values():
+        assert figures["tokens_per_second"] > 0 and figures["ttft_ms"] > 0
+
+    for role in ("gpu", "cpu"):
+        rows = results["planner_accuracy"][role]
+        for name in ("weights", "kv", "compute"):
+            assert number(rows[name]["ratio"]) and rows[name]["reported_bytes"] > 0, rows
+        # The KV cache is computed exactly (the planner's formula is llama.cpp's).
+        assert rows["kv"]["ratio"] == 1.0
+
+    (saved,) = (tmp_path / "data" / "reports").glob("bench-*.json")
+    assert json.loads(saved.read_text()) == results

@@ -1,0 +1,107 @@
+"""Router test helpers: a real service per module (started once), the openai client, and small waits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.service import ServiceHandle, running_service, write_config
+
+CHAT = [{"role": "user", "content": "Write one short sentence about the sea."}]
+
+# Fast failure detection for tests: a hung worker is found within about a second.
+TEST_SUPERVISOR = {"health_interval": 0.5, "health_timeout": 1.0, "backoff_initial": 0.2, "stable_after": 1.0}
+
+
+def base_settings(**sections: dict[str, Any]) -> dict[str, Any]:
+    settings: dict[str, Any] = {"supervisor": dict(TEST_SUPERVISOR), "server": {"queue_timeout": 60.0}}
+    for name, values in sections.items():
+        settings.setdefault(name, {}).update(values)
+    return settings
+
+
+def client_for(svc: ServiceHandle, **options: Any) -> openai.OpenAI:
+    options.setdefault("max_retries", 0)
+    options.setdefault("timeout", 120)
+    return openai.OpenAI(base_url=svc.v1, api_key=svc.api_key or "unused", **options)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll `condition` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def arm(svc: ServiceHandle, kind: str, after_tokens: int = 0, role: str = "gpu") -> dict[str, Any]:
+    """Arm a worker fault through the service, once the worker is ready (a previous fault's restart may
+    still be under way: 409 until then)."""
+
+    def try_arm() -> httpx.Response | None:
+        svc.wait_workers_ready()
+        response = httpx.post(
+            svc.base_url + "/api/debug/faults",
+            json={"kind": kind, "after_tokens": after_tokens, "role": role},
+            timeout=10,
+        )
+        assert response.status_code in (200, 409), response.text
+        return response if response.status_code == 200 else None
+
+    response: httpx.Response = wait_until(try_arm, what=f"arming {kind} on the {role} worker")
+    data: dict[str, Any] = response.json()
+    return data
+
+
+def wait_replaced(svc: ServiceHandle, old_pid: int, role: str = "gpu") -> dict[str, Any]:
+    """Wait until a failed worker has been replaced by a new, ready process."""
+
+    def replaced() -> dict[str, Any] | None:
+        status = svc.status()
+        worker = status["workers"][role]
+        return status if worker["state"] == "ready" and worker["pid"] not in (None, old_pid) else None
+
+    result: dict[str, Any] = wait_until(replaced, what=f"the {role} worker to be replaced")
+    return result
+
+
+def reload_settings(svc: ServiceHandle, settings: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the service's config file and ask it to take over what it can live."""
+    write_config(svc.config_path, settings)
+    response = httpx.post(svc.base_url + "/api/config/reload", json={}, timeout=10)
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
+
+
+def job_state(svc: ServiceHandle, job_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10)
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
+
+
+def failsoft_of(obj: Any) -> dict[str, Any]:
+    extra = obj.model_extra or {}
+    assert "failsoft" in extra, f"no failsoft object in {obj}"
+    data: dict[str, Any] = extra["failsoft"]
+    return data
+
+
+@pytest.fixture(scope="module")
+def module_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("service")
+
+
+def start_module_service(root: Path, **kwargs: Any) -> Iterator[ServiceHandle]:
+    with running_service(root, **kwargs) as svc:
+        yield svc

@@ -1,0 +1,103 @@
+"""Admission: slots per worker, a bounded FIFO wait queue with positions, and token counting."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tray_app.service.admission import QueueFull, QueueTimeout, SlotPool, TokenCounter, requested_tokens
+
+
+async def test_slots_are_never_exceeded_and_waiters_go_in_order() -> None:
+    depths: list[int] = []
+    pool = SlotPool({"gpu": 1, "cpu": 1}, queue_limit=5, on_change=depths.append)
+    first = await pool.acquire("gpu", "a", timeout=1)
+    order: list[str] = []
+
+    async def wait(job: str) -> None:
+        acquired = await pool.acquire("gpu", job, timeout=5)
+        order.append(job)
+        assert pool.in_flight("gpu") == 1
+        await asyncio.sleep(0)
+        pool.release("gpu", acquired)
+
+    tasks = [asyncio.create_task(wait(job)) for job in ("b", "c", "d")]
+    while pool.depth < 3:
+        await asyncio.sleep(0)
+    assert [pool.position(job) for job in ("b", "c", "d")] == [1, 2, 3]
+    assert pool.position("a") is None
+    pool.release("gpu", first)
+    await asyncio.gather(*tasks)
+    assert order == ["b", "c", "d"]
+    assert pool.in_flight("gpu") == 0 and pool.depth == 0
+    assert max(depths) == 3 and depths[-1] == 0
+
+
+async def test_full_queue_answers_at_once_with_retry_after() -> None:
+    pool = SlotPool({"gpu": 1}, queue_limit=1)
+    held = await pool.acquire("gpu", "a", timeout=1)
+    waiting = asyncio.create_task(pool.acquire("gpu", "b", timeout=5))
+    while pool.depth < 1:
+        await asyncio.sleep(0)
+    with pytest.raises(QueueFull) as full:
+        await pool.acquire("gpu", "c", timeout=5)
+    assert full.value.retry_after >= 1
+    # Accepted work (a replay) is never turned away by the limit.
+    replay = asyncio.create_task(pool.acquire("gpu", "replay", timeout=5, accepted=True))
+    while pool.depth < 2:
+        await asyncio.sleep(0)
+    pool.release("gpu", held)
+    pool.release("gpu", await waiting)
+    pool.release("gpu", await replay)
+    assert pool.in_flight("gpu") == 0
+
+
+async def test_waiting_is_bounded_in_time() -> None:
+    pool = SlotPool({"cpu": 1}, queue_limit=4)
+    held = await pool.acquire("cpu", "a", timeout=1)
+    with pytest.raises(QueueTimeout):
+        await pool.acquire("cpu", "b", timeout=0.05)
+    assert pool.depth == 0  # the one that gave up left the line
+    pool.release("cpu", held)
+    assert pool.in_flight("cpu") == 0
+
+
+async def test_a_cancelled_waiter_leaves_no_slot_behind() -> None:
+    pool = SlotPool({"gpu": 1}, queue_limit=4)
+    held = await pool.acquire("gpu", "a", timeout=1)
+    waiter = asyncio.create_task(pool.acquire("gpu", "b", timeout=5))
+    while pool.depth < 1:
+        await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    pool.release("gpu", held)
+    assert pool.in_flight("gpu") == 0 and pool.depth == 0
+
+
+def test_requested_tokens_defaults_to_what_the_context_leaves() -> None:
+    assert requested_tokens(100, 50, 1024) == 50
+    assert requested_tokens(100, None, 1024) == 924
+    assert requested_tokens(2000, None, 1024) == 1
+
+
+def test_token_counter_uses_the_models_tokenizer_and_template(model_path: Path) -> None:
+    counter = TokenCounter(model_path)
+    short = counter.count_chat({"messages": [{"role": "user", "content": "Hi"}]})
+    longer = counter.count_chat({"messages": [{"role": "user", "content": "Hi " * 100}]})
+    assert 3 < short < 60
+    assert longer - short >= 90  # each "Hi " is about one token
+    prompt, stops = counter.chat_prompt([{"role": "user", "content": "Hi"}])
+    assert "Hi" in prompt and prompt.rstrip().endswith("assistant")
+    assert stops
+    assert counter.count_completion({"prompt": "one two three"}) >= 3
+    # Counting by pieces (cached) agrees with tokenizing the whole rendered prompt.
+    for messages in (
+        [{"role": "user", "content": "Name three colours."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi " * 50}],
+    ):
+        assert counter.count_chat({"messages": messages}) == counter.count_text(
+            counter.chat_prompt(messages)[0]
+        )

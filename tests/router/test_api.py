@@ -1,0 +1,320 @@
+"""The OpenAI and control APIs of a real `failsoft serve` with real workers, through the openai client."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.router.conftest import CHAT, base_settings, client_for, failsoft_of, job_state, wait_until
+from tests.support.service import ServiceHandle, running_service
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def svc(module_root: Path) -> Iterator[ServiceHandle]:
+    with running_service(module_root, settings=base_settings(server={"max_body": "64KiB"})) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(svc: ServiceHandle) -> openai.OpenAI:
+    return client_for(svc)
+
+
+def test_chat_answers_and_says_who_served_it(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="SmolLM2-135M-Instruct.Q4_1.gguf",
+        messages=CHAT,
+        max_tokens=8,
+        temperature=0,
+        extra_headers={"X-Request-Id": "my-request-1"},
+    )
+    completion = raw.parse()
+    assert completion.choices[0].message.content
+    assert completion.usage is not None and completion.usage.completion_tokens <= 8
+    info = failsoft_of(completion)
+    assert info["worker"] == "gpu" and info["attempts"] == 1 and info["fallback_reason"] is None
+    assert raw.headers["x-request-id"] == "my-request-1"
+    assert raw.headers["x-failsoft-job"] == info["job_id"]
+    assert raw.headers["x-failsoft-worker"] == "gpu"
+    assert raw.headers["x-failsoft-attempts"] == "1"
+    stored = job_state(svc, info["job_id"])
+    assert stored["state"] == "completed" and stored["request_id"] == "my-request-1"
+    assert [a["worker"] for a in stored["attempt_log"]] == ["gpu"]
+
+
+def test_stream_passes_chunks_and_ends_with_the_failsoft_chunk(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        messages=CHAT, max_tokens=8, temperature=0, model="default", stream=True
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert not chunks[-1].choices
+    info = failsoft_of(chunks[-1])
+    assert info["worker"] == "gpu" and info["attempts"] == 1
+
+
+def test_completions_plain_and_streamed_agree_at_temperature_zero(client: openai.OpenAI) -> None:
+    plain = client.completions.create(model="default", prompt="1, 2, 3,", max_tokens=6, temperature=0)
+    streamed = client.completions.create(
+        model="default", prompt="1, 2, 3,", max_tokens=6, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].text for c in streamed if c.choices)
+    assert plain.choices[0].text == text
+    assert failsoft_of(plain)["worker"] == "gpu"
+
+
+def test_models_lists_the_one_model(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+
+
+def test_unseeded_requests_get_a_pinned_seed(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(model="default", messages=CHAT, max_tokens=4)
+    response = httpx.get(f"{svc.base_url}/api/jobs", timeout=10)
+    jobs = {job["id"]: job for job in response.json()["data"]}
+    assert failsoft_of(completion)["job_id"] in jobs
+    # The journal has the body as sent upstream; its seed was chosen before the first attempt.
+    stored = job_state(svc, failsoft_of(completion)["job_id"])
+    assert stored["state"] == "completed"
+    assert isinstance(stored["seed"], int)
+
+
+def test_idempotent_replay_mismatch_and_conflict(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    key = {"Idempotency-Key": "order-42"}
+    first = client.chat.completions.with_raw_response.create(
+        model="default", messages=CHAT, max_tokens=6, temperature=0, seed=3, extra_headers=key
+    )
+    again = client.chat.completions.with_raw_response.create(
+        model="default", messages=CHAT, max_tokens=6, temperature=0, seed=3, extra_headers=key
+    )
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert again.parse().model_dump() == first.parse().model_dump()
+    with pytest.raises(openai.UnprocessableEntityError) as mismatch:
+        client.chat.completions.create(
+            model="default", messages=CHAT, max_tokens=7, temperature=0, seed=3, extra_headers=key
+        )
+    assert mismatch.value.code == "idempotency_key_reused"
+
+    # A long request holds a new key while a second one with the same key arrives: 409.
+    busy_key = {"Idempotency-Key": "order-43"}
+    results: dict[str, Any] = {}
+
+    def long_request() -> None:
+        results["long"] = client.chat.completions.create(
+            model="default", messages=CHAT, max_tokens=120, temperature=0, seed=1, extra_headers=busy_key
+        )
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    wait_until(
+        lambda: any(
+            j["state"] == "running"
+            for j in httpx.get(f"{svc.base_url}/api/jobs?state=running").json()["data"]
+        ),
+        what="the long request to run",
+    )
+    with pytest.raises(openai.ConflictError) as conflict:
+        client.chat.completions.create(
+            model="default", messages=CHAT, max_tokens=120, temperature=0, seed=1, extra_headers=busy_key
+        )
+    assert conflict.value.code == "idempotency_key_in_progress"
+    thread.join(120)
+    assert results["long"].choices[0].message.content
+
+
+def _post(
+    svc: ServiceHandle, path: str, content: bytes, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    return httpx.post(
+        svc.base_url + path,
+        content=content,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        timeout=60,
+    )
+
+
+def _assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"}
+    assert "Traceback" not in response.text and 'File "' not in response.text
+    if code is not None:
+        assert error["code"] == code
+    data: dict[str, Any] = error
+    return data
+
+
+def test_bad_input_gets_openai_errors(svc: ServiceHandle) -> None:
+    _assert_openai_error(_post(svc, "/v1/chat/completions", b"{not json"), 400, "invalid_json")
+    _assert_openai_error(_post(svc, "/v1/chat/completions", b'{"messages": "hello"}'), 400)
+    error = _assert_openai_error(
+        _post(svc, "/v1/chat/completions", json.dumps({"messages": CHAT, "max_tokens": "x"}).encode()), 400
+    )
+    assert error["param"] == "max_tokens"
+    _assert_openai_error(_post(svc, "/v1/completions", b'{"prompt": 12}'), 400)
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 70_000}]}).encode()
+    _assert_openai_error(_post(svc, "/v1/chat/completions", big), 413, "request_too_large")
+    unknown = json.dumps({"model": "gpt-17", "messages": CHAT}).encode()
+    _assert_openai_error(_post(svc, "/v1/chat/completions", unknown), 404, "model_not_found")
+    _assert_openai_error(httpx.get(svc.base_url + "/v1/nothing-here", timeout=10), 404)
+    _assert_openai_error(httpx.get(svc.base_url + "/v1/chat/completions", timeout=10), 405)
+    # A request longer than every profile: a controlled error saying what would fit.
+    too_long = json.dumps({"messages": CHAT, "max_tokens": 100_000}).encode()
+    error = _assert_openai_error(_post(svc, "/v1/chat/completions", too_long), 400, "context_length_exceeded")
+    assert "fits" in error["message"]
+
+
+def test_without_enable_faults_the_debug_routes_do_not_exist(svc: ServiceHandle) -> None:
+    response = httpx.post(svc.base_url + "/api/debug/faults", json={"kind": "abort"}, timeout=10)
+    _assert_openai_error(response, 404)
+    _assert_openai_error(httpx.post(svc.base_url + "/api/debug/pressure", json={}, timeout=10), 404)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=10), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+FIELDS = st.sampled_from(
+    [
+        "messages",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "stream",
+        "seed",
+        "stop",
+        "tools",
+        "n",
+        "model",
+        "top_p",
+    ]
+)
+BODIES = st.dictionaries(FIELDS, JSON_VALUES, max_size=5)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/jobs"]),
+    body=BODIES,
+    max_tokens=st.integers(min_value=1, max_value=3),
+)
+def test_fuzzed_bodies_never_get_a_5xx(
+    svc: ServiceHandle, path: str, body: dict[str, Any], max_tokens: int
+) -> None:
+    # Whatever else the body holds, keep generation tiny so the fuzz stays fast.
+    if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
+        body["max_tokens"] = max_tokens
+    body.pop("stream", None)
+    response = _post(svc, path, json.dumps(body).encode())
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        _assert_openai_error(response, response.status_code)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=200))
+def test_fuzzed_bytes_never_get_a_5xx(svc: ServiceHandle, raw: bytes) -> None:
+    response = _post(svc, "/v1/chat/completions", raw)
+    assert response.status_code < 500, response.text
+
+
+def test_status_has_the_documented_shape(svc: ServiceHandle) -> None:
+    status = svc.status()
+    assert status["simulated"] is True
+    assert {
+        "device",
+        "plan",
+        "cpu_plan",
+        "caps",
+        "workers",
+        "queue",
+        "approvals",
+        "counters",
+        "policy",
+    } <= set(status)
+    assert set(status["caps"]) == {"n_ctx", "n_ctx_per_seq", "n_parallel", "cpu_n_ctx"}
+    for role in ("gpu", "cpu"):
+        worker = status["workers"][role]
+        assert {"state", "pid", "rss_bytes", "cpu_percent", "restarts", "last_failure"} <= set(worker)
+        assert worker["state"] == "ready" and isinstance(worker["pid"], int)
+    assert set(status["queue"]) == {"depth", "limit"}
+    assert status["plan"]["simulated"] is True and status["plan"]["kv_bytes"] > 0
+    assert status["counters"]["completed"] >= 1
+
+
+def test_metrics_are_prometheus_text(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    client.chat.completions.create(model="default", messages=CHAT, max_tokens=2)
+    text = httpx.get(svc.base_url + "/metrics", timeout=10).text
+    assert 'failsoft_requests_total{outcome="completed",route="gpu"}' in text
+    assert (
+        "failsoft_queue_depth" in text and "failsoft_fallbacks" in text and "failsoft_worker_restarts" in text
+    )
+
+
+def test_events_stream_job_states(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+    connected = threading.Event()
+
+    def listen() -> None:
+        with httpx.stream("GET", svc.base_url + "/api/events", timeout=30) as response:
+            event_type = ""
+            for line in response.iter_lines():
+                if line.startswith(": connected"):
+                    connected.set()
+                elif line.startswith("event: "):
+                    event_type = line[7:]
+                elif line.startswith("data: "):
+                    seen.append((event_type, json.loads(line[6:])))
+                    if event_type == "job_state" and seen[-1][1]["state"] == "completed":
+                        return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert connected.wait(30)
+    client.chat.completions.create(model="default", messages=CHAT, max_tokens=2)
+    thread.join(30)
+    types = [event_type for event_type, _ in seen]
+    assert "route_decided" in types and "job_state" in types
+    assert all(data["type"] == event_type for event_type, data in seen)
+
+
+def test_background_job_runs_and_can_be_collected(svc: ServiceHandle) -> None:
+    response = httpx.post(
+        svc.base_url + "/v1/jobs", json={"messages": CHAT, "max_tokens": 6, "temperature": 0}, timeout=30
+    )
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    done = wait_until(
+        lambda: (s := job_state(svc, job_id))["state"] == "completed" and s, what="background job"
+    )
+    assert done["result"]["choices"][0]["message"]["content"]
+    assert done["result"]["failsoft"]["job_id"] == job_id
+
+
+def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
+    response = httpx.post(svc.base_url + "/v1/jobs", json={"messages": CHAT, "max_tokens": 400}, timeout=30)
+    job_id = response.json()["id"]
+    wait_until(lambda: job_state(svc, job_id)["state"] == "running", what="job to run")
+    cancelled = httpx.delete(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10)
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    # The worker is free again at once: a new request is answered quickly.
+    assert httpx.post(
+        svc.base_url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}, timeout=30
+    ).is_success
+    assert job_state(svc, job_id)["state"] == "cancelled"
+    assert httpx.get(f"{svc.base_url}/v1/jobs/job-unknown", timeout=10).status_code == 404

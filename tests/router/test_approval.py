@@ -1,0 +1,150 @@
+"""The approval queue: a CPU run estimated slower than the client's deadline waits for the user's decision."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.router.conftest import (
+    CHAT,
+    arm,
+    base_settings,
+    client_for,
+    failsoft_of,
+    job_state,
+    reload_settings,
+    wait_replaced,
+    wait_until,
+)
+from tests.support.service import ServiceHandle, running_service
+
+pytestmark = pytest.mark.integration
+
+# The CPU is taken to make 1 token per second: 40 tokens are estimated at 40 s, past a 30 s deadline.
+SETTINGS = base_settings(failover={"cpu_tokens_per_second": 1.0})
+REQUEST: dict[str, Any] = {
+    "model": "default",
+    "messages": CHAT,
+    "max_tokens": 40,
+    "temperature": 0,
+    "seed": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def svc(module_root: Path) -> Iterator[ServiceHandle]:
+    with running_service(module_root, enable_faults=True, settings=SETTINGS) as handle:
+        yield handle
+
+
+def _awaiting(svc: ServiceHandle) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = httpx.get(
+        svc.base_url + "/api/jobs", params={"state": "awaiting_approval"}, timeout=10
+    ).json()["data"]
+    return data
+
+
+def _ask_in_background(client: openai.OpenAI, deadline: str) -> tuple[threading.Thread, dict[str, Any]]:
+    outcome: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            outcome["answer"] = client.chat.completions.create(
+                **REQUEST, extra_headers={"X-Failsoft-Deadline": deadline}
+            )
+        except openai.APIStatusError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return thread, outcome
+
+
+def test_approved_job_runs_on_the_cpu_while_the_client_waits(svc: ServiceHandle) -> None:
+    armed = arm(svc, "oom_decode", after_tokens=2)
+    thread, outcome = _ask_in_background(client_for(svc), deadline="30")
+    pending = wait_until(lambda: _awaiting(svc), what="a job awaiting approval")
+    assert pending[0]["estimated_seconds"] >= 40
+    assert svc.status()["approvals"]["pending"] == 1
+    approved = httpx.post(f"{svc.base_url}/api/jobs/{pending[0]['id']}/approve", timeout=10)
+    assert approved.status_code == 200
+    thread.join(180)
+    info = failsoft_of(outcome["answer"])
+    assert (info["job_id"], info["worker"], info["attempts"]) == (pending[0]["id"], "cpu", 2)
+    assert info["fallback_reason"] == "oom_decode"
+    # Approving twice is refused: the job is no longer waiting.
+    assert httpx.post(f"{svc.base_url}/api/jobs/{info['job_id']}/approve", timeout=10).status_code == 409
+    wait_replaced(svc, armed["pid"])
+
+
+def test_rejected_job_ends_with_a_reason(svc: ServiceHandle) -> None:
+    armed = arm(svc, "oom_decode", after_tokens=2)
+    thread, outcome = _ask_in_background(client_for(svc), deadline="30")
+    pending = wait_until(lambda: _awaiting(svc), what="a job awaiting approval")
+    assert httpx.post(f"{svc.base_url}/api/jobs/{pending[0]['id']}/reject", timeout=10).status_code == 200
+    thread.join(60)
+    error = outcome["error"]
+    assert error.status_code == 503 and error.code == "rejected"
+    assert job_state(svc, pending[0]["id"])["state"] == "rejected"
+    wait_replaced(svc, armed["pid"])
+
+
+def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(svc: ServiceHandle) -> None:
+    armed = arm(svc, "oom_decode", after_tokens=2)
+    with pytest.raises(openai.InternalServerError) as raised:
+        client_for(svc).chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "3"})
+    error = raised.value
+    assert error.status_code == 503 and error.code == "cpu_too_slow"
+    assert int(error.response.headers["retry-after"]) >= 1
+    body = error.body
+    assert isinstance(body, dict)
+    job_id = body["job_id"]
+    assert job_state(svc, job_id)["state"] == "awaiting_approval"
+    approved = httpx.post(f"{svc.base_url}/api/jobs/approve-all", timeout=10).json()["approved"]
+    assert job_id in approved
+    done = wait_until(
+        lambda: (s := job_state(svc, job_id))["state"] == "completed" and s, what="approved job"
+    )
+    assert done["result"]["choices"][0]["message"]["content"]
+    assert done["result"]["failsoft"] == {
+        "job_id": job_id,
+        "worker": "cpu",
+        "attempts": 2,
+        "fallback_reason": "oom_decode",
+    }
+    wait_replaced(svc, armed["pid"])
+
+
+def test_auto_approve_rule_runs_short_cpu_jobs_without_asking(svc: ServiceHandle) -> None:
+    reload_settings(svc, base_settings(failover={"cpu_tokens_per_second": 1.0, "auto_approve_seconds": 120}))
+    try:
+        armed = arm(svc, "oom_decode", after_tokens=2)
+        completion = client_for(svc).chat.completions.create(
+            **REQUEST, extra_headers={"X-Failsoft-Deadline": "3"}
+        )
+        assert failsoft_of(completion)["worker"] == "cpu"
+        assert not _awaiting(svc)
+        wait_replaced(svc, armed["pid"])
+    finally:
+        reload_settings(svc, SETTINGS)
+
+
+def test_approval_policy_asks_for_every_cpu_run(svc: ServiceHandle) -> None:
+    reload_settings(svc, base_settings(failover={"cpu_tokens_per_second": 1000.0, "fallback": "approval"}))
+    try:
+        armed = arm(svc, "oom_decode", after_tokens=2)
+        with pytest.raises(openai.InternalServerError) as raised:
+            client_for(svc).chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "2"})
+        assert raised.value.code == "approval_required"
+        job_id = raised.value.body["job_id"]  # type: ignore[index]
+        assert [job["id"] for job in _awaiting(svc)] == [job_id]
+        httpx.post(f"{svc.base_url}/api/jobs/{job_id}/reject", timeout=10)
+        wait_replaced(svc, armed["pid"])
+    finally:
+        reload_settings(svc, SETTINGS)

@@ -1,0 +1,317 @@
+"""GPU-to-CPU failover with injected faults, through the real openai client against a real service."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.router.conftest import (
+    CHAT,
+    arm,
+    base_settings,
+    client_for,
+    failsoft_of,
+    job_state,
+    reload_settings,
+    wait_replaced,
+    wait_until,
+)
+from tests.support.service import ServiceHandle, running_service
+
+pytestmark = pytest.mark.integration
+
+# Replays here always go to the CPU, however slow a busy test machine makes it (the approval queue for slow
+# CPU runs has its own tests).
+SETTINGS = base_settings(
+    model={"chat_format": "chatml-function-calling"}, failover={"auto_approve_seconds": 3600}
+)
+REQUEST: dict[str, Any] = {
+    "model": "default",
+    "messages": CHAT,
+    "max_tokens": 24,
+    "temperature": 0,
+    "seed": 11,
+}
+WORKER_FAILURES = {"oom_decode", "crash_abort", "exited", "killed", "hung"}
+
+
+@pytest.fixture(scope="module")
+def svc(module_root: Path) -> Iterator[ServiceHandle]:
+    with running_service(module_root, enable_faults=True, settings=SETTINGS) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(svc: ServiceHandle) -> openai.OpenAI:
+    return client_for(svc)
+
+
+@pytest.fixture(scope="module")
+def gpu_text(client: openai.OpenAI) -> str:
+    """The GPU worker's answer to REQUEST (temperature 0, pinned seed): the text every replay must match."""
+    completion = client.chat.completions.create(**REQUEST)
+    assert failsoft_of(completion)["worker"] == "gpu"
+    text = completion.choices[0].message.content
+    assert text
+    return text
+
+
+def _gpu_pid(svc: ServiceHandle) -> int:
+    pid = svc.wait_workers_ready()["workers"]["gpu"]["pid"]
+    assert isinstance(pid, int)
+    return pid
+
+
+@pytest.mark.parametrize("kind", ["oom_decode", "abort"])
+def test_non_streamed_failure_replays_on_the_cpu_with_the_same_text(
+    svc: ServiceHandle, client: openai.OpenAI, gpu_text: str, kind: str
+) -> None:
+    armed = arm(svc, kind, after_tokens=4)
+    raw = client.chat.completions.with_raw_response.create(**REQUEST)
+    completion = raw.parse()
+    info = failsoft_of(completion)
+    assert info["worker"] == "cpu" and info["attempts"] == 2
+    assert info["fallback_reason"] == ("oom_decode" if kind == "oom_decode" else "crash_abort") or (
+        info["fallback_reason"] in WORKER_FAILURES
+    )
+    assert (raw.headers["x-failsoft-worker"], raw.headers["x-failsoft-attempts"]) == ("cpu", "2")
+    assert completion.choices[0].message.content == gpu_text
+    stored = job_state(svc, info["job_id"])
+    assert [(a["worker"], a["outcome"]) for a in stored["attempt_log"]] == [
+        ("gpu", "failed"),
+        ("cpu", "completed"),
+    ]
+    # The GPU worker is restarted in the background and comes back.
+    assert wait_replaced(svc, armed["pid"])["workers"]["gpu"]["restarts"] >= 1
+
+
+def test_sigkill_mid_request_replays_on_the_cpu(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    pid = _gpu_pid(svc)
+    results: dict[str, Any] = {}
+    long_request = {**REQUEST, "max_tokens": 300}
+
+    def ask() -> None:
+        results["answer"] = client.chat.completions.create(**long_request)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    wait_until(lambda: svc.status()["workers"]["gpu"]["in_flight"] == 1, what="the request to reach the GPU")
+    os.kill(pid, signal.SIGKILL)
+    thread.join(180)
+    info = failsoft_of(results["answer"])
+    assert info["worker"] == "cpu" and info["attempts"] == 2 and info["fallback_reason"] in WORKER_FAILURES
+    wait_replaced(svc, pid)
+
+
+def test_a_hung_gpu_worker_is_detected_and_the_job_replayed(
+    svc: ServiceHandle, client: openai.OpenAI, gpu_text: str
+) -> None:
+    armed = arm(svc, "hang", after_tokens=3)
+    completion = client.chat.completions.create(**REQUEST)
+    info = failsoft_of(completion)
+    assert info["worker"] == "cpu" and info["fallback_reason"] in WORKER_FAILURES
+    assert completion.choices[0].message.content == gpu_text
+    assert wait_replaced(svc, armed["pid"])["workers"]["gpu"]["last_failure"]["kind"] == "hung"
+
+
+def common_prefix(a: str, b: str) -> str:
+    length = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return a[:length]
+
+
+def _stream_text(client: openai.OpenAI, request: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, failsoft_of(chunks[-1])
+
+
+def test_stream_failure_before_content_is_transparent(
+    svc: ServiceHandle, client: openai.OpenAI, gpu_text: str
+) -> None:
+    armed = arm(svc, "oom_decode", after_tokens=0)
+    text, info = _stream_text(client, REQUEST)
+    assert text == gpu_text
+    assert info["worker"] == "cpu" and info["attempts"] == 2 and info["fallback_reason"] == "oom_decode"
+    wait_replaced(svc, armed["pid"])
+
+
+def test_stream_failure_after_content_resumes_on_the_cpu(
+    svc: ServiceHandle, client: openai.OpenAI, gpu_text: str
+) -> None:
+    armed = arm(svc, "oom_decode", after_tokens=6)
+    text, info = _stream_text(client, REQUEST)
+    assert info["worker"] == "cpu" and info["fallback_reason"] == "oom_decode"
+    # One uninterrupted stream: it starts with what the GPU sent and the CPU continued from there. (The
+    # continuation is prompted with the model's own chat template; this module's workers use the
+    # function-calling format, so the words after the hand-over may differ from the GPU's.)
+    delivered = common_prefix(text, gpu_text)
+    assert len(delivered) >= len("The sea is a vast")
+    assert len(text) > len(delivered)
+    wait_replaced(svc, armed["pid"])
+
+
+def test_stream_failure_after_content_with_error_policy_ends_the_stream(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
+    reload_settings(
+        svc,
+        base_settings(
+            model=SETTINGS["model"], failover={**SETTINGS["failover"], "stream_after_content": "error"}
+        ),
+    )
+    try:
+        armed = arm(svc, "oom_decode", after_tokens=6)
+        received: list[str] = []
+        with pytest.raises(openai.APIError) as error:
+            for chunk in client.chat.completions.create(**REQUEST, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    received.append(chunk.choices[0].delta.content)
+        assert received, "content reached the client before the failure"
+        assert "stream_started" in str(error.value.body) or "stream_started" in str(error.value)
+        wait_replaced(svc, armed["pid"])
+    finally:
+        reload_settings(svc, SETTINGS)
+
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+FORCE_ADD = {"type": "function", "function": {"name": "add"}}
+
+
+class CountingTool:
+    """A simulated tool with a side effect we can count."""
+
+    def __init__(self) -> None:
+        self.executions = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, arguments: str) -> str:
+        with self.lock:
+            self.executions += 1
+        return "42"
+
+
+def agent_turn(client: openai.OpenAI, tool: CountingTool, question: str) -> int:
+    """One intended tool call: ask with the tool forced, run each delivered call once, then answer."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
+    first = client.chat.completions.create(
+        model="default",
+        messages=messages,
+        tools=[ADD_TOOL],
+        tool_choice=FORCE_ADD,
+        max_tokens=60,
+        temperature=0,
+    )
+    calls = first.choices[0].message.tool_calls or []
+    for call in calls:
+        result = tool(call.function.arguments)
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": result},
+        ]
+    final = client.chat.completions.create(model="default", messages=messages, max_tokens=12, temperature=0)
+    assert final.choices[0].message.content is not None
+    return len(calls)
+
+
+def test_tool_calls_run_exactly_once_under_faults(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    tool = CountingTool()
+    intended = 0
+    for fault in ("oom_decode", "abort", None, "oom_decode"):
+        armed = arm(svc, fault, after_tokens=2) if fault else None
+        intended += agent_turn(client, tool, "What is 2 plus 3? Use the add tool.")
+        if armed:
+            wait_replaced(svc, armed["pid"])
+    assert intended == 4
+    assert tool.executions == intended
+
+
+def test_a_streamed_tool_call_is_never_replayed(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    armed = arm(svc, "oom_decode", after_tokens=8)
+    request = {**REQUEST, "tools": [ADD_TOOL], "tool_choice": FORCE_ADD, "max_tokens": 60}
+    deltas = 0
+    with pytest.raises(openai.APIError) as error:
+        for chunk in client.chat.completions.create(**request, stream=True):
+            if chunk.choices and chunk.choices[0].delta.tool_calls:
+                deltas += 1
+    assert deltas > 0
+    assert "effects_delivered" in str(error.value.body) or "effects_delivered" in str(error.value)
+    wait_replaced(svc, armed["pid"])
+
+
+def test_client_disconnect_cancels_the_generation(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    svc.wait_workers_ready()
+    stream = client.chat.completions.with_streaming_response.create(
+        **{**REQUEST, "max_tokens": 500, "stream": True}
+    )
+    with stream as response:
+        job_id = response.headers["x-failsoft-job"]
+        for index, _ in enumerate(response.iter_lines()):
+            if index > 6:
+                break
+    closed = time.monotonic()
+    wait_until(lambda: job_state(svc, job_id)["state"] == "cancelled", timeout=10, what="job cancelled")
+    wait_until(lambda: svc.status()["workers"]["gpu"]["in_flight"] == 0, timeout=10, what="GPU slot free")
+    print(f"cancelled and the GPU slot freed {time.monotonic() - closed:.3f}s after the client closed")
+    stored = job_state(svc, job_id)
+    assert stored["attempts"] == 1  # cancelled jobs are never replayed
+    # The worker stopped generating: a new request is served right away.
+    assert client.chat.completions.create(**{**REQUEST, "max_tokens": 2}).choices
+
+
+def test_non_streamed_client_timeout_cancels_the_job(svc: ServiceHandle) -> None:
+    svc.wait_workers_ready()
+    impatient = client_for(svc, timeout=1.0)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(**{**REQUEST, "max_tokens": 800})
+    cancelled = wait_until(
+        lambda: [
+            j
+            for j in httpx.get(svc.base_url + "/api/jobs?state=cancelled").json()["data"]
+            if j["attempts"] == 1
+        ],
+        timeout=10,
+        what="a cancelled job",
+    )
+    assert cancelled
+    wait_until(lambda: svc.status()["workers"]["gpu"]["in_flight"] == 0, timeout=10, what="GPU slot free")
+
+
+def test_failover_events_reach_the_tray(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    armed = arm(svc, "oom_decode", after_tokens=2)
+    job_id = failsoft_of(client.chat.completions.create(**REQUEST))["job_id"]
+    seen: dict[str, dict[str, Any]] = {}
+    with httpx.stream("GET", svc.base_url + "/api/events?history=1", timeout=10) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event.get("job_id") == job_id or event["type"] in ("worker_unhealthy", "worker_restarted"):
+                    seen[event["type"]] = event
+            if {"fallback_started", "fallback_completed", "worker_unhealthy", "worker_restarted"} <= set(
+                seen
+            ):
+                break
+    assert seen["fallback_started"]["reason"] == "oom_decode"
+    assert seen["fallback_completed"]["seconds"] > 0
+    assert seen["worker_unhealthy"]["role"] == "gpu"
+    wait_replaced(svc, armed["pid"])

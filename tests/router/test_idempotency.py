@@ -1,0 +1,28 @@
+"""Idempotency-Key decisions (Stripe / IETF draft semantics)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tray_app.service.idempotency import RETENTION_SECONDS, KeyRecord, decide
+
+NOW = 1_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("record", "body_hash", "expected"),
+    [
+        (None, "h1", "new"),
+        (KeyRecord("job-1", "h1", NOW - 10, "completed"), "h1", "replay"),
+        (KeyRecord("job-1", "h1", NOW - 10, "completed"), "h2", "mismatch"),
+        (KeyRecord("job-1", "h1", NOW - 10, "running"), "h1", "in_progress"),
+        (KeyRecord("job-1", "h1", NOW - 10, "queued"), "h1", "in_progress"),
+        (KeyRecord("job-1", "h1", NOW - 10, "awaiting_approval"), "h1", "in_progress"),
+        (KeyRecord("job-1", "h1", NOW - 10, "running"), "h2", "mismatch"),
+        (KeyRecord("job-1", "h1", NOW - RETENTION_SECONDS - 1, "completed"), "h2", "new"),
+        (KeyRecord("job-1", "h1", NOW - 10, "failed"), "h1", "new"),
+        (KeyRecord("job-1", "h1", NOW - 10, "cancelled"), "h1", "new"),
+    ],
+)
+def test_decide(record: KeyRecord | None, body_hash: str, expected: str) -> None:
+    assert decide(record, body_hash, NOW) == expected

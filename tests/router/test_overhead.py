@@ -1,0 +1,31 @@
+"""The router's overhead against the same worker, measured side by side (figures printed, not asserted)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.router.conftest import base_settings
+from tests.support.service import ServiceHandle, running_service
+from tray_app.service.overhead import measure_overhead
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def svc(module_root: Path) -> Iterator[ServiceHandle]:
+    with running_service(module_root, settings=base_settings()) as handle:
+        yield handle
+
+
+def test_overhead_measurement_reports_both_paths(svc: ServiceHandle) -> None:
+    worker_url = svc.status()["workers"]["gpu"]["base_url"]
+    figures = measure_overhead(svc.base_url, worker_url, rounds=8, max_tokens=8)
+    print("\nrouter overhead:", json.dumps(figures, indent=1))
+    for path in ("direct", "router"):
+        assert set(figures[path]) == {"p50_ms", "p99_ms", "ttft_p50_ms", "gap_mean_ms"}
+        assert figures[path]["p50_ms"] > 0 and figures[path]["ttft_p50_ms"] > 0
+    assert set(figures["added_ms"]) == set(figures["ratio"]) == set(figures["direct"])

@@ -1,0 +1,111 @@
+"""Request checking (400 naming the field) and assembling a streamed answer into the plain one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tray_app.service.assemble import Assembler, result_to_stream
+from tray_app.service.errors import ApiError
+from tray_app.service.requests import check_model, parse_request
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [1]}, "messages[0]"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({**CHAT, "max_tokens": "ten"}, "max_tokens"),
+        ({**CHAT, "max_tokens": 0}, "max_tokens"),
+        ({**CHAT, "max_tokens": True}, "max_tokens"),
+        ({**CHAT, "temperature": "hot"}, "temperature"),
+        ({**CHAT, "stream": "yes"}, "stream"),
+        ({**CHAT, "seed": 1.5}, "seed"),
+        ({**CHAT, "stop": [1]}, "stop"),
+        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "tools": {"a": 1}}, "tools"),
+        ({**CHAT, "model": 3}, "model"),
+    ],
+)
+def test_wrong_chat_fields_are_400_naming_the_field(body: dict[str, object], param: str) -> None:
+    with pytest.raises(ApiError) as error:
+        parse_request("chat", json.dumps(body).encode())
+    assert error.value.status == 400
+    assert error.value.param == param
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[1, 2]", b"null", b"\xff\xfe"])
+def test_malformed_bodies_are_400(raw: bytes) -> None:
+    with pytest.raises(ApiError) as error:
+        parse_request("chat", raw)
+    assert (error.value.status, error.value.code) == (400, "invalid_json")
+
+
+def test_a_good_request_keeps_its_fields_and_hash() -> None:
+    raw = json.dumps({**CHAT, "max_tokens": 5, "stream": True, "model": "m"}).encode()
+    parsed = parse_request("chat", raw)
+    assert (parsed.stream, parsed.max_tokens, parsed.model) == (True, 5, "m")
+    assert parsed.body_hash == parse_request("chat", raw).body_hash
+    assert parsed.body_hash != parse_request("chat", raw.replace(b"5", b"6")).body_hash
+    with pytest.raises(ApiError) as error:
+        check_model(parsed, {"other"})
+    assert (error.value.status, error.value.code) == (404, "model_not_found")
+    check_model(parsed, {"m"})
+
+
+def test_completion_prompt_must_be_text() -> None:
+    with pytest.raises(ApiError):
+        parse_request("completion", b'{"prompt": 5}')
+    assert parse_request("completion", b'{"prompt": ["a"]}').kind == "completion"
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
+    return {
+        "id": "c1",
+        "created": 5,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def test_chat_chunks_assemble_into_one_message_with_tool_calls() -> None:
+    assembler = Assembler("chat")
+    for delta in (
+        {"role": "assistant"},
+        {"content": "Hel"},
+        {"content": "lo"},
+        {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "add", "arguments": '{"a":'}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": " 1}"}}]},
+    ):
+        assembler.feed(_chunk(delta))
+    assembler.feed(_chunk({}, "tool_calls"))
+    result = assembler.result(7, {"job_id": "j"})
+    message = result["choices"][0]["message"]
+    assert message["content"] == "Hello"
+    assert message["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    ]
+    assert result["choices"][0]["finish_reason"] == "tool_calls"
+    assert result["usage"] == {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
+    assert result["failsoft"] == {"job_id": "j"}
+    # ... and back into a stream that reassembles to the same message.
+    again = Assembler("chat")
+    for line in result_to_stream("chat", result):
+        payload = line.decode().removeprefix("data: ").strip()
+        if payload != "[DONE]":
+            again.feed(json.loads(payload))
+    assert again.result(7, {})["choices"][0]["message"] == message
+
+
+def test_completion_chunks_assemble() -> None:
+    assembler = Assembler("completion")
+    for text in (" 4", ",", " 5"):
+        assembler.feed({"id": "x", "choices": [{"index": 0, "text": text, "finish_reason": None}]})
+    assert assembler.result(3, {})["choices"][0]["text"] == " 4, 5"

@@ -1,0 +1,106 @@
+"""Qt widgets run on the offscreen platform here; the real-tray test starts its own X server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.service import ServiceHandle
+from tray_app.ui.controller import TrayApp
+
+# Before any QApplication exists (pytest-qt creates it on first use).
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+MiB = 1024**2
+
+
+def make_status(
+    gpu: str = "ready",
+    cpu: str = "ready",
+    simulated: bool = True,
+    pending: int = 0,
+    depth: int = 0,
+) -> dict[str, Any]:
+    """An /api/status answer in the documented shape, sizes in bytes."""
+    total = 4096 * MiB
+    plan = {
+        "verdict": "gpu",
+        "reason": "all 31 layers fit with 8192 tokens of context",
+        "fits": True,
+        "n_gpu_layers": 31,
+        "n_layers": 31,
+        "n_ctx": 8192,
+        "n_parallel": 2,
+        "n_ctx_per_seq": 4096,
+        "weights_bytes": 98 * MiB,
+        "kv_bytes": 180 * MiB,
+        "compute_bytes": 66 * MiB,
+        "output_bytes": 1 * MiB,
+        "reserve_bytes": 410 * MiB,
+        "other_bytes": 1024 * MiB,
+        "free_bytes": total - (98 + 180 + 66 + 410 + 1024) * MiB,
+        "total_bytes": total,
+        "simulated": simulated,
+        "device_name": "simulated GPU",
+    }
+    return {
+        "simulated": simulated,
+        "device": {
+            "name": "simulated GPU",
+            "kind": "simulated",
+            "total_bytes": total,
+            "simulated": simulated,
+        },
+        "plan": plan,
+        "cpu_plan": {**plan, "verdict": "cpu"},
+        "caps": {"n_ctx": 8192, "n_ctx_per_seq": 4096, "n_parallel": 2, "cpu_n_ctx": 8192},
+        "workers": {
+            "gpu": {
+                "state": gpu,
+                "pid": 4242,
+                "rss_bytes": 180 * MiB,
+                "cpu_percent": 3.0,
+                "restarts": 1,
+                "last_failure": None,
+            },
+            "cpu": {
+                "state": cpu,
+                "pid": 4243,
+                "rss_bytes": 170 * MiB,
+                "cpu_percent": 1.0,
+                "restarts": 0,
+                "last_failure": None,
+            },
+        },
+        "queue": {"depth": depth, "limit": 32},
+        "approvals": {"pending": pending},
+        "counters": {},
+        "policy": {"fallback": "auto"},
+    }
+
+
+@pytest.fixture
+def status() -> dict[str, Any]:
+    return make_status()
+
+
+@pytest.fixture
+def tray_app_for(qtbot: Any) -> Iterator[Callable[[ServiceHandle], TrayApp]]:
+    """A TrayApp wired to a real service, stopped after the test (no tray icon offscreen: the same code)."""
+    apps: list[TrayApp] = []
+
+    def make(service: ServiceHandle) -> TrayApp:
+        app = TrayApp(service.base_url, service.api_key, service.config_path, attached=True)
+        app.start()
+        apps.append(app)
+        qtbot.waitUntil(lambda: app.events.connected and app.model.reachable, timeout=15_000)
+        return app
+
+    yield make
+    for app in apps:
+        app.stop()
+        app.deleteLater()  # let Qt tear down the network manager and its replies in order
+    qtbot.wait(50)

@@ -1,0 +1,59 @@
+"""The tray's level and tooltip from a status dict."""
+
+from __future__ import annotations
+
+from tests.ui.conftest import make_status
+from tray_app.ui.state import DEGRADED, DOWN, SERVING, summarize
+
+
+def test_gpu_ready_is_serving_and_marked_simulated() -> None:
+    summary = summarize(make_status(), reachable=True)
+    assert summary.level == SERVING
+    assert summary.simulated
+    assert summary.tooltip.startswith("Failsoft: GPU serving")
+    assert "simulated 4.00 GiB" in summary.tooltip
+    assert "context 4,096 × 2 parallel" in summary.tooltip
+    assert "\n" not in summary.tooltip
+
+
+def test_active_fallback_is_degraded_even_with_gpu_ready() -> None:
+    summary = summarize(make_status(), reachable=True, active_fallbacks=2)
+    assert summary.level == DEGRADED
+    assert summary.headline == "GPU serving, 2 jobs on CPU fallback"
+
+
+def test_restarting_gpu_is_degraded_and_says_cpu_serves() -> None:
+    summary = summarize(make_status(gpu="restarting"), reachable=True)
+    assert summary.level == DEGRADED
+    assert summary.headline == "GPU worker restarting, CPU serving"
+
+
+def test_failed_gpu_with_cpu_ready_is_degraded() -> None:
+    assert summarize(make_status(gpu="failed"), reachable=True).level == DEGRADED
+
+
+def test_both_workers_gone_is_down() -> None:
+    summary = summarize(make_status(gpu="failed", cpu="stopped"), reachable=True)
+    assert summary.level == DOWN
+    assert summary.headline == "GPU worker failed, CPU worker stopped"
+
+
+def test_unreachable_service_is_down() -> None:
+    summary = summarize(make_status(), reachable=False)
+    assert summary.level == DOWN
+    assert "not reachable" in summary.tooltip
+
+
+def test_tooltip_counts_queue_and_approvals() -> None:
+    summary = summarize(make_status(pending=3, depth=2), reachable=True)
+    assert "2 queued" in summary.tooltip
+    assert "3 awaiting approval" in summary.tooltip
+
+
+def test_real_gpu_shows_its_name() -> None:
+    status = make_status(simulated=False)
+    status["device"]["name"] = "NVIDIA GeForce RTX 4090"
+    summary = summarize(status, reachable=True)
+    assert not summary.simulated
+    assert "NVIDIA GeForce RTX 4090 4.00 GiB" in summary.tooltip
+    assert "simulated" not in summary.tooltip

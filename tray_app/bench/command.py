@@ -1,0 +1,138 @@
+"""`failsoft bench`: start a service with faults enabled and measure, in one run, the router's overhead, the
+failover's overhead, the placements side by side and the planner's accuracy; print ratios (`--json`: JSON)
+and keep the JSON in the data directory's reports."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from tray_app import paths
+from tray_app.bench.measure import failover_figures, planner_figures, profile_figures
+from tray_app.bench.report import text
+from tray_app.bench.split import split_profile, split_worker
+from tray_app.cli import load_config
+from tray_app.config import Config
+from tray_app.drill.client import DrillError, ServiceClient
+from tray_app.drill.command import default_simulated_vram, service_summary
+from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_service
+from tray_app.service.overhead import measure_overhead
+
+PROFILE_TOKENS = 64
+
+
+def bench_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
+    """The user's config (their context and cache settings: the profiles they run), on loopback, with fast
+    failure detection and automatic fallback so the failover can be measured."""
+    data = cfg.to_dict()
+    if simulate_vram:
+        data["device"]["simulate_vram"] = simulate_vram
+    data["cpu"].update(enabled=True, warm=True)
+    data["server"].update(host="127.0.0.1", api_key="")
+    data["failover"].update(fallback="auto", deadline=600.0)
+    data["supervisor"].update(DRILL_SUPERVISOR)
+    return data
+
+
+def sub_rounds(rounds: int) -> int:
+    """Rounds for the slower measurements (profiles, failovers): a tenth of the overhead's, at least 2."""
+    return max(rounds // 10, 2)
+
+
+async def _ready_status(url: str) -> dict[str, Any]:
+    client = ServiceClient(url)
+    try:
+        return await client.wait_ready()
+    finally:
+        await client.aclose()
+
+
+async def _profiles(url: str, status: dict[str, Any], rounds: int) -> dict[str, Any]:
+    workers = status["workers"]
+    client = ServiceClient(url)
+    try:
+        figures: dict[str, Any] = {}
+        if status.get("simulated"):
+            figures["cpu"] = await profile_figures(
+                client.http, workers["cpu"]["base_url"], rounds, PROFILE_TOKENS
+            )
+            figures["gpu_simulated"] = await profile_figures(
+                client.http, workers["gpu"]["base_url"], rounds, PROFILE_TOKENS
+            )
+            note = (
+                "the simulated GPU worker runs the same CPU build: the profiles differ only in their budget"
+            )
+            return {"rounds": rounds, "max_tokens": PROFILE_TOKENS, "workers": figures, "note": note}
+        figures["gpu_resident"] = await profile_figures(
+            client.http, workers["gpu"]["base_url"], rounds, PROFILE_TOKENS
+        )
+        log_path = paths.log_dir() / "bench-split-worker.log"
+        profile = split_profile(workers["gpu"]["profile"])
+        with split_worker(profile, log_path) as split_url:
+            figures["planned_split"] = await profile_figures(client.http, split_url, rounds, PROFILE_TOKENS)
+        figures["cpu_fallback"] = await profile_figures(
+            client.http, workers["cpu"]["base_url"], rounds, PROFILE_TOKENS
+        )
+        note = f"split: {profile.n_gpu_layers} of {status['plan'].get('n_layers')} layers on the GPU"
+        return {"rounds": rounds, "max_tokens": PROFILE_TOKENS, "workers": figures, "note": note}
+    finally:
+        await client.aclose()
+
+
+async def _failover(url: str, rounds: int) -> dict[str, Any]:
+    client = ServiceClient(url)
+    try:
+        return await failover_figures(client, rounds)
+    finally:
+        await client.aclose()
+
+
+def bench(url: str, rounds: int, progress: Any) -> dict[str, Any]:
+    started = time.time()
+    status = asyncio.run(_ready_status(url))
+    results: dict[str, Any] = {
+        "started_at": started,
+        "rounds": rounds,
+        "service": service_summary(url, status, True),
+    }
+    results["planner_accuracy"] = planner_figures(status)
+    progress(f"router overhead ({rounds} rounds)")
+    results["router_overhead"] = measure_overhead(url, status["workers"]["gpu"]["base_url"], rounds=rounds)
+    progress(f"profiles ({sub_rounds(rounds)} rounds)")
+    results["profiles"] = asyncio.run(_profiles(url, status, sub_rounds(rounds)))
+    progress(f"failover overhead ({sub_rounds(rounds)} rounds)")
+    results["failover_overhead"] = asyncio.run(_failover(url, sub_rounds(rounds)))
+    results["seconds"] = round(time.time() - started, 1)
+    return results
+
+
+def run(args: argparse.Namespace) -> int:
+    def progress(message: str) -> None:
+        print(f"failsoft bench: {message}", file=sys.stderr, flush=True)
+
+    if args.rounds < 1:
+        print("failsoft bench: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    cfg = load_config(args)
+    settings = bench_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
+    progress("starting `failsoft serve --enable-faults` for the bench (stopped at the end)")
+    try:
+        with launched_service(settings) as service:
+            results = bench(service.base_url, args.rounds, progress)
+    except (DrillError, LaunchError, RuntimeError) as error:
+        print(f"failsoft bench: {error}", file=sys.stderr)
+        return 2
+    reports = paths.data_dir() / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    path = reports / f"bench-{time.strftime('%Y%m%d-%H%M%S', time.localtime(results['started_at']))}.json"
+    path.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(text(results))
+        print(f"\nreport: {path}")
+    return 0

@@ -1,0 +1,109 @@
+"""The bench's results as text: every figure next to what it is compared with, and the ratio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tray_app.sizes import format_size
+
+ROUTER_ROWS = (
+    ("p50_ms", "non-streamed latency p50"),
+    ("p99_ms", "non-streamed latency p99"),
+    ("ttft_p50_ms", "streamed time to first token p50"),
+    ("gap_mean_ms", "streamed inter-chunk gap (mean)"),
+)
+PROFILE_LABELS = {
+    "cpu": "CPU worker",
+    "gpu_simulated": "simulated GPU worker",
+    "gpu_resident": "GPU-resident",
+    "planned_split": "planned CPU/GPU split",
+    "cpu_fallback": "CPU fallback",
+}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"x{value:.3f}"
+
+
+def router_lines(router: dict[str, Any]) -> list[str]:
+    lines = [
+        f"router overhead: direct to the GPU worker vs through the router ({router['rounds']} rounds, "
+        f"{router['max_tokens']} tokens, interleaved)"
+    ]
+    for key, label in ROUTER_ROWS:
+        lines.append(
+            f"  {label:<34} {_ms(router['direct'][key]):>10} -> {_ms(router['router'][key]):>10}  "
+            f"{router['added_ms'][key]:+.2f} ms  {_ratio(router['ratio'][key])}"
+        )
+    return lines
+
+
+def failover_lines(failover: dict[str, Any]) -> list[str]:
+    return [
+        f"failover overhead: allocation failure at the GPU's first decode, streamed "
+        f"({failover['measured']} of {failover['rounds']} rounds measured)",
+        f"  failure -> first CPU token (p50)   {_ms(failover['failure_to_first_cpu_token_ms']):>10}",
+        f"  CPU worker's own TTFT (p50)        {_ms(failover['cpu_ttft_ms']):>10}",
+        f"  failover overhead (difference)     {_ms(failover['overhead_ms']):>10}  "
+        f"{_ratio(failover['ratio'])} of the CPU's own TTFT",
+    ]
+
+
+def profile_lines(profiles: dict[str, Any]) -> list[str]:
+    figures = profiles["workers"]
+    base_key = "cpu" if "cpu" in figures else "cpu_fallback"
+    base = figures.get(base_key) or {}
+    lines = [
+        f"profiles: each worker asked directly, {profiles['max_tokens']} tokens, median of "
+        f"{profiles['rounds']} rounds (ratios against the {PROFILE_LABELS[base_key]})"
+    ]
+    for key, row in figures.items():
+        speed, ttft = row.get("tokens_per_second"), row.get("ttft_ms")
+        speed_ratio = speed / base["tokens_per_second"] if speed and base.get("tokens_per_second") else None
+        lines.append(
+            f"  {PROFILE_LABELS.get(key, key):<24} {speed if speed is not None else '-':>8} tokens/s  "
+            f"TTFT {_ms(ttft):>10}  speed {_ratio(speed_ratio)}"
+        )
+    if profiles.get("note"):
+        lines.append(f"  note: {profiles['note']}")
+    return lines
+
+
+def planner_lines(planner: dict[str, Any]) -> list[str]:
+    lines = ["planner accuracy: estimated / reported by llama.cpp at load (ratio 1.000 is exact)"]
+    for role, rows in planner.items():
+        parts = []
+        for name in ("weights", "kv", "compute"):
+            row = rows.get(name) or {}
+            reported = row.get("reported_bytes")
+            parts.append(
+                f"{name} {format_size(row.get('estimated_bytes') or 0)} / "
+                f"{format_size(reported) if reported else '?'} {_ratio(row.get('ratio'))}"
+            )
+        lines.append(
+            f"  {role} (n_ctx {rows.get('n_ctx')}, compute {rows.get('compute_source')}): " + "; ".join(parts)
+        )
+    return lines
+
+
+def text(results: dict[str, Any]) -> str:
+    service = results["service"]
+    device = service.get("device") or {}
+    label = " [SIMULATED]" if device.get("simulated") else ""
+    lines = [
+        f"failsoft bench: model {service.get('model')}; GPU {device.get('name')} "
+        f"{format_size(int(device.get('total_bytes') or 0))}{label}; {results['seconds']:.0f}s",
+        "",
+        *router_lines(results["router_overhead"]),
+        "",
+        *failover_lines(results["failover_overhead"]),
+        "",
+        *profile_lines(results["profiles"]),
+        "",
+        *planner_lines(results["planner_accuracy"]),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,184 @@
+"""`failsoft drill`: run the scenarios (and optionally memory pressure) against a service with faults enabled,
+print the table, write JSON and Markdown reports into the data directory, and exit non-zero if any scenario
+lost a job, answered twice, repeated a tool or got an unexpected decision."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from tray_app import paths
+from tray_app.cli import load_config
+from tray_app.config import Config
+from tray_app.device import nvml_memory
+from tray_app.drill.client import DrillError, EventLog, ServiceClient
+from tray_app.drill.launcher import LaunchError, drill_config, launched_service
+from tray_app.drill.pressure import apply_pressure
+from tray_app.drill.records import ScenarioRecord
+from tray_app.drill.report import DrillReport, text, write
+from tray_app.drill.scenarios import SCENARIOS, TITLES, DrillContext
+from tray_app.sizes import parse_size
+
+DEFAULT_SIMULATED_VRAM = "4GiB"
+SPEED_WAIT = 90.0  # the service measures the CPU worker's speed once it is ready; the policy needs it
+
+Progress = Callable[[str], None]
+
+
+def selected_scenarios(requested: list[str] | None, *, pressure: bool) -> list[str]:
+    """The scenario keys to run, in order: all by default, none with --pressure alone; "a,b" works too."""
+    if not requested:
+        return [] if pressure else list(SCENARIOS)
+    keys = [key.strip().lower() for item in requested for key in item.split(",") if key.strip()]
+    unknown = [key for key in keys if key not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario {', '.join(unknown)}; scenarios are {', '.join(SCENARIOS)}")
+    return [key for key in SCENARIOS if key in keys]
+
+
+def default_simulated_vram(cfg: Config) -> str | None:
+    """A simulated GPU when the config names none and NVML finds no NVIDIA GPU."""
+    if cfg.device.simulate_vram:
+        return None
+    return DEFAULT_SIMULATED_VRAM if nvml_memory(cfg.device.gpu_index).kind == "none" else None
+
+
+def service_summary(url: str, status: dict[str, Any], launched: bool) -> dict[str, Any]:
+    return {
+        "url": url,
+        "launched": launched,
+        "simulated": status.get("simulated"),
+        "device": status.get("device"),
+        "model": (status.get("model") or {}).get("id"),
+        "caps": status.get("caps"),
+        "policy": status.get("policy"),
+    }
+
+
+async def _checked_status(client: ServiceClient) -> dict[str, Any]:
+    try:
+        status = await client.status()
+    except httpx.HTTPError as error:
+        raise DrillError(f"no failsoft service answers at {client.base_url}: {error}") from None
+    if not status.get("faults_enabled"):
+        raise DrillError(
+            f"the service at {client.base_url} was started without --enable-faults; a drill needs "
+            "`failsoft serve --enable-faults` (or run `failsoft drill` without --url to start one)"
+        )
+    if ((status.get("workers") or {}).get("gpu") or {}).get("state") in (None, "absent"):
+        raise DrillError(
+            "the service has no GPU worker (real or simulated): start it with --simulate-vram SIZE"
+        )
+    fallback = (status.get("policy") or {}).get("fallback")
+    if fallback != "auto":
+        raise DrillError(
+            f"the service's failover.fallback is {fallback!r}; the drill plays automatic fallback (auto): "
+            "run `failsoft drill` without --url to start a drill service"
+        )
+    return status
+
+
+async def _measured_status(client: ServiceClient) -> dict[str, Any]:
+    """/api/status once the service knows the CPU worker's speed (its replay decisions depend on it)."""
+
+    async def measured() -> dict[str, Any] | None:
+        status = await client.status()
+        return status if float(status["policy"].get("cpu_tokens_per_second") or 0) > 0 else None
+
+    result: dict[str, Any] = await client.wait_for(
+        measured, "the CPU worker's measured speed", SPEED_WAIT, 0.2
+    )
+    return result
+
+
+async def _play(ctx: DrillContext, key: str) -> ScenarioRecord:
+    await ctx.refresh()
+    try:
+        return await SCENARIOS[key](ctx)
+    except DrillError as error:
+        record = ScenarioRecord(key, TITLES[key], False, actual="the drill could not finish", lost=0)
+        record.notes.append(f"drill error: {error}")
+        return record
+
+
+async def drill(
+    url: str,
+    keys: list[str],
+    pressure: int | None,
+    *,
+    launched: bool,
+    progress: Progress,
+    api_key: str = "",
+) -> DrillReport:
+    client = ServiceClient(url, api_key)
+    events = EventLog(client)
+    started = time.time()
+    try:
+        await _checked_status(client)
+        await client.wait_ready()
+        await events.start()
+        status = await _measured_status(client)
+        report = DrillReport(started, service_summary(url, status, launched))
+        if pressure is not None:
+            progress(f"memory pressure: taking {pressure} bytes")
+            report.pressure = await apply_pressure(client, pressure)
+        ctx = DrillContext(client, events, status)
+        for key in keys:
+            progress(f"scenario {key}: {TITLES[key]}")
+            report.scenarios.append(await _play(ctx, key))
+        await client.wait_ready()  # leave the service as it was found: both workers up
+    finally:
+        await events.stop()
+        await client.aclose()
+    report.seconds = time.time() - started
+    report.judge()
+    return report
+
+
+def _run_drill(
+    args: argparse.Namespace, keys: list[str], pressure: int | None, progress: Progress
+) -> DrillReport:
+    cfg = load_config(args)
+    if args.url:
+        # A service on this machine is usually the configured one: its API key (if any) is the config's.
+        key = cfg.server.api_key
+        return asyncio.run(drill(args.url, keys, pressure, launched=False, progress=progress, api_key=key))
+    settings = drill_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
+    progress("starting `failsoft serve --enable-faults` for the drill (stopped at the end)")
+    with launched_service(settings) as service:
+        return asyncio.run(drill(service.base_url, keys, pressure, launched=True, progress=progress))
+
+
+def run(args: argparse.Namespace) -> int:
+    def progress(message: str) -> None:
+        print(f"failsoft drill: {message}", file=sys.stderr, flush=True)
+
+    try:
+        keys = selected_scenarios(args.scenario, pressure=bool(args.pressure))
+        pressure = parse_size(args.pressure) if args.pressure else None
+    except ValueError as error:
+        print(f"failsoft drill: {error}", file=sys.stderr)
+        return 2
+    try:
+        report = _run_drill(args, keys, pressure, progress)
+    except (DrillError, LaunchError) as error:
+        print(f"failsoft drill: {error}", file=sys.stderr)
+        return 2
+    json_path, md_path = write(report, paths.data_dir() / "reports")
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(text(report))
+        print(f"\nreports: {json_path}\n         {md_path}")
+    for record in report.failed:
+        print(f"failsoft drill: scenario {record.key} FAILED: {'; '.join(record.problems)}", file=sys.stderr)
+    if report.failed:
+        return 1
+    return 2 if report.pressure and report.pressure.get("error") else 0

@@ -1,0 +1,1 @@
+"""The service: OpenAI-compatible router, admission, failover policy, journal, jobs and the control API."""

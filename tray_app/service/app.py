@@ -1,0 +1,490 @@
+"""The HTTP face of the service: the OpenAI routes, background jobs and the control API (starlette)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tray_app.events import RouteDecided
+from tray_app.service import control, idempotency, policy
+from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
+from tray_app.service.assemble import result_to_stream
+from tray_app.service.errors import ApiError, unavailable
+from tray_app.service.executor import retry_after_seconds
+from tray_app.service.jobs import Job, new_id
+from tray_app.service.requests import Kind, ParsedRequest, check_model, parse_json_object, parse_request
+from tray_app.service.service import BACKGROUND_DEADLINE, Service
+from tray_app.sizes import parse_size
+
+log = logging.getLogger(__name__)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        error.body_bytes(),
+        status_code=error.status,
+        media_type="application/json",
+        headers={**error.headers, **(headers or {})},
+    )
+
+
+class AuthAndErrors:
+    """Outermost layer: the API key (when configured) and an OpenAI-format answer for anything unexpected."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.api_key and not self._authorized(scope):
+            error = ApiError(
+                401, "Incorrect or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key"
+            )
+            await error_response(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unhandled error on %s", scope.get("path"))
+            if started:
+                raise
+            error = ApiError(500, "internal error in the router", type="server_error", code="internal_error")
+            await error_response(error)(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), self.api_key)
+        return False
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 as soon as it is known to be larger than `limit`."""
+    length = request.headers.get("content-length")
+    too_large = ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def job_headers(job: Job, complete: bool = True) -> dict[str, str]:
+    headers = {"X-Request-Id": job.request_id, "X-Failsoft-Job": job.id}
+    if complete:
+        headers["X-Failsoft-Worker"] = job.worker or ""
+        headers["X-Failsoft-Attempts"] = str(job.attempts)
+    return headers
+
+
+def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:
+    """The worker's schema wants a string as content; OpenAI clients send null next to tool calls."""
+    if message.get("content") is None and message.get("role") == "assistant":
+        return {**message, "content": ""}
+    return message
+
+
+class Router:
+    """The OpenAI routes. One instance per service; handlers are bound methods."""
+
+    def __init__(self, service: Service) -> None:
+        self.svc = service
+
+    @property
+    def max_body(self) -> int:
+        return parse_size(self.svc.cfg.server.max_body)  # read each time: a config reload may change it
+
+    # ------------------------------------------------------------------------------ helpers
+    def _deadline_seconds(self, request: Request) -> float:
+        value = request.headers.get("x-failsoft-deadline")
+        if value is None:
+            return self.svc.cfg.failover.deadline
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds <= BACKGROUND_DEADLINE:
+            raise ApiError(
+                400,
+                "X-Failsoft-Deadline must be a number of seconds > 0",
+                param="X-Failsoft-Deadline",
+                code="invalid_deadline",
+            )
+        return seconds
+
+    def _idempotent_answer(self, key: str, parsed: ParsedRequest) -> Response | None:
+        """The stored answer, a 409/422, or None when this request is new under its key."""
+        job_id = self.svc.keys.get(key)
+        live = self.svc.registry.get(job_id) if job_id else None
+        record: idempotency.KeyRecord | None = None
+        stored_result: dict[str, Any] | None = None
+        if live is not None:
+            record = idempotency.KeyRecord(live.id, live.body_hash, live.created_at, live.state)
+            stored_result = live.result
+        else:
+            stored = self.svc.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
+            if stored is not None:
+                record = idempotency.KeyRecord(stored.id, stored.body_hash, stored.created_at, stored.state)
+                stored_result = stored.result
+        verdict = idempotency.decide(record, parsed.body_hash, time.time())
+        if verdict == "new" or record is None:
+            return None
+        if verdict == "mismatch":
+            raise ApiError(
+                422,
+                f"Idempotency-Key {key!r} was used with a different request body",
+                code="idempotency_key_reused",
+                param="Idempotency-Key",
+            )
+        if verdict == "in_progress":
+            raise ApiError(
+                409,
+                f"a request with Idempotency-Key {key!r} is still running (job {record.job_id})",
+                code="idempotency_key_in_progress",
+                param="Idempotency-Key",
+                headers={"Retry-After": "1"},
+            )
+        assert stored_result is not None
+        headers = {"X-Failsoft-Job": record.job_id, "Idempotent-Replayed": "true"}
+        failsoft = stored_result.get("failsoft") or {}
+        headers["X-Failsoft-Worker"] = str(failsoft.get("worker") or "")
+        headers["X-Failsoft-Attempts"] = str(failsoft.get("attempts") or 0)
+        if parsed.stream:
+            pieces = result_to_stream(parsed.kind, stored_result)
+            return StreamingResponse(
+                iter(pieces), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+            )
+        return Response(json.dumps(stored_result), media_type="application/json", headers=headers)
+
+    def _new_job(self, request: Request, parsed: ParsedRequest, *, background: bool, deadline: float) -> Job:
+        body = dict(parsed.body)
+        if parsed.kind == "chat":
+            body["messages"] = [_worker_compatible(message) for message in body["messages"]]
+        if body.get("seed") is None:
+            # Pinned before the first attempt, so a replay on the same weights samples the same way.
+            body["seed"] = secrets.randbelow(2**31)
+        prompt_tokens = self.svc.count_prompt(parsed.kind, body)
+        n_ctx = self.svc.plan_set.gpu.n_ctx_per_seq
+        max_tokens = requested_tokens(prompt_tokens, parsed.max_tokens, n_ctx)
+        if parsed.max_tokens is None:
+            body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
+        job = Job(
+            id=new_id("job"),
+            request_id=request.headers.get("x-request-id") or str(uuid.uuid4()),
+            kind=parsed.kind,
+            body=body,
+            stream=parsed.stream and not background,
+            background=background,
+            body_hash=parsed.body_hash,
+            idempotency_key=request.headers.get("idempotency-key"),
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            deadline=time.monotonic() + deadline,
+        )
+        self.svc.registry.add(job)
+        if job.idempotency_key:
+            self.svc.keys[job.idempotency_key] = job.id
+        return job
+
+    async def _route(self, job: Job, deadline: float) -> policy.Decision:
+        gpu = self.svc.workers.get("gpu")
+        gpu_available = gpu is not None and gpu.state not in ("failed", "stopped")
+        request = policy.RouteRequest(
+            job.prompt_tokens, job.max_tokens, self.svc.plan_set.gpu.n_ctx_per_seq, gpu_available, deadline
+        )
+        if gpu_available and request.prompt_tokens + request.max_tokens <= request.gpu_n_ctx_per_seq:
+            decision = policy.Decision("gpu", "")
+        else:
+            cpu = await self.svc.cpu_state(deadline)
+            decision = policy.decide_route(request, cpu, self.svc.executor.settings.policy)
+        route = "refused" if decision.refused else decision.action
+        self.svc.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason))
+        return decision
+
+    def _refusal(self, job: Job, decision: policy.Decision) -> ApiError:
+        if decision.reason == policy.CONTEXT_EXCEEDED:
+            error = ApiError(
+                400,
+                f"This request is too long for this service: {decision.detail}",
+                code=policy.CONTEXT_EXCEEDED,
+                param="messages" if job.kind == "chat" else "prompt",
+            )
+        else:
+            error = unavailable(
+                f"cannot run this request: {decision.reason} ({decision.detail})",
+                decision.reason,
+                5,
+                job_id=job.id,
+                reason=decision.reason,
+            )
+        self.svc.registry.fail(
+            job, "failed", {**error.body()["error"], "status": error.status}, decision.reason
+        )
+        self.svc.metrics.requests.labels(route="refused", outcome=decision.reason).inc()
+        return error
+
+    async def _admit(self, job: Job, role: str) -> float:
+        wait = min(self.svc.cfg.server.queue_timeout, max(job.time_left(), 0.0))
+        try:
+            return await self.svc.slots.acquire(role, job.id, wait)
+        except QueueFull as full:
+            error = ApiError(
+                429,
+                f"too many requests waiting ({full.depth}); try again later",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(full.retry_after)},
+            )
+        except QueueTimeout as timeout:
+            error = ApiError(
+                429,
+                f"no free worker slot in time: {timeout}",
+                type="rate_limit_error",
+                code="queue_timeout",
+                headers={"Retry-After": str(timeout.retry_after)},
+            )
+        self.svc.registry.fail(job, "failed", {**error.body()["error"], "status": error.status}, error.code)
+        self.svc.metrics.requests.labels(route=role, outcome=str(error.code)).inc()
+        raise error
+
+    # ------------------------------------------------------------------------------ handlers
+    async def chat(self, request: Request) -> Response:
+        return await self._openai(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._openai(request, "completion")
+
+    async def _openai(self, request: Request, kind: Kind) -> Response:
+        try:
+            parsed = parse_request(kind, await read_body(request, self.max_body))
+            check_model(parsed, self.svc.model_names)
+            deadline = self._deadline_seconds(request)
+            key = request.headers.get("idempotency-key")
+            if key:
+                stored = self._idempotent_answer(key, parsed)
+                if stored is not None:
+                    return stored
+            job = self._new_job(request, parsed, background=False, deadline=deadline)
+            decision = await self._route(job, deadline)
+            if decision.refused:
+                raise self._refusal(job, decision)
+            if decision.action == "approval":
+                job.fallback_reason = decision.reason
+                self.svc.executor.request_approval(job, decision)
+                return await self._answer(request, job, None, approval=decision.reason)
+            job.route = decision.action
+            if decision.reason:
+                job.fallback_reason = decision.reason
+            held = await self._admit(job, job.route)
+        except ApiError as error:
+            return error_response(error)
+        return await self._answer(request, job, held)
+
+    async def _answer(self, request: Request, job: Job, held: float | None, approval: str = "") -> Response:
+        if job.stream:
+            return self._stream(job, held, approval)
+        if approval:
+            job.task = asyncio.create_task(self._wait_approval(job, approval))
+        else:
+            self.svc.spawn(job, held)
+        assert job.task is not None
+        watcher = asyncio.create_task(wait_for_disconnect(request.receive))
+        try:
+            await asyncio.wait({job.task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not job.task.done():
+            job.task.cancel()  # the client is gone: stop the generation now
+            self.svc.metrics.requests.labels(route=job.route, outcome="cancelled").inc()
+            return Response(status_code=499)
+        self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
+        if job.state == "completed" and job.result is not None:
+            return Response(json.dumps(job.result), media_type="application/json", headers=job_headers(job))
+        error = dict(job.error or {"message": "the job ended without an answer", "code": job.state})
+        status = int(error.pop("status", 503))
+        headers = job_headers(job)
+        if status == 503:
+            headers["Retry-After"] = str(retry_after_seconds(job.estimated_seconds))
+        return Response(
+            json.dumps({"error": error}), status_code=status, media_type="application/json", headers=headers
+        )
+
+    async def _wait_approval(self, job: Job, reason: str) -> None:
+        async for _ in self.svc.executor.wait_for_final(job, False, reason):
+            pass
+
+    def _stream(self, job: Job, held: float | None, approval: str) -> Response:
+        pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
+        executor = self.svc.executor
+
+        async def pump() -> None:
+            try:
+                source = (
+                    executor.wait_for_final(job, True, approval)
+                    if approval
+                    else executor.run(job, deliver=True, held_slot=held)
+                )
+                async for piece in source:
+                    pieces.put_nowait(piece)
+            finally:
+                pieces.put_nowait(None)
+
+        job.task = asyncio.create_task(pump(), name=f"stream-{job.id}")
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                while (piece := await pieces.get()) is not None:
+                    yield piece
+            finally:
+                if job.task is not None and not job.task.done():
+                    job.task.cancel()  # the client went away mid-stream
+                self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
+
+        return StreamingResponse(
+            body(), media_type="text/event-stream", headers={**SSE_HEADERS, **job_headers(job, False)}
+        )
+
+    async def models(self, request: Request) -> Response:
+        model = {
+            "id": self.svc.model_id,
+            "object": "model",
+            "created": int(self.svc.started_at),
+            "owned_by": "failsoft",
+            "failsoft": {"path": str(self.svc.model_path), "caps": self.svc.caps()},
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
+    # ------------------------------------------------------------------------------ background jobs
+    async def create_job(self, request: Request) -> Response:
+        try:
+            raw = await read_body(request, self.max_body)
+            body = parse_json_object(raw)
+            kind: Kind = "completion" if "prompt" in body and "messages" not in body else "chat"
+            parsed = parse_request(kind, raw)
+            check_model(parsed, self.svc.model_names)
+            job = self._new_job(request, parsed, background=True, deadline=BACKGROUND_DEADLINE)
+            decision = await self._route(job, BACKGROUND_DEADLINE)
+            if decision.refused:
+                raise self._refusal(job, decision)
+        except ApiError as error:
+            return error_response(error)
+        if decision.action == "approval":
+            self.svc.executor.request_approval(job, decision)
+        else:
+            job.route = decision.action
+            self.svc.spawn(job)
+        # Accepted work is durable before the client hears it was accepted.
+        await asyncio.to_thread(self.svc.journal.flush)
+        summary = {"object": "job", **job.summary()}
+        return JSONResponse(summary, status_code=202, headers=job_headers(job, False))
+
+    async def get_job(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        job = self.svc.registry.get(job_id)
+        await asyncio.to_thread(self.svc.journal.flush)
+        attempts = self.svc.journal.attempts(job_id)
+        if job is not None:
+            return JSONResponse({"object": "job", **job.summary(), "attempt_log": attempts})
+        stored = self.svc.journal.job(job_id)
+        if stored is None:
+            return error_response(ApiError(404, f"no job {job_id}", code="job_not_found"))
+        from tray_app.service.jobs import stored_summary
+
+        return JSONResponse({"object": "job", **stored_summary(stored, attempts)})
+
+    async def delete_job(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        job = self.svc.registry.get(job_id)
+        if job is None:
+            return error_response(ApiError(404, f"no live job {job_id}", code="job_not_found"))
+        if not job.final:
+            self.svc.registry.fail(
+                job,
+                "cancelled",
+                {"message": "cancelled by request", "code": "cancelled"},
+                "cancelled_by_request",
+            )
+            if job.task is not None and not job.task.done():
+                job.task.cancel()
+        return JSONResponse({"object": "job", **job.summary()})
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+    return error_response(ApiError(status, f"{request.method} {request.url.path}: {detail}", code=code))
+
+
+def create_app(service: Service, *, manage_lifecycle: bool = True) -> Starlette:
+    """The ASGI app. With `manage_lifecycle`, starting the app starts the service (workers and all)."""
+    router = Router(service)
+    ctl = control.Control(service)
+    routes = [
+        Route("/v1/chat/completions", router.chat, methods=["POST"]),
+        Route("/v1/completions", router.completions, methods=["POST"]),
+        Route("/v1/models", router.models, methods=["GET"]),
+        Route("/v1/jobs", router.create_job, methods=["POST"]),
+        Route("/v1/jobs/{job_id}", router.get_job, methods=["GET"]),
+        Route("/v1/jobs/{job_id}", router.delete_job, methods=["DELETE"]),
+        *ctl.routes(),
+    ]
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await service.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await service.stop()
+
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {HTTPException: not_found}
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=handlers,
+        middleware=[Middleware(AuthAndErrors, api_key=service.cfg.server.api_key)],
+    )

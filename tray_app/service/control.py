@@ -1,0 +1,262 @@
+"""The control API the tray (and drills) use: status, events, workers, approvals, config reload, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tray_app import config
+from tray_app.events import Event
+from tray_app.service.errors import ApiError
+from tray_app.service.jobs import STATES
+from tray_app.service.metrics import CONTENT_TYPE_LATEST
+from tray_app.service.service import Service
+from tray_app.sizes import parse_size
+from tray_app.supervisor.supervisor import SupervisorError
+
+KEEPALIVE_SECONDS = 15.0
+ROLES = ("gpu", "cpu")
+FAULT_KINDS = ("oom_decode", "abort", "hang", "kill")
+# Config sections a running service can take over without restarting its workers.
+LIVE_SECTIONS = ("failover",)
+LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "max_body")
+
+
+def _error(status: int, message: str, code: str, param: str | None = None) -> Response:
+    return Response(
+        ApiError(status, message, code=code, param=param).body_bytes(),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def event_frame(event: Event) -> bytes:
+    return f"event: {event.type}\ndata: {json.dumps(event.to_dict())}\n\n".encode()
+
+
+class Control:
+    def __init__(self, service: Service) -> None:
+        self.svc = service
+
+    def routes(self) -> list[Route]:
+        routes = [
+            Route("/api/status", self.status, methods=["GET"]),
+            Route("/api/events", self.events, methods=["GET"]),
+            Route("/api/workers/{role}/{action}", self.worker_action, methods=["POST"]),
+            Route("/api/jobs", self.jobs, methods=["GET"]),
+            Route("/api/jobs/approve-all", self.approve_all, methods=["POST"]),
+            Route("/api/jobs/{job_id}/{action}", self.job_action, methods=["POST"]),
+            Route("/api/config/reload", self.reload_config, methods=["POST"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ]
+        if self.svc.enable_faults:
+            # Drills only: without --enable-faults these routes do not exist at all.
+            routes += [
+                Route("/api/debug/faults", self.faults, methods=["POST"]),
+                Route("/api/debug/pressure", self.pressure, methods=["POST"]),
+            ]
+        return routes
+
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(self.svc.status())
+
+    async def metrics(self, request: Request) -> Response:
+        self.svc.status()  # refreshes the gauges that are read, not pushed
+        return Response(self.svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def events(self, request: Request) -> Response:
+        """Server-sent events from the bus; `?history=1` first replays the recent ones."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        history = request.query_params.get("history") in ("1", "true")
+
+        def listener(event: Event) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        remove = self.svc.bus.add_listener(listener)
+
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                yield b": connected\n\n"
+                if history:
+                    for event in self.svc.bus.recent():
+                        yield event_frame(event)
+                while True:
+                    try:
+                        event = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                    except TimeoutError:
+                        yield b": keepalive\n\n"
+                        continue
+                    yield event_frame(event)
+            finally:
+                remove()
+
+        return StreamingResponse(
+            frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    async def worker_action(self, request: Request) -> Response:
+        role, action = request.path_params["role"], request.path_params["action"]
+        if role not in ROLES:
+            return _error(404, f"unknown worker {role!r}; workers are gpu and cpu", "worker_not_found")
+        worker = self.svc.workers.get(role)
+        if worker is None:
+            return _error(404, f"this service has no {role} worker", "worker_not_found")
+        if action == "restart":
+            await worker.restart("restart requested")
+        elif action == "stop":
+            await worker.stop()
+        elif action == "start":
+            await worker.start()
+        else:
+            return _error(404, f"unknown action {action!r}; use restart, stop or start", "not_found")
+        return JSONResponse({"role": role, **self.svc.worker_status(role)})
+
+    async def jobs(self, request: Request) -> Response:
+        state = request.query_params.get("state")
+        if state is not None and state not in STATES:
+            return _error(
+                400, f"unknown state {state!r}; states are {', '.join(STATES)}", "invalid_state", "state"
+            )
+        jobs = [
+            {key: value for key, value in job.summary().items() if key != "result"}
+            for job in self.svc.registry.by_state(state)
+        ]
+        return JSONResponse({"object": "list", "data": jobs})
+
+    async def job_action(self, request: Request) -> Response:
+        job_id, action = request.path_params["job_id"], request.path_params["action"]
+        job = self.svc.registry.get(job_id)
+        if job is None:
+            return _error(404, f"no live job {job_id}", "job_not_found")
+        if action not in ("approve", "reject"):
+            return _error(404, f"unknown action {action!r}; use approve or reject", "not_found")
+        if job.state != "awaiting_approval":
+            return _error(409, f"job {job_id} is {job.state}, not awaiting approval", "not_awaiting_approval")
+        if action == "approve":
+            self.svc.executor.approve(job)
+        else:
+            self.svc.registry.fail(
+                job,
+                "rejected",
+                {"message": "the CPU run was rejected by the user", "code": "rejected"},
+                "rejected",
+            )
+        return JSONResponse({"object": "job", **job.summary()})
+
+    async def approve_all(self, request: Request) -> Response:
+        approved = [
+            job.id
+            for job in self.svc.registry.by_state("awaiting_approval")
+            if self.svc.executor.approve(job)
+        ]
+        return JSONResponse({"approved": approved})
+
+    async def reload_config(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            fresh = config.load(Path(self.svc.cfg.source) if self.svc.cfg.source else None)
+        except ApiError as error:
+            return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
+        except config.ConfigError as error:
+            return _error(400, str(error), "invalid_config")
+        old, new = self.svc.cfg.to_dict(), fresh.to_dict()
+        applied, needs_restart = [], []
+        for section, values in new.items():
+            for key, value in values.items():
+                if old[section][key] == value:
+                    continue
+                name = f"{section}.{key}"
+                if section in LIVE_SECTIONS or (section == "server" and key in LIVE_SERVER_KEYS):
+                    setattr(getattr(self.svc.cfg, section), key, value)
+                    applied.append(name)
+                else:
+                    needs_restart.append(name)
+        if applied:
+            self.svc.apply_live_config()
+        # Worker-level changes (model, budget, devices, address) take effect at the service's next start.
+        note = "restart the service to apply needs_restart" if needs_restart else ""
+        return JSONResponse(
+            {
+                "applied": applied,
+                "needs_restart": needs_restart,
+                "restarted": False,
+                "restart_requested": bool(body.get("restart")),
+                "note": note,
+            }
+        )
+
+    async def faults(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+        except ApiError as error:
+            return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
+        role = body.get("role", "gpu")
+        kind = body.get("kind")
+        after = body.get("after_tokens", 0)
+        if role not in ROLES or self.svc.workers.get(role) is None:
+            return _error(400, f"no {role!r} worker to arm", "invalid_role", "role")
+        if kind not in FAULT_KINDS:
+            return _error(400, f"'kind' must be one of {', '.join(FAULT_KINDS)}", "invalid_fault", "kind")
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            return _error(400, "'after_tokens' must be an integer >= 0", "invalid_fault", "after_tokens")
+        worker = self.svc.workers[role]
+        if kind == "kill":
+            pid = worker.pid
+            if pid is None:
+                return _error(409, f"the {role} worker is not running", "worker_not_running")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            return JSONResponse({"role": role, "kind": kind, "pid": pid})
+        try:
+            await worker.arm_fault(kind, after)
+        except SupervisorError as error:
+            return _error(409, str(error), "worker_not_ready")
+        return JSONResponse({"role": role, "kind": kind, "after_tokens": after, "pid": worker.pid})
+
+    async def pressure(self, request: Request) -> Response:
+        """Take simulated VRAM (`{"take": "1GiB", "label": "x"}`) or give it back (`{"release": label}`)."""
+        device = self.svc.simulated_device
+        if device is None:
+            return _error(409, "pressure needs a simulated GPU (--simulate-vram)", "not_simulated")
+        try:
+            body = await _json_body(request)
+            if "release" in body:
+                released = device.release(str(body["release"]))
+                result: dict[str, Any] = {"released": released}
+            else:
+                size = parse_size(str(body.get("take", "")))
+                device.take(str(body.get("label", "pressure")), size)
+                result = {"taken": size}
+        except ApiError as error:
+            return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
+        except MemoryError as error:
+            return _error(409, str(error), "insufficient_vram")
+        except ValueError as error:
+            return _error(400, str(error), "invalid_size", "take")
+        plan_set = self.svc.replan()
+        return JSONResponse({**result, "held": device.held(), "plan": plan_set.gpu.to_dict()})

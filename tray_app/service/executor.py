@@ -1,0 +1,484 @@
+"""Running a job: attempts on the workers, failure detection, the replay decision and its effects.
+
+`Executor.run(job)` is an async generator. For a live streamed request it yields the SSE bytes the client
+should get; otherwise it yields nothing and leaves the answer in `job.result` (or the error in `job.error`).
+Attempts are strictly sequential, so an attempt that failed has been closed before a replay starts: nothing
+from a dead attempt can reach the client, and `JobRegistry.complete` refuses a second completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tray_app.events import EventBus, FallbackCompleted, FallbackRefused, FallbackStarted, RouteDecided
+from tray_app.service import policy
+from tray_app.service.admission import QueueTimeout, SlotPool
+from tray_app.service.assemble import DONE, Assembler, chat_chunk, failsoft_chunk, result_to_stream, sse
+from tray_app.service.errors import ApiError, unavailable
+from tray_app.service.jobs import Job, JobRegistry
+from tray_app.service.relay import Relay, UpstreamError
+
+log = logging.getLogger(__name__)
+
+# Failures that say nothing about a worker's health (it was busy or not up): no unhealthy mark for them.
+NOT_WORKER_FAULTS = frozenset({"unavailable", "queue_timeout"})
+
+# Sampling fields carried over when a chat is resumed as a completion-style prompt.
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+)
+
+
+def upstream_headers(request_id: str) -> dict[str, str]:
+    """The request id travels to the worker on every attempt. Its server insists on a UUID there, so any
+    other id goes as a UUID derived from it (stable), with the original alongside."""
+    try:
+        upstream_id = str(uuid.UUID(request_id))
+    except ValueError:
+        upstream_id = str(uuid.uuid5(uuid.NAMESPACE_URL, request_id))
+    return {"X-Request-Id": upstream_id, "X-Failsoft-Request-Id": request_id}
+
+
+def retry_after_seconds(estimate: float | None) -> int:
+    """A Retry-After for a job waiting on a CPU run of `estimate` seconds (unknown: a minute)."""
+    if estimate is None or not math.isfinite(estimate):
+        return 60
+    return max(int(estimate), 1)
+
+
+class Worker(Protocol):
+    """What the executor needs of a supervisor."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def base_url(self) -> str | None: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def ensure_ready(self, timeout: float) -> bool: ...
+
+    def mark_unhealthy(self, reason: str, kind: str) -> None: ...
+
+
+@dataclass
+class ExecutorSettings:
+    policy: policy.Settings
+    stall_seconds: float  # no chunk for this long: the worker is hung
+    queue_timeout: float
+    cpu_tokens_per_second: float  # fixed estimate from the config; 0: measured
+    worker_ready_wait: float = 30.0
+    model_id: str = ""  # the name clients know the model by (workers report their file path instead)
+
+
+@dataclass
+class Progress:
+    """What one job produced so far, across attempts."""
+
+    assembler: Assembler
+    delivered_text: str = ""  # streamed: text that reached the client
+    delivered_tokens: int = 0
+    tool_call_delivered: bool = False
+    role_sent: bool = False
+    worker_pid: int | None = None  # the process the current attempt talks to
+    chunk_id: str = ""
+    created: int = 0
+    model: str = ""
+
+    def reset_undelivered(self, kind: str) -> None:
+        """A non-streamed replay starts from nothing: the failed attempt's output never left the router."""
+        self.assembler = Assembler(kind)
+
+
+@dataclass
+class CpuSpeed:
+    """Measured CPU generation speed (tokens per second), a moving average over successful CPU attempts."""
+
+    tokens_per_second: float = 0.0
+    samples: int = 0
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if tokens < 4 or seconds <= 0:
+            return
+        measured = tokens / seconds
+        self.samples += 1
+        weight = 1.0 if self.samples == 1 else 0.3
+        self.tokens_per_second = (1 - weight) * self.tokens_per_second + weight * measured
+
+
+@dataclass
+class Approvals:
+    """Jobs approved for a CPU run, in the order they were approved."""
+
+    queue: asyncio.Queue[Job] = field(default_factory=asyncio.Queue)
+
+
+class Executor:
+    def __init__(
+        self,
+        settings: ExecutorSettings,
+        workers: Callable[[str], Worker | None],
+        slots: SlotPool,
+        relay: Relay,
+        registry: JobRegistry,
+        bus: EventBus,
+        cpu_state: Callable[[float], Any],
+        chat_prompt: Callable[[list[dict[str, Any]]], tuple[str, list[str]]],
+        on_fallback: Callable[[str], None] = lambda outcome: None,
+    ) -> None:
+        self.settings = settings
+        self.workers = workers
+        self.slots = slots
+        self.relay = relay
+        self.registry = registry
+        self.bus = bus
+        self._cpu_state = cpu_state  # async: (time_left) -> policy.CpuState
+        self._chat_prompt = chat_prompt
+        self._on_fallback = on_fallback
+        self.cpu_speed = CpuSpeed()
+        self.approvals = Approvals()
+        self.shutting_down = False
+
+    # ------------------------------------------------------------------------------------------- run
+    async def run(
+        self, job: Job, *, deliver: bool, held_slot: float | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """Drive `job` to a final state (or to awaiting approval). `deliver`: a client reads the stream."""
+        progress = Progress(Assembler(job.kind))
+        role = job.route
+        resume = False
+        slot = held_slot
+        fallback_started_at: float | None = None
+        try:
+            while True:
+                try:
+                    async with aclosing(self._attempt(job, role, progress, resume, slot, deliver)) as pieces:
+                        async for piece in pieces:
+                            yield piece
+                except UpstreamError as failure:
+                    slot = None
+                    if failure.client_error or role == "cpu":
+                        for piece in self._fail_upstream(job, failure, deliver):
+                            yield piece
+                        return
+                    decision = await self._decide_after_failure(job, failure, progress, deliver)
+                    if decision.action == "gpu":
+                        continue  # the GPU worker came back while the CPU was not an option
+                    if decision.action == "cpu":
+                        role, resume = "cpu", decision.resume
+                        job.route = "cpu"
+                        job.fallback_reason = failure.kind
+                        fallback_started_at = time.monotonic()
+                        self._on_fallback("started")
+                        self.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
+                        if not deliver:
+                            progress.reset_undelivered(job.kind)
+                        continue
+                    job.fallback_reason = job.fallback_reason or failure.kind
+                    if decision.action == "approval":
+                        self.request_approval(job, decision)
+                        async with aclosing(self.wait_for_final(job, deliver, decision.reason)) as waiting:
+                            async for piece in waiting:
+                                yield piece
+                        return
+                    for piece in self._refuse(job, decision, deliver):
+                        yield piece
+                    return
+                slot = None
+                result = progress.assembler.result(job.prompt_tokens, {})
+                result["failsoft"] = job.failsoft()
+                if self.settings.model_id:
+                    result["model"] = self.settings.model_id
+                if self.registry.complete(job, result):
+                    if fallback_started_at is not None:
+                        self._on_fallback("completed")
+                        seconds = time.monotonic() - fallback_started_at
+                        self.bus.publish(
+                            FallbackCompleted(
+                                job_id=job.id, reason=job.fallback_reason or "", seconds=seconds
+                            )
+                        )
+                    if deliver:
+                        yield sse(
+                            failsoft_chunk(
+                                job.kind, progress.chunk_id, progress.created, progress.model, job.failsoft()
+                            )
+                        )
+                        yield DONE
+                return
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away (or stopped reading). A job waiting for approval stays in the user's
+            # hands; at shutdown, unfinished jobs stay unfinished in the journal and resume at the next start.
+            if job.state != "awaiting_approval" and not self.shutting_down:
+                self.registry.fail(
+                    job,
+                    "cancelled",
+                    {"message": "the client went away", "code": "cancelled"},
+                    "client_disconnected",
+                )
+            raise
+
+    async def drain(self, job: Job, held_slot: float | None = None) -> None:
+        """Run a job nobody streams (non-streamed requests, background jobs, approved CPU runs)."""
+        async for _ in self.run(job, deliver=False, held_slot=held_slot):
+            pass
+
+    # --------------------------------------------------------------------------------------- attempts
+    async def _attempt(
+        self, job: Job, role: str, progress: Progress, resume: bool, slot: float | None, deliver: bool
+    ) -> AsyncGenerator[bytes, None]:
+        if slot is None:
+            wait = min(self.settings.queue_timeout, max(job.time_left(), 1.0))
+            try:
+                slot = await self.slots.acquire(role, job.id, wait, accepted=True)
+            except QueueTimeout as timeout:
+                raise UpstreamError("queue_timeout", f"no free {role} slot: {timeout}") from None
+        number = 0
+        started = time.monotonic()
+        try:
+            worker = await self._ready_worker(job, role)
+            progress.worker_pid = worker.pid
+            number = self.registry.start_attempt(job, role)
+            url, body = self._upstream(job, worker, progress, resume)
+            first_timeout = self.settings.stall_seconds + job.prompt_tokens / 100
+            convert = resume and job.kind == "chat"
+            stream = self.relay.stream(
+                url, body, upstream_headers(job.request_id), first_timeout, self.settings.stall_seconds
+            )
+            async with aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    if job.final:
+                        return  # cancelled meanwhile: whatever this attempt still says is dropped
+                    obj = self._resumed_chat_chunk(progress, chunk.obj) if convert else chunk.obj
+                    progress.assembler.feed(obj)
+                    if deliver:
+                        out = self._deliverable(progress, obj, chunk.raw if not convert else None)
+                        if out is not None:
+                            yield out
+            self.registry.end_attempt(job, number, "completed")
+            if role == "cpu":
+                self.cpu_speed.record(progress.assembler.tokens, time.monotonic() - started)
+        except UpstreamError as failure:
+            if number:
+                self.registry.end_attempt(job, number, "failed", f"{failure.kind}: {failure.message}")
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            if number:
+                self.registry.end_attempt(job, number, "cancelled")
+            raise
+        finally:
+            self.slots.release(role, slot)
+
+    async def _ready_worker(self, job: Job, role: str) -> Worker:
+        worker = self.workers(role)
+        if worker is None:
+            raise UpstreamError("unavailable", f"there is no {role} worker")
+        if worker.state == "ready" and worker.base_url:
+            return worker
+        if role == "gpu":
+            # Not waiting here: a GPU that is restarting is a failure the policy answers (often: the CPU).
+            raise UpstreamError("unavailable", f"the GPU worker is {worker.state}")
+        wait = min(self.settings.worker_ready_wait, max(job.time_left(), 1.0))
+        if await worker.ensure_ready(wait) and worker.base_url:
+            return worker
+        raise UpstreamError("unavailable", f"the {role} worker is {worker.state}")
+
+    def _upstream(self, job: Job, worker: Worker, progress: Progress, resume: bool) -> tuple[str, bytes]:
+        base = worker.base_url or ""
+        if not resume:
+            path = "/v1/chat/completions" if job.kind == "chat" else "/v1/completions"
+            return base + path, job.upstream_body()
+        remaining = max(job.max_tokens - progress.delivered_tokens, 1)
+        if job.kind == "chat":
+            prompt, stops = self._chat_prompt(job.body["messages"])
+            user_stop = job.body.get("stop")
+            stops = stops + ([user_stop] if isinstance(user_stop, str) else list(user_stop or []))
+            body: dict[str, Any] = {name: job.body[name] for name in _SAMPLING_FIELDS if name in job.body}
+            body.update(
+                prompt=prompt + progress.delivered_text, max_tokens=remaining, stream=True, stop=stops
+            )
+        else:
+            body = dict(job.body)
+            prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
+            body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining, stream=True)
+        return base + "/v1/completions", json.dumps(body).encode()
+
+    @staticmethod
+    def _resumed_chat_chunk(progress: Progress, obj: dict[str, Any]) -> dict[str, Any]:
+        """A completion chunk of a resumed chat, shaped as the chat chunk the client's stream expects."""
+        choice = (obj.get("choices") or [{}])[0]
+        text = choice.get("text") or ""
+        delta = {"content": text} if text else {}
+        return chat_chunk(
+            progress.chunk_id, progress.created, progress.model, delta, choice.get("finish_reason")
+        )
+
+    @staticmethod
+    def _deliverable(progress: Progress, obj: dict[str, Any], raw: str | None) -> bytes | None:
+        """The bytes to send for this chunk, recording what the client now has; None to skip it (a second
+        role announcement after a replay)."""
+        if not progress.chunk_id:
+            progress.chunk_id = str(obj.get("id", ""))
+            progress.created = int(obj.get("created") or time.time())
+            progress.model = str(obj.get("model", ""))
+        has_effect = False
+        for choice in obj.get("choices") or []:
+            delta = choice.get("delta")
+            text = choice.get("text") if delta is None else delta.get("content")
+            if text:
+                progress.delivered_text += text
+                progress.delivered_tokens += 1
+                has_effect = True
+            if delta and delta.get("tool_calls"):
+                progress.tool_call_delivered = True
+                has_effect = True
+            if choice.get("finish_reason"):
+                has_effect = True
+            if delta and delta.get("role") and not progress.role_sent:
+                progress.role_sent = True
+                has_effect = True
+        if not has_effect:
+            return None
+        return sse(raw if raw is not None else obj)
+
+    # --------------------------------------------------------------------------------------- failures
+    async def _decide_after_failure(
+        self, job: Job, failure: UpstreamError, progress: Progress, deliver: bool
+    ) -> policy.Decision:
+        gpu = self.workers("gpu")
+        if gpu is not None and failure.kind not in NOT_WORKER_FAULTS:
+            self._report(gpu, progress.worker_pid, failure)
+        context = policy.FailureContext(
+            streaming=deliver,
+            content_delivered=bool(progress.delivered_text),
+            tool_call_delivered=progress.tool_call_delivered,
+            prompt_tokens=job.prompt_tokens,
+            remaining_tokens=max(job.max_tokens - progress.delivered_tokens, 1),
+            time_left=job.time_left(),
+        )
+        cpu = await self._cpu_state(job.time_left())
+        decision = policy.decide_replay(context, cpu, self.settings.policy)
+        if (
+            decision.action != "cpu"
+            and failure.kind in NOT_WORKER_FAULTS
+            and gpu is not None
+            and not progress.delivered_text
+            and await gpu.ensure_ready(min(self.settings.worker_ready_wait, max(job.time_left(), 0.0)))
+        ):
+            return policy.Decision("gpu", "")
+        route = {"cpu": "cpu", "approval": "approval"}.get(decision.action, "refused")
+        self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason or failure.kind))
+        return decision
+
+    def request_approval(self, job: Job, decision: policy.Decision) -> None:
+        job.route = "cpu"
+        self.registry.await_approval(job, decision.estimated_seconds, decision.reason)
+
+    def approve(self, job: Job) -> bool:
+        if job.state != "awaiting_approval":
+            return False
+        self.registry.set_state(job, "queued", "approved")
+        self.approvals.queue.put_nowait(job)
+        return True
+
+    async def run_approved(self) -> None:
+        """Runs approved jobs on the CPU one after another, storing their answers (the approval runner)."""
+        while True:
+            job = await self.approvals.queue.get()
+            if job.final:
+                continue
+            job.route = "cpu"
+            job.deadline = time.monotonic() + 24 * 3600  # approved: the user accepted the wait
+            try:
+                await self.drain(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one broken job must not stop the runner; it is failed with the reason
+                log.exception("approved job %s failed", job.id)
+                self.registry.fail(job, "failed", {"message": "internal error", "code": "internal_error"})
+
+    async def wait_for_final(self, job: Job, deliver: bool, reason: str) -> AsyncGenerator[bytes, None]:
+        """A client waits (up to its deadline) for a job that someone else now runs (approval)."""
+        try:
+            await asyncio.wait_for(job.finished.wait(), max(job.time_left(), 0.0))
+        except TimeoutError:
+            error = unavailable(
+                f"job {job.id} is waiting for approval to run on the CPU; "
+                f"collect it later from /v1/jobs/{job.id}",
+                reason,
+                retry_after=retry_after_seconds(job.estimated_seconds),
+                job_id=job.id,
+                reason=reason,
+            )
+            job.error = error.body()["error"]
+            if deliver:
+                yield sse(error.body())
+                yield DONE
+            return
+        if deliver:
+            if job.result is not None:
+                for piece in result_to_stream(job.kind, job.result):
+                    yield piece
+            else:
+                yield sse({"error": job.error or {"message": "the job ended without an answer"}})
+                yield DONE
+
+    def _refuse(self, job: Job, decision: policy.Decision, deliver: bool) -> list[bytes]:
+        self._on_fallback("refused")
+        self.bus.publish(FallbackRefused(job_id=job.id, reason=decision.reason, detail=decision.detail))
+        error = unavailable(
+            f"the GPU attempt failed and the job cannot continue on the CPU: {decision.reason}"
+            + (f" ({decision.detail})" if decision.detail else ""),
+            decision.reason,
+            retry_after=5,
+            job_id=job.id,
+            reason=decision.reason,
+        )
+        self.registry.fail(job, "failed", error.body()["error"], decision.reason)
+        return [sse(error.body()), DONE] if deliver else []
+
+    @staticmethod
+    def _report(worker: Worker, attempt_pid: int | None, failure: UpstreamError) -> None:
+        """Tell the supervisor what the attempt saw, unless it already acted: a worker it killed (hung) or
+        replaced since must not be failed again on old news."""
+        if worker.state != "ready" or (attempt_pid is not None and worker.pid != attempt_pid):
+            return
+        worker.mark_unhealthy(failure.message, failure.kind)
+
+    def _fail_upstream(self, job: Job, failure: UpstreamError, deliver: bool) -> list[bytes]:
+        if failure.client_error:
+            message = failure.message
+            code = (
+                (failure.body or {}).get("error", {}).get("code") if isinstance(failure.body, dict) else None
+            )
+            error = ApiError(400, message, code=code if isinstance(code, str) else "invalid_request")
+        else:
+            cpu = self.workers("cpu")
+            if cpu is not None and failure.kind not in NOT_WORKER_FAULTS:
+                self._report(cpu, None, failure)
+            reason = {"unavailable": policy.NO_CPU_WORKER, "queue_timeout": "queue_timeout"}.get(
+                failure.kind, "cpu_attempt_failed"
+            )
+            error = unavailable(
+                f"the CPU attempt failed: {failure.message}", reason, 5, job_id=job.id, reason=reason
+            )
+        self.registry.fail(job, "failed", {**error.body()["error"], "status": error.status}, error.code)
+        return [sse(error.body()), DONE] if deliver else []

@@ -1,0 +1,242 @@
+"""Jobs: the identity and lifecycle of every accepted request. A job reaches a final state exactly once;
+every change is journaled and published as an event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tray_app.events import ApprovalNeeded, EventBus, JobStateChanged
+from tray_app.service.journal import Journal, StoredJob
+
+FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
+STATES = ("queued", "running", "awaiting_approval", *sorted(FINAL_STATES))
+KEEP_FINISHED = 2000  # finished jobs kept in memory; older ones are read from the journal
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class Job:
+    id: str
+    request_id: str
+    kind: str  # chat | completion
+    body: dict[str, Any]  # as sent upstream: seed pinned
+    stream: bool
+    background: bool
+    body_hash: str
+    idempotency_key: str | None
+    prompt_tokens: int
+    max_tokens: int
+    deadline: float  # monotonic time the client stops waiting
+    created_at: float = field(default_factory=time.time)
+    state: str = "queued"
+    route: str = "gpu"
+    worker: str | None = None
+    attempts: int = 0
+    fallback_reason: str | None = None
+    error: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    estimated_seconds: float | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[Any] | None = None
+    _upstream: bytes | None = None
+
+    def upstream_body(self) -> bytes:
+        """The body every attempt sends: always streamed (see relay), seed already pinned; encoded once."""
+        if self._upstream is None:
+            body = {key: value for key, value in self.body.items() if key != "stream_options"}
+            body["stream"] = True
+            self._upstream = json.dumps(body).encode()
+        return self._upstream
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def failsoft(self) -> dict[str, Any]:
+        return {
+            "job_id": self.id,
+            "worker": self.worker,
+            "attempts": self.attempts,
+            "fallback_reason": self.fallback_reason,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The job as /v1/jobs/{id} and /api/jobs show it."""
+        messages = self.body.get("messages") or []
+        last = (
+            messages[-1].get("content")
+            if messages and isinstance(messages[-1], dict)
+            else self.body.get("prompt")
+        )
+        return {
+            "id": self.id,
+            "request_id": self.request_id,
+            "kind": self.kind,
+            "state": self.state,
+            "route": self.route,
+            "worker": self.worker,
+            "attempts": self.attempts,
+            "fallback_reason": self.fallback_reason,
+            "estimated_seconds": self.estimated_seconds,
+            "created_at": self.created_at,
+            "background": self.background,
+            "seed": self.body.get("seed"),
+            "preview": str(last or "")[:200],
+            "error": self.error,
+            "result": self.result,
+        }
+
+
+def stored_summary(stored: StoredJob, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": stored.id,
+        "request_id": stored.request_id,
+        "kind": stored.kind,
+        "state": stored.state,
+        "worker": stored.worker,
+        "attempts": stored.attempts,
+        "attempt_log": attempts,
+        "fallback_reason": stored.fallback_reason,
+        "estimated_seconds": stored.estimated_seconds,
+        "created_at": stored.created_at,
+        "background": stored.background,
+        "error": {"message": stored.error} if stored.error else None,
+        "result": stored.result,
+    }
+
+
+class JobRegistry:
+    """The live jobs, their journal rows and their events; the only place a job's state changes."""
+
+    def __init__(self, journal: Journal, bus: EventBus) -> None:
+        self.journal = journal
+        self.bus = bus
+        self._live: dict[str, Job] = {}
+        self._finished: OrderedDict[str, Job] = OrderedDict()
+        self.counters: dict[str, int] = {state: 0 for state in FINAL_STATES}
+        self.counters["accepted"] = 0
+
+    def add(self, job: Job, *, journaled: bool = False) -> None:
+        self._live[job.id] = job
+        self.counters["accepted"] += 1
+        if not journaled:
+            self.journal.add_job(
+                {
+                    "id": job.id,
+                    "request_id": job.request_id,
+                    "idempotency_key": job.idempotency_key,
+                    "body_hash": job.body_hash,
+                    "kind": job.kind,
+                    "stream": int(job.stream),
+                    "background": int(job.background),
+                    "body": job.body,
+                    "route": job.route,
+                    "state": job.state,
+                    "attempts": 0,
+                    "created_at": job.created_at,
+                    "updated_at": job.created_at,
+                    "seed": job.body.get("seed"),
+                }
+            )
+        self.bus.publish(JobStateChanged(job_id=job.id, state=job.state))
+
+    def get(self, job_id: str) -> Job | None:
+        return self._live.get(job_id) or self._finished.get(job_id)
+
+    def live(self) -> list[Job]:
+        return list(self._live.values())
+
+    def by_state(self, state: str | None) -> list[Job]:
+        jobs = [*self._live.values(), *self._finished.values()]
+        return [job for job in jobs if state is None or job.state == state]
+
+    def set_state(self, job: Job, state: str, reason: str | None = None) -> None:
+        if job.final or job.state == state:
+            return
+        job.state = state
+        self.journal.update_job(job.id, state=state, route=job.route)
+        self.bus.publish(JobStateChanged(job_id=job.id, state=state, worker=job.worker, reason=reason))
+
+    def start_attempt(self, job: Job, worker: str) -> int:
+        job.attempts += 1
+        job.worker = worker
+        self.journal.start_attempt(job.id, job.attempts, worker, time.time())
+        self.journal.update_job(job.id, attempts=job.attempts, worker=worker, state="running")
+        if job.state != "running":
+            job.state = "running"
+            self.bus.publish(JobStateChanged(job_id=job.id, state="running", worker=worker))
+        return job.attempts
+
+    def end_attempt(self, job: Job, number: int, outcome: str, error: str | None = None) -> None:
+        self.journal.end_attempt(job.id, number, outcome, error)
+
+    def await_approval(self, job: Job, estimated_seconds: float, reason: str) -> None:
+        # An unknown CPU speed gives an infinite estimate: stored as unknown (None; -1 in the event).
+        known = math.isfinite(estimated_seconds)
+        job.estimated_seconds = estimated_seconds if known else None
+        job.fallback_reason = job.fallback_reason or reason
+        self.journal.update_job(
+            job.id, estimated_seconds=job.estimated_seconds, fallback_reason=job.fallback_reason
+        )
+        self.set_state(job, "awaiting_approval", reason)
+        preview = self.summary_preview(job)
+        event_estimate = estimated_seconds if known else -1.0
+        self.bus.publish(ApprovalNeeded(job_id=job.id, estimated_seconds=event_estimate, preview=preview))
+
+    @staticmethod
+    def summary_preview(job: Job) -> str:
+        return str(job.summary()["preview"])
+
+    def complete(self, job: Job, result: dict[str, Any]) -> bool:
+        """Store the answer; False (nothing changes) if the job already ended: a late answer is dropped."""
+        if job.final:
+            return False
+        job.result = result
+        self._finish(job, "completed", result=result)
+        return True
+
+    def fail(self, job: Job, state: str, error: dict[str, Any], reason: str | None = None) -> bool:
+        if job.final:
+            return False
+        job.error = error
+        self._finish(job, state, error=str(error.get("message", "")), reason=reason)
+        return True
+
+    def _finish(
+        self,
+        job: Job,
+        state: str,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        job.state = state
+        self.counters[state] += 1
+        self.journal.update_job(
+            job.id,
+            state=state,
+            worker=job.worker,
+            attempts=job.attempts,
+            fallback_reason=job.fallback_reason,
+            error=error,
+            result=result,
+        )
+        self._live.pop(job.id, None)
+        self._finished[job.id] = job
+        while len(self._finished) > KEEP_FINISHED:
+            self._finished.popitem(last=False)
+        job.finished.set()
+        self.bus.publish(JobStateChanged(job_id=job.id, state=state, worker=job.worker, reason=reason))

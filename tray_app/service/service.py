@@ -1,0 +1,285 @@
+"""Wiring: config -> plans -> worker supervisors -> router parts. `Service` owns them all for one run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import psutil
+
+from tray_app import __version__, paths
+from tray_app.budget import PlanSet, plan_from_config
+from tray_app.config import Config
+from tray_app.device import SimulatedDevice, probe_gpu
+from tray_app.events import BudgetUpdated, EventBus, QueueChanged
+from tray_app.service import policy
+from tray_app.service.admission import SlotPool, TokenCounter
+from tray_app.service.executor import Executor, ExecutorSettings, Worker
+from tray_app.service.jobs import Job, JobRegistry
+from tray_app.service.journal import Journal
+from tray_app.service.metrics import Metrics
+from tray_app.service.relay import Relay
+
+log = logging.getLogger(__name__)
+JOURNAL_FILE = "journal.sqlite3"
+BACKGROUND_DEADLINE = 24 * 3600.0
+
+
+class Service:
+    """The whole service for one run: build with a config, `await start()`, serve `app`, `await stop()`."""
+
+    def __init__(self, cfg: Config, *, enable_faults: bool = False, bus: EventBus | None = None) -> None:
+        self.cfg = cfg
+        self.enable_faults = enable_faults
+        self.bus = bus or EventBus()
+        self.device = probe_gpu(cfg.device)
+        self.plan_set: PlanSet = plan_from_config(cfg, gpu=self.device)
+        self.model_path = cfg.model_path()
+        self.model_id = self.model_path.name
+        self.model_names = {self.model_id, self.model_path.stem, str(self.model_path), "default"}
+        self.metrics = Metrics()
+        self.bus.add_listener(self.metrics.on_event)
+        self.workers: dict[str, Any] = {}
+        self.started_at = time.time()
+        self.tokens = TokenCounter(self.model_path)
+        self.relay = Relay()
+        self.journal = Journal(paths.data_dir() / JOURNAL_FILE)
+        self.registry = JobRegistry(self.journal, self.bus)
+        self.slots = SlotPool(self._capacities(), cfg.server.queue_max, self._queue_changed)
+        self.executor = Executor(
+            self._executor_settings(),
+            self.worker,
+            self.slots,
+            self.relay,
+            self.registry,
+            self.bus,
+            self.cpu_state,
+            self.tokens.chat_prompt,
+            lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
+        )
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._speed_task: asyncio.Task[None] | None = None
+        self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs of this run
+
+    # ------------------------------------------------------------------------------------ set-up
+    def _capacities(self) -> dict[str, int]:
+        return {"gpu": max(self.plan_set.gpu.n_parallel, 1), "cpu": max(self.plan_set.cpu.n_parallel, 1)}
+
+    def _executor_settings(self) -> ExecutorSettings:
+        failover = self.cfg.failover
+        sup = self.cfg.supervisor
+        return ExecutorSettings(
+            policy=policy.Settings(
+                fallback=failover.fallback,
+                stream_after_content=failover.stream_after_content,
+                auto_approve_seconds=failover.auto_approve_seconds,
+            ),
+            # A backstop only: the supervisor's health probe finds a hung worker first and kills it, which
+            # ends the stream at once. Generous, because a busy machine can be slow to the first token.
+            stall_seconds=max(3 * (sup.health_interval + sup.health_timeout), 30.0),
+            queue_timeout=self.cfg.server.queue_timeout,
+            cpu_tokens_per_second=failover.cpu_tokens_per_second,
+            worker_ready_wait=sup.start_timeout,
+            model_id=self.model_path.name,
+        )
+
+    def _queue_changed(self, depth: int) -> None:
+        self.metrics.queue_depth.set(depth)
+        self.bus.publish(QueueChanged(depth=depth, limit=self.cfg.server.queue_max))
+
+    def apply_live_config(self) -> None:
+        """Take over config values that need no worker restart (after /api/config/reload)."""
+        self.executor.settings = self._executor_settings()
+        self.slots.queue_limit = self.cfg.server.queue_max
+
+    def worker(self, role: str) -> Worker | None:
+        worker: Worker | None = self.workers.get(role)
+        return worker
+
+    async def start(self) -> None:
+        from tray_app.supervisor.profile import profiles_from_plans
+        from tray_app.supervisor.supervisor import WorkerSupervisor
+
+        profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
+        for role in ("gpu", "cpu"):
+            profile = getattr(profiles, role)
+            if profile is not None:
+                self.workers[role] = WorkerSupervisor(profile, self.bus, self.cfg.supervisor)
+        self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
+        for worker in self.workers.values():
+            if worker.profile.warm:
+                # Not awaited: the API answers (status "starting") while the workers load.
+                self._tasks.append(asyncio.create_task(worker.start(), name=f"start-{worker.role}"))
+        self._tasks.append(asyncio.create_task(self.executor.run_approved(), name="approved-jobs"))
+        self._speed_task = asyncio.create_task(self._measure_cpu_speed(), name="cpu-speed")
+        self._tasks.append(self._speed_task)
+        self.resume_unfinished()
+
+    async def stop(self) -> None:
+        self.executor.shutting_down = True
+        for job in self.registry.live():
+            if job.task is not None:
+                job.task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        pending = [*self._tasks, *(job.task for job in self.registry.live() if job.task)]
+        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*(worker.aclose() for worker in self.workers.values()), return_exceptions=True)
+        await self.relay.aclose()
+        self.journal.flush()
+        self.journal.close()
+
+    # --------------------------------------------------------------------------------- jobs
+    def spawn(self, job: Job, held_slot: float | None = None) -> None:
+        """Run a job that no client streams, as its own task."""
+        job.task = asyncio.create_task(self.executor.drain(job, held_slot), name=f"job-{job.id}")
+
+    def resume_unfinished(self) -> None:
+        """Jobs the journal holds as unfinished were accepted by an earlier run: carry them through now."""
+        for stored in self.journal.unfinished():
+            job = Job(
+                id=stored.id,
+                request_id=stored.request_id,
+                kind=stored.kind,
+                body=stored.body,
+                stream=stored.stream,
+                background=True,
+                body_hash=stored.body_hash,
+                idempotency_key=stored.idempotency_key,
+                prompt_tokens=self.count_prompt(stored.kind, stored.body),
+                max_tokens=int(
+                    stored.body.get("max_tokens") or stored.body.get("max_completion_tokens") or 256
+                ),
+                deadline=time.monotonic() + BACKGROUND_DEADLINE,
+                created_at=stored.created_at,
+                state=stored.state,
+                attempts=stored.attempts,
+                estimated_seconds=stored.estimated_seconds,
+                fallback_reason=stored.fallback_reason,
+            )
+            self.registry.add(job, journaled=True)
+            if stored.idempotency_key:
+                self.keys[stored.idempotency_key] = job.id
+            if job.state == "awaiting_approval":
+                continue  # still the user's call
+            if job.stream and job.state == "running":
+                # Its client's stream ended with the old process; part of it may have been delivered.
+                self.registry.fail(
+                    job, "failed", {"message": "the service restarted during the stream"}, "service_restarted"
+                )
+                continue
+            job.route = "gpu"
+            self.spawn(job)
+
+    def count_prompt(self, kind: str, body: dict[str, Any]) -> int:
+        return self.tokens.count_chat(body) if kind == "chat" else self.tokens.count_completion(body)
+
+    # ----------------------------------------------------------------------------- policy inputs
+    def cpu_tokens_per_second(self) -> float:
+        fixed = self.cfg.failover.cpu_tokens_per_second
+        return fixed if fixed > 0 else self.executor.cpu_speed.tokens_per_second
+
+    async def cpu_state(self, time_left: float) -> policy.CpuState:
+        worker = self.workers.get("cpu")
+        plan = self.plan_set.cpu
+        if worker is None:
+            return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq)
+        ready = worker.state == "ready"
+        speed = self._speed_task
+        if self.cpu_tokens_per_second() <= 0 and speed is not None and not speed.done():
+            # The first measurement is still running (just after start): its answer beats no answer.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(speed), min(max(time_left, 0.0), 15.0))
+        if not ready and worker.state in ("starting", "restarting", "unhealthy"):
+            ready = await worker.ensure_ready(min(max(time_left, 0.0), 10.0))
+        ram_ok = (
+            ready
+            or psutil.virtual_memory().available >= plan.weights_bytes + plan.kv_bytes + plan.compute_bytes
+        )
+        if not ready and ram_ok and worker.state == "stopped":
+            ready = await worker.ensure_ready(min(max(time_left, 0.0), self.cfg.supervisor.start_timeout))
+        return policy.CpuState(True, ready, ram_ok, self.cpu_tokens_per_second(), plan.n_ctx_per_seq)
+
+    async def _measure_cpu_speed(self) -> None:
+        """One short generation on the CPU worker once ready: the first speed estimate for the policy."""
+        worker = self.workers.get("cpu")
+        if worker is None or self.cfg.failover.cpu_tokens_per_second > 0:
+            return
+        if not await worker.ensure_ready(self.cfg.supervisor.start_timeout) or not worker.base_url:
+            return
+        body = b'{"prompt": "Count: 1, 2, 3,", "max_tokens": 24, "temperature": 0, "stream": true}'
+        started = time.monotonic()
+        tokens = 0
+        try:
+            async for _ in self.relay.stream(worker.base_url + "/v1/completions", body, {}, 30.0, 30.0):
+                tokens += 1
+        except Exception as error:  # measuring is best effort: the estimate stays unknown (infinitely slow)
+            log.warning("could not measure the CPU worker's speed: %s", error)
+            return
+        self.executor.cpu_speed.record(tokens, time.monotonic() - started)
+
+    # -------------------------------------------------------------------------------- status
+    def caps(self) -> dict[str, int]:
+        gpu, cpu = self.plan_set.gpu, self.plan_set.cpu
+        return {
+            "n_ctx": gpu.n_ctx,
+            "n_ctx_per_seq": gpu.n_ctx_per_seq,
+            "n_parallel": gpu.n_parallel,
+            "cpu_n_ctx": cpu.n_ctx,
+        }
+
+    def worker_status(self, role: str) -> dict[str, Any]:
+        worker = self.workers.get(role)
+        if worker is None:
+            return {
+                "state": "absent",
+                "pid": None,
+                "rss_bytes": None,
+                "cpu_percent": None,
+                "restarts": 0,
+                "last_failure": None,
+            }
+        status: dict[str, Any] = worker.status()
+        status["in_flight"] = self.slots.in_flight(role)
+        status["slots"] = self.slots.capacity(role)
+        return status
+
+    def status(self) -> dict[str, Any]:
+        pending = len(self.registry.by_state("awaiting_approval"))
+        self.metrics.approvals_pending.set(pending)
+        failover = self.cfg.failover
+        return {
+            "version": __version__,
+            "simulated": self.plan_set.device.simulated,
+            "faults_enabled": self.enable_faults,
+            "model": {"id": self.model_id, "path": str(self.model_path)},
+            "device": self.plan_set.device.to_dict(),
+            "plan": self.plan_set.gpu.to_dict(),
+            "cpu_plan": self.plan_set.cpu.to_dict(),
+            "caps": self.caps(),
+            "workers": {role: self.worker_status(role) for role in ("gpu", "cpu")},
+            "queue": {"depth": self.slots.depth, "limit": self.cfg.server.queue_max},
+            "approvals": {"pending": pending},
+            "counters": dict(self.registry.counters),
+            "policy": {
+                "fallback": failover.fallback,
+                "stream_after_content": failover.stream_after_content,
+                "auto_approve_seconds": failover.auto_approve_seconds,
+                "deadline": failover.deadline,
+                "cpu_tokens_per_second": round(self.cpu_tokens_per_second(), 2),
+            },
+            "uptime_seconds": round(time.time() - self.started_at, 1),
+        }
+
+    def replan(self) -> PlanSet:
+        """Plan again against the device as it is now (e.g. after drill pressure) and tell the tray."""
+        self.plan_set = plan_from_config(self.cfg, gpu=self.device)
+        self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
+        return self.plan_set
+
+    @property
+    def simulated_device(self) -> SimulatedDevice | None:
+        return self.device if isinstance(self.device, SimulatedDevice) else None

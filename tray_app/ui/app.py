@@ -1,0 +1,140 @@
+"""`failsoft` with no subcommand: the tray, on top of an in-process service or attached to a running one.
+
+The service runs in its own thread (its own asyncio loop) and the tray talks to it over HTTP like any other
+client, so the same tray can watch a headless `failsoft serve` elsewhere (`--attach URL`). Quitting stops the
+service only when the tray started it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tray_app import config, paths
+from tray_app.cli import load_config
+
+log = logging.getLogger(__name__)
+
+# Set to a directory: the tray writes what it shows (state, tray geometry, open windows) to ui-state.json
+# there, so an automated desktop test can check the real tray without reading pixels.
+AUTOMATION_ENV = "FAILSOFT_UI_AUTOMATION"
+TRAY_WAIT_MS = 2000
+
+
+def display_problem(env: Mapping[str, str], platform: str = sys.platform) -> str | None:
+    """Why Qt could not open a window here, or None. Checked before Qt, which would abort instead."""
+    if not platform.startswith("linux") or env.get("QT_QPA_PLATFORM") or env.get("WAYLAND_DISPLAY"):
+        return None
+    display = env.get("DISPLAY", "")
+    if not display:
+        reason = "no display found (DISPLAY and WAYLAND_DISPLAY are not set)"
+    elif display.startswith(":") and not Path(f"/tmp/.X11-unix/X{display[1:].split('.')[0]}").exists():
+        reason = f"no X server answers on DISPLAY={display}"
+    else:
+        return None
+    return (
+        f"failsoft: {reason}, so the tray cannot start.\n"
+        "  On a server without a desktop, run the service alone:  failsoft serve\n"
+        "  and watch it from a desktop machine with:                failsoft --attach http://HOST:8750"
+    )
+
+
+def local_url(host: str, port: int) -> str:
+    """Where this machine reaches a service bound to `host` (a wildcard bind is reached on loopback)."""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _config_path(cfg: config.Config) -> Path:
+    return Path(cfg.source) if cfg.source else paths.config_file()
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = display_problem(os.environ)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    cfg = load_config(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The in-process service polls worker health every second: one log line per request is noise here.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "failsoft"])
+    assert isinstance(app, QApplication)
+    app.setApplicationName("Failsoft")
+    app.setDesktopFileName("failsoft")
+    app.setQuitOnLastWindowClosed(False)
+
+    if args.attach:
+        return _run_tray(app, str(args.attach).rstrip("/"), cfg, service=None)
+    from tray_app.service.thread import ServiceThread
+
+    service = ServiceThread(cfg, enable_faults=bool(args.enable_faults))
+    try:
+        return _run_tray(app, local_url(cfg.server.host, cfg.server.port), cfg, service=service)
+    finally:
+        service.stop()
+
+
+def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any) -> int:
+    """The tray at once; the in-process service (if any) starts on a worker thread meanwhile."""
+    from tray_app.ui.controller import ServiceStarter, TrayApp
+
+    automation = os.environ.get(AUTOMATION_ENV)
+    tray_app = TrayApp(
+        base_url,
+        api_key=cfg.server.api_key,
+        config_path=_config_path(cfg),
+        attached=service is None,
+        state_file=Path(automation) / "ui-state.json" if automation else None,
+    )
+    tray_app.quit_requested.connect(app.quit)
+    _quit_on_signals(app)
+    failure: list[str] = []
+    if service is not None:
+        starter = ServiceStarter(service, tray_app)
+
+        def start_failed(message: str) -> None:
+            failure.append(
+                f"failsoft: the service could not start on {cfg.server.host}:{cfg.server.port}: {message}\n"
+                "  If Failsoft already runs there, show its tray with:  "
+                f"failsoft --attach http://{cfg.server.host}:{cfg.server.port}"
+            )
+            app.exit(1)
+
+        starter.failed.connect(start_failed)
+        starter.started.connect(lambda _url: tray_app.service_started())
+        tray_app.model.starting = True
+        starter.start()
+    tray_app.start()
+    try:
+        status: int = app.exec()
+    finally:
+        tray_app.stop()
+    for message in failure:
+        print(message, file=sys.stderr)
+    return status
+
+
+def _quit_on_signals(app: Any) -> None:
+    """SIGTERM/SIGINT quit the event loop cleanly (so an in-process service is stopped)."""
+    from PySide6.QtCore import QTimer
+
+    def quit_app(_signum: int, _frame: object) -> None:
+        app.quit()
+
+    signal.signal(signal.SIGTERM, quit_app)
+    signal.signal(signal.SIGINT, quit_app)
+    # Python runs signal handlers only between bytecodes; a timer gives it the chance while Qt waits.
+    wake = QTimer(app)
+    wake.timeout.connect(lambda: None)
+    wake.start(250)

@@ -1,0 +1,437 @@
+"""The chat window: a conversation with the service, tokens shown as they stream, a stop button, and under
+each answer a badge saying who served it (GPU, CPU, or failed over, with the reason) and how fast."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from tray_app.ui.api_client import ApiCall, ChatStream, ServiceClient
+from tray_app.ui.approvals import format_duration, job_list
+from tray_app.ui.icons import app_icon
+from tray_app.ui.notifications import reason_text
+from tray_app.ui.qt_events import QtEventBridge
+
+JOB_POLL_MS = 1000
+FINAL_STATES = {"completed", "failed", "cancelled", "rejected"}
+BADGE_COLORS = {
+    "gpu": ("#2b8a3e", "#ebfbee"),
+    "cpu": ("#1864ab", "#e7f5ff"),
+    "failover": ("#a05a00", "#fff4e6"),
+    "failed": ("#c92a2a", "#fff5f5"),
+    "stopped": ("#495057", "#f1f3f5"),
+}
+
+
+@dataclass(frozen=True)
+class Badge:
+    kind: str  # gpu, cpu, failover, failed, stopped
+    text: str
+    detail: str = ""  # the long form, shown as the badge's tooltip
+
+
+# Why an answer came from the CPU, in a few words for the badge (the tooltip has the full sentence).
+SHORT_REASONS = {
+    "oom_decode": "GPU out of memory",
+    "oom_load": "GPU out of memory at load",
+    "crash_abort": "GPU worker crashed",
+    "killed": "GPU worker killed",
+    "hung": "GPU worker hung",
+    "exited": "GPU worker exited",
+    "exceeds_gpu_profile": "too large for the GPU profile",
+    "gpu_unavailable": "GPU worker unavailable",
+}
+
+
+def tokens_per_second(tokens: int, seconds: float) -> float | None:
+    if tokens < 2 or seconds <= 0:
+        return None
+    return tokens / seconds
+
+
+def answer_badge(failsoft: dict[str, Any], tokens: int, seconds: float, simulated: bool = False) -> Badge:
+    """Who served the answer: a replay after a GPU failure is "failed over", a request the GPU profile could
+    not take is "CPU" with its reason."""
+    worker = str(failsoft.get("worker") or "")
+    reason = str(failsoft.get("fallback_reason") or "")
+    attempts = int(failsoft.get("attempts") or 1)
+    rate = tokens_per_second(tokens, seconds)
+    speed = f" · {rate:.1f} tok/s" if rate is not None else ""
+    short = SHORT_REASONS.get(reason, reason)
+    detail = f"Reason: {reason_text(reason)}; attempts: {attempts}" if reason else f"Attempts: {attempts}"
+    if worker == "cpu" and attempts > 1:
+        return Badge("failover", f"Failed over to CPU: {short}{speed}", detail)
+    if worker == "cpu" and reason == "approval_required":
+        return Badge("cpu", f"CPU, approved by you{speed}", detail)
+    if worker == "cpu":
+        because = f": {short}" if reason else ""
+        return Badge("cpu", f"CPU{because}{speed}", detail)
+    if worker == "gpu":
+        retried = f" · {attempts} attempts" if attempts > 1 else ""
+        return Badge("gpu", f"GPU{' (simulated)' if simulated else ''}{retried}{speed}", detail)
+    return Badge("gpu" if worker else "stopped", f"{worker or 'Unknown worker'}{speed}", detail)
+
+
+def _completion_text(result: dict[str, Any]) -> str:
+    choices = result.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    return str((choice.get("message") or {}).get("content") or choice.get("text") or "")
+
+
+class AnswerView(QFrame):
+    """One assistant answer: its text, a progress line while it waits or runs on the CPU, and its badge."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setObjectName("answer")
+        self.text = QLabel("")
+        self.text.setWordWrap(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.text.setTextFormat(Qt.TextFormat.PlainText)
+        self.phase = QLabel("Waiting for the service…")
+        self.phase.setStyleSheet("color: #6c757d; font-style: italic;")
+        self.progress = QProgressBar()
+        self.progress.setMaximumHeight(8)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        self.badge = QLabel("")
+        self.badge.hide()
+        self.badge_kind = ""
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 10, 12, 10)
+        layout.setSpacing(6)
+        layout.addWidget(self.text)
+        layout.addWidget(self.phase)
+        layout.addWidget(self.progress)
+        badge_row = QHBoxLayout()
+        badge_row.addWidget(self.badge)
+        badge_row.addStretch(1)
+        layout.addLayout(badge_row)
+        self.setStyleSheet("#answer { background: #ffffff; border: 1px solid #dee2e6; border-radius: 10px; }")
+
+    def append(self, text: str) -> None:
+        self.text.setText(self.text.text() + text)
+
+    def set_phase(self, text: str) -> None:
+        self.phase.setText(text)
+        self.phase.setVisible(bool(text))
+
+    def set_progress(self, value: int | None, maximum: int = 100) -> None:
+        """A fraction of `maximum`, or None for "busy, no estimate"."""
+        if value is None:
+            self.progress.setRange(0, 0)
+        else:
+            self.progress.setRange(0, maximum)
+            self.progress.setValue(min(value, maximum))
+        self.progress.show()
+
+    def set_badge(self, badge: Badge) -> None:
+        foreground, background = BADGE_COLORS[badge.kind]
+        self.badge_kind = badge.kind
+        self.badge.setText(badge.text)
+        self.badge.setToolTip(badge.detail)
+        self.badge.setStyleSheet(
+            f"color: {foreground}; background: {background}; border: 1px solid {foreground};"
+            " border-radius: 8px; padding: 2px 8px; font-size: 11px; font-weight: 600;"
+        )
+        self.badge.show()
+        self.set_phase("")
+        self.progress.hide()
+
+
+class Exchange:
+    """One question and its answer while it is in flight: the stream, then (if it had to wait) the job."""
+
+    def __init__(self, window: ChatWindow, view: AnswerView, stream: ChatStream, max_tokens: int) -> None:
+        self.window = window
+        self.view = view
+        self.stream = stream
+        self.max_tokens = max_tokens
+        self.job_id = ""
+        self.on_cpu = False
+        self.estimated_seconds = 0.0
+        self.cpu_started: float | None = None
+        self.first_token_at: float | None = None
+        self.tokens = 0
+        self.done = False
+        self.poll = QTimer(view)
+        self.poll.setInterval(JOB_POLL_MS)
+        self.poll.timeout.connect(self._poll_job)
+        stream.started.connect(self._started)
+        stream.delta.connect(self._delta)
+        stream.finished.connect(self._finished)
+        stream.failed.connect(self._failed)
+        stream.stopped.connect(self._stopped)
+
+    # the stream
+    def _started(self, headers: dict[str, str]) -> None:
+        self.job_id = headers.get("x-failsoft-job", self.job_id)
+        if not self.tokens:
+            self.view.set_phase("Generating…")
+
+    def _delta(self, text: str) -> None:
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.tokens += 1
+        self.view.append(text)
+        if self.on_cpu:
+            self._show_cpu_progress()
+        else:
+            self.view.set_phase("")
+        self.window.scroll_to_end()
+
+    def _finished(self, failsoft: dict[str, Any]) -> None:
+        tokens = int(self.stream.usage.get("completion_tokens") or self.tokens)
+        seconds = time.monotonic() - self.first_token_at if self.first_token_at is not None else 0.0
+        self._end(answer_badge(failsoft, tokens, seconds, self.window.simulated))
+
+    def _failed(self, message: str, error: dict[str, Any]) -> None:
+        job_id = str(error.get("job_id") or "")
+        if job_id and error.get("code") not in ("rejected", "cancelled"):
+            # The service kept the job (waiting for approval, or a slow CPU run): follow it to the end.
+            self.job_id = job_id
+            self.view.set_phase(f"Queued as job {job_id}: {message}")
+            self.view.set_progress(None)
+            self.poll.start()
+            return
+        self._end(Badge("failed", f"Failed — {message}"))
+
+    def _stopped(self) -> None:
+        self._end(Badge("stopped", f"Stopped by you after {self.tokens} tokens"))
+
+    def stop(self) -> None:
+        if self.poll.isActive() and self.job_id:
+            self.window.client.cancel_job(self.job_id)
+            self.poll.stop()
+            self._end(Badge("stopped", f"Job {self.job_id} cancelled"))
+        else:
+            self.stream.stop()
+
+    # service events about this job
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "approval_needed":
+            self.estimated_seconds = float(event.get("estimated_seconds") or 0)
+            self.view.set_phase(
+                f"Queued for the CPU: about {format_duration(self.estimated_seconds)}. "
+                "Waiting for approval in the Approvals window."
+            )
+            self.view.set_progress(None)
+        elif kind == "fallback_started":
+            self.view.set_phase(
+                f"The GPU failed ({reason_text(str(event.get('reason') or ''))}); continuing on the CPU…"
+            )
+        elif kind == "job_state" and event.get("state") == "running" and event.get("worker") == "cpu":
+            self.on_cpu = True
+            self.cpu_started = time.monotonic()
+            self._show_cpu_progress()
+        elif kind == "job_state" and event.get("state") == "rejected":
+            self.view.set_phase("Rejected in the Approvals window.")
+
+    def _show_cpu_progress(self) -> None:
+        if self.estimated_seconds and self.cpu_started is not None:
+            elapsed = time.monotonic() - self.cpu_started
+            self.view.set_progress(int(100 * elapsed / self.estimated_seconds))
+            left = max(self.estimated_seconds - elapsed, 0)
+            self.view.set_phase(
+                f"Running on the CPU: {self.tokens} tokens, about {format_duration(left)} left"
+            )
+        else:
+            self.view.set_progress(self.tokens, self.max_tokens)
+            self.view.set_phase(f"Running on the CPU: {self.tokens} of at most {self.max_tokens} tokens")
+
+    # a job that outlived its stream
+    def _poll_job(self) -> None:
+        call = self.window.client.job(self.job_id)
+        call.succeeded.connect(self._job_answer)
+
+    def _job_answer(self, job: object) -> None:
+        if not isinstance(job, dict) or self.done:
+            return
+        state = str(job.get("state") or "")
+        if state == "running" and job.get("worker") == "cpu" and not self.on_cpu:
+            self.on_cpu = True
+            self.cpu_started = time.monotonic()
+            self.estimated_seconds = float(job.get("estimated_seconds") or 0)
+        if self.on_cpu and state == "running":
+            self._show_cpu_progress()
+        if state not in FINAL_STATES:
+            return
+        self.poll.stop()
+        result = job.get("result") or {}
+        if state == "completed":
+            self.view.append(_completion_text(result))
+            tokens = int((result.get("usage") or {}).get("completion_tokens") or 0)
+            seconds = time.monotonic() - self.cpu_started if self.cpu_started else 0.0
+            info = result.get("failsoft") or {
+                "worker": job.get("worker"),
+                "attempts": job.get("attempts"),
+                "fallback_reason": job.get("fallback_reason"),
+            }
+            self._end(answer_badge(info, tokens, seconds, self.window.simulated))
+        else:
+            message = str((job.get("error") or {}).get("message") or state)
+            self._end(Badge("failed", f"Job {state} — {message}"))
+
+    def _end(self, badge: Badge) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.poll.stop()
+        self.view.set_badge(badge)
+        self.window.exchange_ended(self, badge)
+
+
+class ChatWindow(QWidget):
+    """The conversation, an input box, Send and Stop."""
+
+    answer_finished = Signal(str)  # the badge kind
+
+    def __init__(self, client: ServiceClient, bridge: QtEventBridge) -> None:
+        super().__init__()
+        self.client = client
+        self.simulated = False
+        self.history: list[dict[str, str]] = []
+        self.current: Exchange | None = None
+        self.answers: list[AnswerView] = []
+        self.setWindowTitle("Failsoft — Chat")
+        self.setWindowIcon(app_icon())
+        self.resize(640, 620)
+
+        self.transcript = QWidget()
+        self.transcript.setObjectName("transcript")
+        self.transcript_layout = QVBoxLayout(self.transcript)
+        self.transcript_layout.setContentsMargins(14, 14, 14, 14)
+        self.transcript_layout.setSpacing(10)
+        self.transcript_layout.addStretch(1)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.transcript)
+        self.scroll.setStyleSheet("QScrollArea, #transcript { background: #f8f9fa; }")
+
+        self.input = QPlainTextEdit()
+        self.input.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
+        self.input.setMaximumHeight(90)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 32768)
+        self.max_tokens.setValue(256)
+        self.max_tokens.setPrefix("max ")
+        self.max_tokens.setSuffix(" tokens")
+        self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.send_button.clicked.connect(self.send)
+        self.stop_button.clicked.connect(self.stop)
+        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.send)
+
+        controls = QHBoxLayout()
+        controls.addWidget(self.max_tokens)
+        controls.addStretch(1)
+        controls.addWidget(self.stop_button)
+        controls.addWidget(self.send_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 10)
+        layout.setSpacing(8)
+        layout.addWidget(self.scroll, 1)
+        bottom = QVBoxLayout()
+        bottom.setContentsMargins(12, 0, 12, 0)
+        bottom.addWidget(self.input)
+        bottom.addLayout(controls)
+        layout.addLayout(bottom)
+
+        for signal in (bridge.approval_needed, bridge.fallback_started, bridge.job_state):
+            signal.connect(self._on_event)
+
+    def _add_bubble(self, widget: QWidget, mine: bool) -> None:
+        row = QHBoxLayout()
+        if mine:
+            row.addStretch(1)
+        row.addWidget(widget, 4)
+        if not mine:
+            row.addStretch(1)
+        self.transcript_layout.insertLayout(self.transcript_layout.count() - 1, row)
+
+    def send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if not text or self.current is not None:
+            return
+        self.input.clear()
+        question = QLabel(text)
+        question.setWordWrap(True)
+        question.setTextFormat(Qt.TextFormat.PlainText)
+        question.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        question.setStyleSheet("background: #3b5bdb; color: white; border-radius: 10px; padding: 9px 12px;")
+        self._add_bubble(question, mine=True)
+        answer = AnswerView()
+        self.answers.append(answer)
+        self._add_bubble(answer, mine=False)
+        self.history.append({"role": "user", "content": text})
+        stream = self.client.chat(list(self.history), self.max_tokens.value())
+        self.current = Exchange(self, answer, stream, self.max_tokens.value())
+        self.send_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        self.scroll_to_end()
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+
+    def exchange_ended(self, exchange: Exchange, badge: Badge) -> None:
+        answer = exchange.view.text.text()
+        if badge.kind in ("failed", "stopped") or not answer:
+            self.history.pop()  # the question stays on screen; the next one is not asked after a half answer
+        else:
+            self.history.append({"role": "assistant", "content": answer})
+        self.current = None
+        self.send_button.setEnabled(True)
+        self.stop_button.setEnabled(False)
+        self.scroll_to_end()
+        self.answer_finished.emit(badge.kind)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        exchange = self.current
+        if exchange is None:
+            return
+        job_id = str(event.get("job_id") or "")
+        if exchange.job_id and job_id == exchange.job_id:
+            exchange.on_event(event)
+        elif not exchange.job_id and event.get("type") == "approval_needed":
+            self._match_job_by_request(exchange, event)
+
+    def _match_job_by_request(self, exchange: Exchange, event: dict[str, Any]) -> None:
+        """A request waiting for approval has no answer headers yet: find its job by our request id."""
+        call: ApiCall = self.client.awaiting_approval()
+
+        def matched(answer: object) -> None:
+            for job in job_list(answer):
+                if job.get("request_id") == exchange.stream.request_id:
+                    exchange.job_id = str(job.get("id") or job.get("job_id") or "")
+                    if exchange.job_id == event.get("job_id"):
+                        exchange.on_event(event)
+
+        call.succeeded.connect(matched)
+
+    def scroll_to_end(self) -> None:
+        bar = self.scroll.verticalScrollBar()
+        QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))

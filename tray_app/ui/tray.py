@@ -1,0 +1,202 @@
+"""The tray icon and its menu: state at a glance, the budget bar, worker control, and the way into the
+approvals, chat and settings windows."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, QUrl, Signal
+from PySide6.QtGui import QAction, QCursor, QDesktopServices
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSystemTrayIcon, QVBoxLayout, QWidget, QWidgetAction
+
+from tray_app import paths
+from tray_app.sizes import format_size
+from tray_app.ui.api_client import ServiceClient
+from tray_app.ui.budget_bar import BudgetBar
+from tray_app.ui.icons import state_icon, state_pixmap, swatch_icon
+from tray_app.ui.notifications import Notice
+from tray_app.ui.state import caps_label, device_label, worker_state
+from tray_app.ui.status_model import StatusModel
+
+log = logging.getLogger(__name__)
+
+WORKER_COLORS = {
+    "ready": "#2f9e58",
+    "starting": "#f0a202",
+    "restarting": "#f0a202",
+    "unhealthy": "#f0a202",
+    "stopping": "#868e96",
+    "stopped": "#868e96",
+    "failed": "#d9403a",
+}
+MESSAGE_ICONS = {
+    "information": QSystemTrayIcon.MessageIcon.Information,
+    "warning": QSystemTrayIcon.MessageIcon.Warning,
+    "critical": QSystemTrayIcon.MessageIcon.Critical,
+}
+MESSAGE_MS = 8000
+
+
+def worker_line(role: str, worker: dict[str, Any]) -> str:
+    """ "GPU worker: ready · pid 4242 · 180.00 MiB"."""
+    parts = [f"{role.upper()} worker: {worker.get('state') or 'unknown'}"]
+    if worker.get("pid"):
+        parts.append(f"pid {worker['pid']}")
+    if worker.get("rss_bytes"):
+        parts.append(format_size(worker["rss_bytes"]))
+    if worker.get("restarts"):
+        parts.append(f"{worker['restarts']} restarts")
+    return " · ".join(parts)
+
+
+class WorkerMenu(QMenu):
+    """One worker's submenu: its state as the title, restart/stop/start as actions."""
+
+    def __init__(self, role: str, act: Callable[[str, str], None]) -> None:
+        super().__init__()
+        self.role = role
+        self.failure = self.addAction("")
+        self.failure.setEnabled(False)
+        self.restart = self.addAction("Restart", lambda: act(role, "restart"))
+        self.stop = self.addAction("Stop", lambda: act(role, "stop"))
+        self.start = self.addAction("Start", lambda: act(role, "start"))
+
+    def update_from(self, worker: dict[str, Any]) -> None:
+        state = str(worker.get("state") or "unknown")
+        self.setTitle(worker_line(self.role, worker))
+        self.setIcon(swatch_icon(WORKER_COLORS.get(state, "#adb5bd")))
+        failure = worker.get("last_failure")
+        text = failure.get("reason") or failure.get("kind") if isinstance(failure, dict) else failure
+        self.failure.setText(f"Last failure: {text}" if text else "No failures")
+        running = state in ("ready", "starting", "unhealthy", "restarting")
+        self.restart.setEnabled(state not in ("stopping",))
+        self.stop.setEnabled(running)
+        self.start.setEnabled(state in ("stopped", "failed"))
+
+
+class StatusHeader(QWidget):
+    """The top of the menu: the state icon, the headline and one line of detail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.icon = QLabel()
+        self.icon.setFixedSize(32, 32)
+        self.headline = QLabel("Connecting…")
+        self.headline.setStyleSheet("font-size: 14px; font-weight: 600;")
+        self.detail = QLabel("")
+        self.detail.setStyleSheet("color: #6c757d;")
+        text = QVBoxLayout()
+        text.setSpacing(1)
+        text.addWidget(self.headline)
+        text.addWidget(self.detail)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(14, 10, 14, 4)
+        layout.setSpacing(10)
+        layout.addWidget(self.icon)
+        layout.addLayout(text, 1)
+
+    def show_state(self, level: str, simulated: bool, headline: str, detail: str) -> None:
+        self.icon.setPixmap(state_pixmap(level, simulated, 32))
+        self.headline.setText(headline)
+        self.detail.setText(detail)
+
+
+class TrayIcon(QObject):
+    """Owns the QSystemTrayIcon and its menu; everything it shows comes from the StatusModel."""
+
+    open_approvals = Signal()
+    open_chat = Signal()
+    open_settings = Signal()
+    quit_requested = Signal()
+
+    def __init__(
+        self, client: ServiceClient, model: StatusModel, attached: bool, parent: QObject | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.client = client
+        self.model = model
+        self.attached = attached
+        self.level = ""
+        self.simulated: bool | None = None
+        self.icon = QSystemTrayIcon(self)
+        self.menu = QMenu()
+        self._build_menu()
+        self.icon.setContextMenu(self.menu)
+        self.icon.activated.connect(self._activated)
+        model.changed.connect(self.refresh)
+        self.refresh()
+
+    def _build_menu(self) -> None:
+        menu = self.menu
+        menu.setMinimumWidth(380)
+        self.header = StatusHeader()
+        header_action = QWidgetAction(menu)
+        header_action.setDefaultWidget(self.header)
+        menu.addAction(header_action)
+        self.budget = BudgetBar(compact=True)
+        budget_action = QWidgetAction(menu)
+        budget_action.setDefaultWidget(self.budget)
+        menu.addAction(budget_action)
+        menu.addSeparator()
+        self.workers = {role: WorkerMenu(role, self.worker_action) for role in ("gpu", "cpu")}
+        for worker_menu in self.workers.values():
+            menu.addMenu(worker_menu)
+        menu.addSeparator()
+        self.approvals_action = menu.addAction("&Approvals…", self.open_approvals.emit)
+        self.chat_action = menu.addAction("&Chat…", self.open_chat.emit)
+        self.settings_action = menu.addAction("&Settings…", self.open_settings.emit)
+        self.logs_action = menu.addAction("Open &logs folder", self.open_logs)
+        menu.addSeparator()
+        quit_text = "&Quit tray (service keeps running)" if self.attached else "&Quit Failsoft"
+        self.quit_action: QAction = menu.addAction(quit_text, self.quit_requested.emit)
+
+    def show(self) -> None:
+        self.icon.show()
+
+    def refresh(self) -> None:
+        summary = self.model.summary()
+        status = self.model.status or {}
+        if (summary.level, summary.simulated) != (self.level, self.simulated):
+            self.level, self.simulated = summary.level, summary.simulated
+            self.icon.setIcon(state_icon(summary.level, summary.simulated))
+        self.icon.setToolTip(summary.tooltip)
+        if self.model.reachable:
+            detail = f"{device_label(status)} · {caps_label(status)} · {self.client.base_url}"
+        else:
+            detail = self.model.last_error or f"No answer from {self.client.base_url}"
+        self.header.show_state(summary.level, summary.simulated, summary.headline, detail)
+        self.budget.set_status(status)
+        for role, worker_menu in self.workers.items():
+            worker = dict((status.get("workers") or {}).get(role) or {})
+            worker.setdefault("state", worker_state(status, role) if status else "unknown")
+            worker_menu.update_from(worker)
+            worker_menu.setEnabled(self.model.reachable)
+        pending = int((status.get("approvals") or {}).get("pending") or 0)
+        self.approvals_action.setText(
+            f"&Approvals ({pending} waiting)…" if pending else "&Approvals (none waiting)…"
+        )
+
+    def worker_action(self, role: str, action: str) -> None:
+        call = self.client.worker_action(role, action)
+        call.succeeded.connect(lambda _answer: self.model.schedule_refresh())
+        call.failed.connect(
+            lambda message: self.show_notice(
+                Notice(f"{role.upper()} worker: {action} failed", message, "critical", False)
+            )
+        )
+
+    def open_logs(self) -> None:
+        folder = paths.log_dir()
+        if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):
+            # No file manager registered (a bare server desktop): at least say where the logs are.
+            self.show_notice(Notice("Logs folder", f"The worker logs are in {folder}", "information", False))
+
+    def show_notice(self, notice: Notice) -> None:
+        self.icon.showMessage(notice.title, notice.body, MESSAGE_ICONS[notice.level], MESSAGE_MS)
+
+    def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        # Most Linux trays give a left click to the application: show the same menu there.
+        if reason == QSystemTrayIcon.ActivationReason.Trigger:
+            self.menu.popup(QCursor.pos())
