@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages the GUI tests need: a virtual X server, an XEmbed tray host and a screenshot tool.
-SYSTEM_PACKAGES := xvfb trayer xdotool imagemagick libxcb-cursor0 libegl1 libxkbcommon-x11-0 libxcb-icccm4 \
+SYSTEM_PACKAGES := xvfb trayer xdotool x11-utils imagemagick libxcb-cursor0 libegl1 libxkbcommon-x11-0 libxcb-icccm4 \
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 

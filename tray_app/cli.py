@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="router overhead, failover overhead, profiles and planner accuracy")
     _add_model_and_device(bench)
-    bench.add_argument("--rounds", type=int, default=40, help="requests per measurement")
+    bench.add_argument("--rounds", type=int, default=20, help="requests per measurement")
     bench.add_argument("--json", action="store_true", help="print JSON")
     return parser
 

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from PySide6.QtCore import Qt
+from pytestqt.exceptions import TimeoutError
 from pytestqt.qtbot import QtBot
 
 from tests.support.service import ServiceHandle, running_service
@@ -35,6 +36,8 @@ def long_prompt(question: str) -> str:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
     settings = {
+        # One thread per worker: on a busy 2-core machine, two OpenMP threads per worker thrash badly.
+        "cpu": {"threads": 1},
         "budget": {"max_ctx": GPU_CONTEXT},
         "failover": {"fallback": "approval", "cpu_tokens_per_second": 50.0},
     }
@@ -57,6 +60,15 @@ def job(service: ServiceHandle, job_id: str) -> dict[str, Any]:
     response.raise_for_status()
     data: dict[str, Any] = response.json()
     return data
+
+
+def wait_state(qtbot: QtBot, service: ServiceHandle, job_id: str, state: str) -> dict[str, Any]:
+    """Wait for a job to reach `state`; on timeout, say where it is and what the service logged."""
+    try:
+        qtbot.waitUntil(lambda: job(service, job_id)["state"] == state, timeout=TIMEOUT_MS)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}: {job(service, job_id)}\n{service.output()[-4000:]}") from None
+    return job(service, job_id)
 
 
 def row_of(app: TrayApp, job_id: str) -> int:
@@ -88,8 +100,7 @@ def test_approve_from_the_window_and_the_job_completes(
     assert window.heading.text() == "1 job waits for approval"
     window.table.selectRow(row)
     qtbot.mouseClick(window.approve_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: job(service, job_id)["state"] == "completed", timeout=TIMEOUT_MS)
-    finished = job(service, job_id)
+    finished = wait_state(qtbot, service, job_id, "completed")
     assert finished["worker"] == "cpu"
     assert finished["result"]["choices"][0]["message"]["content"]
     qtbot.waitUntil(lambda: row_of(app, job_id) < 0, timeout=10_000)
@@ -154,7 +165,7 @@ def test_auto_approve_threshold_is_saved_and_used(
     response = httpx.post(f"{service.base_url}/v1/jobs", json=body, timeout=30)
     assert response.status_code == 202 and response.json()["state"] != "awaiting_approval"
     job_id = response.json()["id"]
-    qtbot.waitUntil(lambda: job(service, job_id)["state"] == "completed", timeout=TIMEOUT_MS)
+    wait_state(qtbot, service, job_id, "completed")
 
 
 def test_settings_apply_live_values_and_name_what_needs_a_restart(

@@ -28,7 +28,8 @@ ANSWER_TIMEOUT_MS = 180_000
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
     # A fixed CPU speed estimate keeps the replay decision independent of how busy this machine is.
-    settings = {"failover": {"cpu_tokens_per_second": 50.0}}
+    # One thread per worker: on a busy 2-core machine, two OpenMP threads per worker thrash badly.
+    settings = {"cpu": {"threads": 1}, "failover": {"cpu_tokens_per_second": 50.0}}
     with running_service(
         tmp_path_factory.mktemp("chat-service"), enable_faults=True, settings=settings
     ) as handle:
@@ -128,6 +129,9 @@ def test_offscreen_service_unreachable_is_down(qtbot: QtBot, tmp_path: Path) -> 
         qtbot.waitUntil(lambda: app.model.last_error != "", timeout=10_000)
         assert app.model.summary().level == "down"
         assert app.tray.header.headline.text() == "Service not reachable"
+        # Offscreen there is no system tray: the same state shows in a small window instead.
+        assert app.status_window is not None and app.status_window.isVisible()
+        assert app.status_window.headline.text() == "Service not reachable"
         assert not app.tray.workers["gpu"].isEnabled()
     finally:
         app.stop()

@@ -34,7 +34,9 @@ def test_stream_retries_connects_delivers_events_and_notices_the_end(
         qtbot.waitUntil(lambda: stream._attempt >= 2, timeout=10_000)
         assert not stream.connected
         monkeypatch.setattr(service_support, "free_port", lambda: port)
-        with service_support.running_service(tmp_path / "service") as handle:
+        with service_support.running_service(
+            tmp_path / "service", settings={"cpu": {"threads": 1}}
+        ) as handle:
             qtbot.waitUntil(lambda: stream.connected, timeout=15_000)
             body = {"prompt": "Hello", "max_tokens": 1}
             response = httpx.post(f"{handle.base_url}/v1/completions", json=body, timeout=60)

@@ -188,6 +188,7 @@ def tray(desktop: Desktop, tmp_path: Path) -> Iterator[Tray]:
         config_path,
         {
             "server": {"port": port},
+            "cpu": {"threads": 1},  # on a busy 2-core machine, two OpenMP threads per worker thrash
             # A 2048-token GPU profile: long background jobs need the CPU and wait for approval, while a
             # short replay after a GPU failure (at most 30 s on the CPU) is approved automatically.
             "budget": {"max_ctx": 2048},

@@ -57,3 +57,11 @@ def test_real_gpu_shows_its_name() -> None:
     assert not summary.simulated
     assert "NVIDIA GeForce RTX 4090 4.00 GiB" in summary.tooltip
     assert "simulated" not in summary.tooltip
+
+
+def test_starting_service_is_amber_not_down() -> None:
+    summary = summarize(None, reachable=False, starting=True)
+    assert summary.level == DEGRADED
+    assert summary.headline == "Starting the service…"
+    # Once the service answers, its own state wins.
+    assert summarize(make_status(), reachable=True, starting=True).level == SERVING

@@ -22,7 +22,7 @@ from tray_app.drill.command import default_simulated_vram, service_summary
 from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_service
 from tray_app.service.overhead import measure_overhead
 
-PROFILE_TOKENS = 64
+PROFILE_TOKENS = 32
 
 
 def bench_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
@@ -39,8 +39,8 @@ def bench_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
 
 
 def sub_rounds(rounds: int) -> int:
-    """Rounds for the slower measurements (profiles, failovers): a tenth of the overhead's, at least 2."""
-    return max(rounds // 10, 2)
+    """Rounds for the slower measurements (profiles, failovers): a sixth of the overhead's, at least 2."""
+    return max(rounds // 6, 2)
 
 
 async def _ready_status(url: str) -> dict[str, Any]:

@@ -103,10 +103,10 @@ async def profile_figures(
 ) -> dict[str, Any]:
     """Tokens per second and time to first token of one worker, asked directly (no router in between)."""
 
-    def body(index: int) -> dict[str, Any]:
-        return {"messages": prompt(index), "max_tokens": max_tokens, "temperature": 0, "seed": 1}
+    def body(index: int, tokens: int = max_tokens) -> dict[str, Any]:
+        return {"messages": prompt(index), "max_tokens": tokens, "temperature": 0, "seed": 1}
 
-    await timed_stream(http, worker_url + "/v1/chat/completions", body(len(TOPICS) - 1))  # warm-up
+    await timed_stream(http, worker_url + "/v1/chat/completions", body(len(TOPICS) - 1, 4))  # warm-up
     speeds: list[float] = []
     ttfts: list[float] = []
     for index in range(rounds):

@@ -68,10 +68,14 @@ def _error_message(body: Any, fallback: str) -> str:
 
 
 class Relay:
-    def __init__(self, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, connect_timeout: float = 5.0, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=connect_timeout, read=None, write=30.0, pool=30.0),
             limits=httpx.Limits(max_connections=128, max_keepalive_connections=64),
+            trust_env=False,  # a proxy from the environment must never sit between us and 127.0.0.1
+            transport=transport,
         )
 
     async def aclose(self) -> None:
@@ -107,10 +111,13 @@ class Relay:
                         classify_error(response.status_code, message), message, response.status_code, parsed
                     )
                 lines = response.aiter_lines()
+                loop = asyncio.get_running_loop()
                 timeout = first_timeout
+                # Measured from the last data line: keep-alive comments (": ping") must not hide a stall.
+                deadline = loop.time() + timeout
                 while True:
                     try:
-                        async with asyncio.timeout(timeout):
+                        async with asyncio.timeout_at(deadline):
                             line = await anext(lines)
                     except StopAsyncIteration:
                         raise UpstreamError("exited", "the worker ended the stream without [DONE]") from None
@@ -132,6 +139,7 @@ class Relay:
                         raise UpstreamError(classify_error(None, message), message, None, obj)
                     timeout = chunk_timeout
                     yield Chunk(data, obj)
+                    deadline = loop.time() + timeout
         except httpx.TimeoutException as error:
             raise UpstreamError("hung", f"worker timed out: {error!r}") from None
         except httpx.TransportError as error:

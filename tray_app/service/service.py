@@ -77,9 +77,9 @@ class Service:
                 stream_after_content=failover.stream_after_content,
                 auto_approve_seconds=failover.auto_approve_seconds,
             ),
-            # A backstop only: the supervisor's health probe finds a hung worker first and kills it, which
-            # ends the stream at once. Generous, because a busy machine can be slow to the first token.
-            stall_seconds=max(3 * (sup.health_interval + sup.health_timeout), 30.0),
+            # The supervisor's health probe finds a frozen worker process; this finds a generation that
+            # stalls while the process still answers /health. Generous: a busy machine can be slow.
+            stall_seconds=max(3 * (sup.health_interval + sup.health_timeout), 15.0),
             queue_timeout=self.cfg.server.queue_timeout,
             cpu_tokens_per_second=failover.cpu_tokens_per_second,
             worker_ready_wait=sup.start_timeout,

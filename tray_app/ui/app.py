@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 # Set to a directory: the tray writes what it shows (state, tray geometry, open windows) to ui-state.json
 # there, so an automated desktop test can check the real tray without reading pixels.
 AUTOMATION_ENV = "FAILSOFT_UI_AUTOMATION"
-TRAY_WAIT_MS = 2000
+START_TIMEOUT_S = 60.0  # ServiceThread.start's own limit
 
 
 def display_problem(env: Mapping[str, str], platform: str = sys.platform) -> str | None:
@@ -100,8 +100,8 @@ def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any) -> int:
     tray_app.quit_requested.connect(app.quit)
     _quit_on_signals(app)
     failure: list[str] = []
-    if service is not None:
-        starter = ServiceStarter(service, tray_app)
+    starter = ServiceStarter(service, tray_app) if service is not None else None
+    if starter is not None:
 
         def start_failed(message: str) -> None:
             failure.append(
@@ -120,6 +120,8 @@ def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any) -> int:
         status: int = app.exec()
     finally:
         tray_app.stop()
+        if starter is not None:
+            starter.wait(START_TIMEOUT_S)
     for message in failure:
         print(message, file=sys.stderr)
     return status

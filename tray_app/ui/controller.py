@@ -45,9 +45,15 @@ class ServiceStarter(QObject):
     def __init__(self, service: Any, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.service = service
+        self._thread = threading.Thread(target=self._run, name="failsoft-service-start", daemon=True)
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="failsoft-service-start", daemon=True).start()
+        self._thread.start()
+
+    def wait(self, timeout: float) -> None:
+        """Let a start in progress finish, so that stopping the service afterwards stops all of it."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         try:
