@@ -27,7 +27,7 @@ from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.service.assemble import result_to_stream
 from tray_app.service.errors import ApiError, unavailable
 from tray_app.service.executor import retry_after_seconds
-from tray_app.service.jobs import Job, new_id
+from tray_app.service.jobs import Job, new_id, stored_summary
 from tray_app.service.requests import Kind, ParsedRequest, check_model, parse_json_object, parse_request
 from tray_app.service.service import BACKGROUND_DEADLINE, Service
 from tray_app.sizes import parse_size
@@ -185,7 +185,8 @@ class Router:
                 param="Idempotency-Key",
                 headers={"Retry-After": "1"},
             )
-        assert stored_result is not None
+        if stored_result is None:
+            return None  # completed without a stored answer (cannot happen): treat as new
         headers = {"X-Failsoft-Job": record.job_id, "Idempotent-Replayed": "true"}
         failsoft = stored_result.get("failsoft") or {}
         headers["X-Failsoft-Worker"] = str(failsoft.get("worker") or "")
@@ -429,8 +430,6 @@ class Router:
         stored = self.svc.journal.job(job_id)
         if stored is None:
             return error_response(ApiError(404, f"no job {job_id}", code="job_not_found"))
-        from tray_app.service.jobs import stored_summary
-
         return JSONResponse({"object": "job", **stored_summary(stored, attempts)})
 
     async def delete_job(self, request: Request) -> Response:

@@ -21,7 +21,7 @@ from tray_app.service.executor import Executor, ExecutorSettings, Worker
 from tray_app.service.jobs import Job, JobRegistry
 from tray_app.service.journal import Journal
 from tray_app.service.metrics import Metrics
-from tray_app.service.relay import Relay
+from tray_app.service.relay import Relay, UpstreamError
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
@@ -216,7 +216,7 @@ class Service:
         try:
             async for _ in self.relay.stream(worker.base_url + "/v1/completions", body, {}, 30.0, 30.0):
                 tokens += 1
-        except Exception as error:  # measuring is best effort: the estimate stays unknown (infinitely slow)
+        except UpstreamError as error:  # best effort: the estimate stays unknown (treated as too slow)
             log.warning("could not measure the CPU worker's speed: %s", error)
             return
         self.executor.cpu_speed.record(tokens, time.monotonic() - started)
