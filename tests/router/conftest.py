@@ -14,6 +14,14 @@ import pytest
 from tests.support.service import ServiceHandle, running_service, write_config
 
 CHAT = [{"role": "user", "content": "Write one short sentence about the sea."}]
+# A completion that runs to max_tokens (counting, end-of-text tokens 0 and 2 banned): for tests that need a
+# request still running when they act.
+COUNTING: dict[str, object] = {
+    "model": "default",
+    "prompt": "1, 2, 3, 4, 5, 6, 7,",
+    "temperature": 0,
+    "logit_bias": {"0": -100, "2": -100},
+}
 
 # Fast failure detection for tests: a hung worker is found within about a second.
 TEST_SUPERVISOR = {"health_interval": 0.5, "health_timeout": 1.0, "backoff_initial": 0.2, "stable_after": 1.0}

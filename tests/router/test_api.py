@@ -14,7 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.router.conftest import CHAT, base_settings, client_for, failsoft_of, job_state, wait_until
+from tests.router.conftest import (
+    CHAT,
+    COUNTING,
+    base_settings,
+    client_for,
+    failsoft_of,
+    job_state,
+    wait_until,
+)
 from tests.support.service import ServiceHandle, running_service
 
 pytestmark = pytest.mark.integration
@@ -112,8 +120,8 @@ def test_idempotent_replay_mismatch_and_conflict(svc: ServiceHandle, client: ope
     results: dict[str, Any] = {}
 
     def long_request() -> None:
-        results["long"] = client.chat.completions.create(
-            model="default", messages=CHAT, max_tokens=120, temperature=0, seed=1, extra_headers=busy_key
+        results["long"] = client.completions.create(  # type: ignore[call-overload]
+            **COUNTING, max_tokens=200, seed=1, extra_headers=busy_key
         )
 
     thread = threading.Thread(target=long_request)
@@ -126,12 +134,10 @@ def test_idempotent_replay_mismatch_and_conflict(svc: ServiceHandle, client: ope
         what="the long request to run",
     )
     with pytest.raises(openai.ConflictError) as conflict:
-        client.chat.completions.create(
-            model="default", messages=CHAT, max_tokens=120, temperature=0, seed=1, extra_headers=busy_key
-        )
+        client.completions.create(**COUNTING, max_tokens=200, seed=1, extra_headers=busy_key)  # type: ignore[call-overload]
     assert conflict.value.code == "idempotency_key_in_progress"
     thread.join(120)
-    assert results["long"].choices[0].message.content
+    assert results["long"].choices[0].text
 
 
 def _post(
@@ -307,7 +313,7 @@ def test_background_job_runs_and_can_be_collected(svc: ServiceHandle) -> None:
 
 
 def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
-    response = httpx.post(svc.base_url + "/v1/jobs", json={"messages": CHAT, "max_tokens": 400}, timeout=30)
+    response = httpx.post(svc.base_url + "/v1/jobs", json={**COUNTING, "max_tokens": 400}, timeout=30)
     job_id = response.json()["id"]
     wait_until(lambda: job_state(svc, job_id)["state"] == "running", what="job to run")
     cancelled = httpx.delete(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10)

@@ -14,6 +14,7 @@ import pytest
 
 from tests.router.conftest import (
     CHAT,
+    COUNTING,
     base_settings,
     client_for,
     failsoft_of,
@@ -47,7 +48,7 @@ def test_a_full_queue_answers_429_with_retry_after(svc: ServiceHandle) -> None:
     answers: list[Any] = []
 
     def ask() -> None:
-        answers.append(client.chat.completions.create(model="default", messages=CHAT, max_tokens=150))
+        answers.append(client.completions.create(**COUNTING, max_tokens=150))  # type: ignore[call-overload]
 
     threads = [threading.Thread(target=ask) for _ in range(2)]
     threads[0].start()
@@ -102,7 +103,7 @@ def test_a_background_job_survives_a_restart_of_the_service(tmp_path: Path) -> N
     with running_service(tmp_path / "first", settings=SETTINGS, data_dir=data_dir) as first:
         response = httpx.post(
             first.base_url + "/v1/jobs",
-            json={"messages": CHAT, "max_tokens": 400, "temperature": 0, "seed": 9},
+            json={**COUNTING, "max_tokens": 400, "seed": 9},
             timeout=30,
         )
         assert response.status_code == 202
@@ -117,6 +118,6 @@ def test_a_background_job_survives_a_restart_of_the_service(tmp_path: Path) -> N
             what="resumed job",
         )
         print(f"resumed job completed {time.monotonic() - started:.1f}s after the second start")
-        assert done["result"]["choices"][0]["message"]["content"]
+        assert done["result"]["choices"][0]["text"]
         assert done["attempts"] >= 2  # the interrupted attempt and the one that finished it
         assert done["result"]["failsoft"]["job_id"] == job_id

@@ -17,6 +17,7 @@ import pytest
 
 from tests.router.conftest import (
     CHAT,
+    COUNTING,
     arm,
     base_settings,
     client_for,
@@ -98,10 +99,9 @@ def test_non_streamed_failure_replays_on_the_cpu_with_the_same_text(
 def test_sigkill_mid_request_replays_on_the_cpu(svc: ServiceHandle, client: openai.OpenAI) -> None:
     pid = _gpu_pid(svc)
     results: dict[str, Any] = {}
-    long_request = {**REQUEST, "max_tokens": 300}
 
     def ask() -> None:
-        results["answer"] = client.chat.completions.create(**long_request)
+        results["answer"] = client.completions.create(**COUNTING, max_tokens=300)  # type: ignore[call-overload]
 
     thread = threading.Thread(target=ask)
     thread.start()
@@ -283,7 +283,7 @@ def test_non_streamed_client_timeout_cancels_the_job(svc: ServiceHandle) -> None
     svc.wait_workers_ready()
     impatient = client_for(svc, timeout=1.0)
     with pytest.raises(openai.APITimeoutError):
-        impatient.chat.completions.create(**{**REQUEST, "max_tokens": 800})
+        impatient.completions.create(**COUNTING, max_tokens=800)  # type: ignore[call-overload]
     cancelled = wait_until(
         lambda: [
             j
