@@ -25,7 +25,9 @@ HANDLERS = {
 
 
 def _add_model_and_device(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, help="GGUF model file (default: config, else the bundled SmolLM2)")
+    parser.add_argument(
+        "--model", type=Path, help="GGUF model file (default: config, else the bundled SmolLM2)"
+    )
     parser.add_argument(
         "--simulate-vram",
         metavar="SIZE",
@@ -36,7 +38,9 @@ def _add_model_and_device(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="failsoft", description=__doc__)
     parser.add_argument("--version", action="version", version=f"failsoft {__version__}")
-    parser.add_argument("--config", type=Path, help="config file (default: the user config dir, or $FAILSOFT_CONFIG)")
+    parser.add_argument(
+        "--config", type=Path, help="config file (default: the user config dir, or $FAILSOFT_CONFIG)"
+    )
     parser.add_argument("--attach", metavar="URL", help="show the tray for a service already running at URL")
     _add_model_and_device(parser)
     parser.add_argument("--enable-faults", action="store_true", help="allow fault injection (drills only)")
@@ -45,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the VRAM budget split and the caps it leads to")
     plan.add_argument("--model", type=Path, help="GGUF model file")
     vram = plan.add_mutually_exclusive_group()
-    vram.add_argument("--vram", metavar="SIZE", help="plan for a GPU of this size instead of the detected one")
+    vram.add_argument(
+        "--vram", metavar="SIZE", help="plan for a GPU of this size instead of the detected one"
+    )
     vram.add_argument("--simulate-vram", metavar="SIZE", help="plan for a simulated GPU of this size")
     plan.add_argument("--ctx", type=int, help="context length to plan for (total over all sequences)")
     plan.add_argument("--parallel", type=int, help="parallel sequences")
@@ -61,9 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_and_device(serve)
     serve.add_argument("--host", help="address to bind (beyond loopback only with server.api_key set)")
     serve.add_argument("--port", type=int, help="port (default 8750)")
-    serve.add_argument("--enable-faults", action="store_true", help="expose POST /api/debug/faults for drills")
+    serve.add_argument(
+        "--enable-faults", action="store_true", help="expose POST /api/debug/faults for drills"
+    )
 
-    drill = sub.add_parser("drill", help="the deliberate memory test: push past the GPU profile, record what happens")
+    drill = sub.add_parser(
+        "drill", help="the deliberate memory test: push past the GPU profile, record what happens"
+    )
     drill.add_argument("--url", help="a running service started with --enable-faults (default: start one)")
     _add_model_and_device(drill)
     drill.add_argument("--pressure", metavar="SIZE", help="take this much VRAM away from the GPU worker")
@@ -105,7 +115,9 @@ def show_config(args: argparse.Namespace) -> int:
 
 def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
     module_name, function_name = target.split(":")
-    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module_name), function_name)
+    handler: Callable[[argparse.Namespace], int] = getattr(
+        importlib.import_module(module_name), function_name
+    )
     return handler
 
 

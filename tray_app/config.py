@@ -1,4 +1,4 @@
-"""The TOML config: typed sections with defaults, validated on load with errors naming file, key and choices."""
+"""The TOML config: typed sections with defaults, validated on load; errors name file, key and choices."""
 
 from __future__ import annotations
 
@@ -116,7 +116,12 @@ class Config:
         return data
 
 
-_SIZE_KEYS = {("budget", "reserve_min"), ("cpu", "reserve_min"), ("server", "max_body"), ("device", "simulate_vram")}
+_SIZE_KEYS = {
+    ("budget", "reserve_min"),
+    ("cpu", "reserve_min"),
+    ("server", "max_body"),
+    ("device", "simulate_vram"),
+}
 _NON_NEGATIVE = (int, float)
 
 
@@ -175,7 +180,9 @@ def from_dict(data: dict[str, Any], source: str = "config") -> Config:
 def _check_relations(config: Config) -> None:
     source = config.source
     if not 0 <= config.budget.reserve_percent < 100:
-        raise ConfigError(f"{source}: budget.reserve_percent = {config.budget.reserve_percent} must be in [0, 100)")
+        raise ConfigError(
+            f"{source}: budget.reserve_percent = {config.budget.reserve_percent} must be in [0, 100)"
+        )
     if config.budget.n_parallel < 1:
         raise ConfigError(f"{source}: budget.n_parallel must be at least 1")
     if config.budget.cache_type != "f16" and not config.budget.flash_attn:

