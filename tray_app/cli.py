@@ -89,16 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(args: argparse.Namespace) -> config.Config:
     """The config file with the command line's overrides applied (overrides are validated the same way)."""
-    cfg = config.load(args.config)
+    overrides: dict[str, object] = {}
     if getattr(args, "model", None):
-        cfg.model.path = str(args.model)
+        overrides["model.path"] = str(args.model)
     if getattr(args, "simulate_vram", None):
-        cfg.device.simulate_vram = args.simulate_vram
+        overrides["device.simulate_vram"] = args.simulate_vram
     if getattr(args, "host", None):
-        cfg.server.host = args.host
+        overrides["server.host"] = args.host
     if getattr(args, "port", None):
-        cfg.server.port = args.port
-    return config.from_dict(cfg.to_dict(), source=cfg.source)
+        overrides["server.port"] = args.port
+    return config.apply_overrides(config.load(args.config), overrides)
 
 
 def show_config(args: argparse.Namespace) -> int:

@@ -97,6 +97,8 @@ class Config:
     failover: FailoverConfig = field(default_factory=FailoverConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     source: str = ""  # the file this came from, for messages
+    # Command-line values ("section.key" -> value) that win over the file, also when it is read again.
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     def model_path(self) -> Path:
         """The configured GGUF, else the bundled one; ConfigError when neither exists."""
@@ -113,6 +115,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("source")
+        data.pop("overrides")
         return data
 
 
@@ -155,8 +158,8 @@ def from_dict(data: dict[str, Any], source: str = "config") -> Config:
     config = Config(source=source)
     for section_name, section_value in data.items():
         section = getattr(config, section_name, None)
-        if not dataclasses.is_dataclass(section) or section_name == "source":
-            allowed = ", ".join(f.name for f in fields(Config) if f.name != "source")
+        if not dataclasses.is_dataclass(section):
+            allowed = ", ".join(f.name for f in fields(Config) if f.name not in ("source", "overrides"))
             raise ConfigError(f"{source}: unknown section [{section_name}]; sections are {allowed}")
         if not isinstance(section_value, dict):
             raise ConfigError(f"{source}: [{section_name}] must be a table")
@@ -192,6 +195,17 @@ def _check_relations(config: Config) -> None:
         )
     if not 1 <= config.server.port <= 65535:
         raise ConfigError(f"{source}: server.port = {config.server.port} must be in 1..65535")
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """The config with command-line values put over it, validated like the file, remembering them."""
+    data = cfg.to_dict()
+    for name, value in overrides.items():
+        section, key = name.split(".")
+        data[section][key] = value
+    result = from_dict(data, source=cfg.source)
+    result.overrides = dict(overrides)
+    return result
 
 
 def load(path: Path | None = None) -> Config:

@@ -82,10 +82,12 @@ def wait_replaced(svc: ServiceHandle, old_pid: int, role: str = "gpu") -> dict[s
     return result
 
 
-def reload_settings(svc: ServiceHandle, settings: dict[str, Any]) -> dict[str, Any]:
-    """Rewrite the service's config file and ask it to take over what it can live."""
+def reload_settings(svc: ServiceHandle, settings: dict[str, Any], *, restart: bool = False) -> dict[str, Any]:
+    """Rewrite the service's config file and ask it to take over what it can live (or restart workers)."""
     write_config(svc.config_path, settings)
-    response = httpx.post(svc.base_url + "/api/config/reload", json={}, timeout=10)
+    response = httpx.post(
+        svc.base_url + "/api/config/reload", json={"restart": restart}, timeout=180 if restart else 10
+    )
     assert response.status_code == 200, response.text
     data: dict[str, Any] = response.json()
     return data

@@ -121,3 +121,19 @@ def test_a_background_job_survives_a_restart_of_the_service(tmp_path: Path) -> N
         assert done["result"]["choices"][0]["text"]
         assert done["attempts"] >= 2  # the interrupted attempt and the one that finished it
         assert done["result"]["failsoft"]["job_id"] == job_id
+
+
+def test_config_reload_with_restart_replans_and_restarts_the_workers(tmp_path: Path) -> None:
+    with running_service(tmp_path / "svc", settings=SETTINGS) as service:
+        before = service.status()
+        assert before["caps"]["n_ctx"] == 512
+        answer = reload_settings(service, {**SETTINGS, "budget": {"max_ctx": 1024}}, restart=True)
+        assert answer["restarted"] is True
+        assert answer["needs_restart"] == []
+        after = service.wait_workers_ready()
+        assert after["caps"]["n_ctx"] == 1024
+        assert after["workers"]["gpu"]["health"]["n_ctx"] == 1024
+        assert after["workers"]["gpu"]["pid"] != before["workers"]["gpu"]["pid"]
+        assert after["workers"]["cpu"]["pid"] != before["workers"]["cpu"]["pid"]
+        reply = client_for(service).chat.completions.create(model="default", messages=CHAT, max_tokens=4)
+        assert failsoft_of(reply)["worker"] == "gpu"

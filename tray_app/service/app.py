@@ -202,6 +202,9 @@ class Router:
         body = dict(parsed.body)
         if parsed.kind == "chat":
             body["messages"] = [_worker_compatible(message) for message in body["messages"]]
+        if body.get("model") is None:
+            # Otherwise llama.cpp names the model by its file path in every chunk.
+            body["model"] = self.svc.model_id
         if body.get("seed") is None:
             # Pinned before the first attempt, so a replay on the same weights samples the same way.
             body["seed"] = secrets.randbelow(2**31)

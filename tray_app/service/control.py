@@ -179,7 +179,10 @@ class Control:
     async def reload_config(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
-            fresh = config.load(Path(self.svc.cfg.source) if self.svc.cfg.source else None)
+            fresh = config.apply_overrides(
+                config.load(Path(self.svc.cfg.source) if self.svc.cfg.source else None),
+                self.svc.cfg.overrides,
+            )
         except ApiError as error:
             return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
         except config.ConfigError as error:
@@ -198,13 +201,27 @@ class Control:
                     needs_restart.append(name)
         if applied:
             self.svc.apply_live_config()
-        # Worker-level changes (model, budget, devices, address) take effect at the service's next start.
-        note = "restart the service to apply needs_restart" if needs_restart else ""
+        # The address and API key belong to the listening socket: only a service restart changes them.
+        service_only = [name for name in needs_restart if name.startswith("server.")]
+        restarted = False
+        if body.get("restart") and len(service_only) < len(needs_restart):
+            try:
+                await self.svc.reconfigure(fresh, "config changed: " + ", ".join(needs_restart))
+            except (config.ConfigError, ValueError) as error:  # e.g. a model file that is not a GGUF
+                return _error(400, str(error), "invalid_config")
+            restarted = True
+            needs_restart = service_only
+        if needs_restart:
+            note = "restart the service to apply needs_restart"
+        elif restarted:
+            note = "workers restarted with the new config"
+        else:
+            note = ""
         return JSONResponse(
             {
                 "applied": applied,
                 "needs_restart": needs_restart,
-                "restarted": False,
+                "restarted": restarted,
                 "restart_requested": bool(body.get("restart")),
                 "note": note,
             }

@@ -139,13 +139,18 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     return ParsedRequest(kind, body, bool(body.get("stream")), max_tokens, body_hash(raw))
 
 
+def _public_names(known: set[str]) -> list[str]:
+    """Model names fit to show a client: the accepted file path stays out of error messages."""
+    return sorted(name for name in known if "/" not in name and "\\" not in name)
+
+
 def check_model(request: ParsedRequest, known: set[str]) -> None:
     """404 in the OpenAI format for a model this service does not serve (no model given: the default)."""
     model = request.model
     if model is not None and model not in known:
         raise ApiError(
             404,
-            f"The model '{model}' does not exist; this service serves {', '.join(sorted(known))}",
+            f"The model '{model}' does not exist; this service serves {', '.join(_public_names(known))}",
             code="model_not_found",
             param="model",
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from tray_app import __version__, paths
+from tray_app import __version__, paths, sd_notify
 from tray_app.budget import PlanSet, plan_from_config
 from tray_app.config import Config
 from tray_app.device import SimulatedDevice, probe_gpu
@@ -57,7 +57,7 @@ class Service:
             self.registry,
             self.bus,
             self.cpu_state,
-            self.tokens.chat_prompt,
+            lambda *args, **kwargs: self.tokens.chat_prompt(*args, **kwargs),  # the model may change
             lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
         )
         self._tasks: list[asyncio.Task[Any]] = []
@@ -114,11 +114,26 @@ class Service:
                 # Not awaited: the API answers (status "starting") while the workers load.
                 self._tasks.append(asyncio.create_task(worker.start(), name=f"start-{worker.role}"))
         self._tasks.append(asyncio.create_task(self.executor.run_approved(), name="approved-jobs"))
+        self._tasks.append(asyncio.create_task(self._tell_systemd(), name="systemd-notify"))
         self._speed_task = asyncio.create_task(self._measure_cpu_speed(), name="cpu-speed")
         self._tasks.append(self._speed_task)
         self.resume_unfinished()
 
+    async def _tell_systemd(self) -> None:
+        """Under a Type=notify unit: READY once the warm workers answered, then watchdog pings."""
+        if not sd_notify.notify("STATUS=starting workers"):
+            return
+        starts = [task for task in self._tasks if task.get_name().startswith("start-")]
+        await asyncio.gather(*starts, return_exceptions=True)
+        states = ", ".join(f"{role} {worker.state}" for role, worker in self.workers.items())
+        sd_notify.notify(f"READY=1\nSTATUS=serving; {states}")
+        interval = sd_notify.watchdog_interval()
+        while interval is not None:
+            await asyncio.sleep(interval)
+            sd_notify.notify("WATCHDOG=1")
+
     async def stop(self) -> None:
+        sd_notify.notify("STOPPING=1")
         self.executor.shutting_down = True
         for job in self.registry.live():
             if job.task is not None:
@@ -275,10 +290,42 @@ class Service:
         }
 
     def replan(self) -> PlanSet:
-        """Plan again against the device as it is now (e.g. after drill pressure) and tell the tray."""
+        """Plan again against the device as it is now (e.g. after drill pressure) and tell the tray.
+
+        The running workers keep what they hold; their next start (a restart after a failure, or one the
+        user asks for) follows the new plan, as a real GPU would demand.
+        """
+        from tray_app.supervisor.profile import profiles_from_plans
+
         self.plan_set = plan_from_config(self.cfg, gpu=self.device)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
+        profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
+        for role, worker in self.workers.items():
+            profile = getattr(profiles, role)
+            if profile is not None:
+                worker.update_profile(profile)
         return self.plan_set
+
+    async def reconfigure(self, fresh: Config, reason: str) -> None:
+        """Take over a config whose changes need the workers restarted (model, budget, device, CPU).
+
+        Re-plans, then restarts each worker with its new profile, one after the other, so the other
+        worker keeps serving meanwhile.
+        """
+        model_path = fresh.model_path()
+        if model_path != self.model_path:
+            self.tokens = TokenCounter(model_path)
+            self.model_path = model_path
+            self.model_id = model_path.name
+            self.model_names = {self.model_id, model_path.stem, str(model_path), "default"}
+        if fresh.device != self.cfg.device:
+            self.device = probe_gpu(fresh.device)
+        fresh.source = self.cfg.source
+        self.cfg = fresh
+        self.apply_live_config()
+        self.replan()
+        for worker in list(self.workers.values()):
+            await worker.restart(reason)
 
     @property
     def simulated_device(self) -> SimulatedDevice | None:

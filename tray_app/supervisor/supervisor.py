@@ -172,6 +172,17 @@ class WorkerSupervisor:
             self._state == "ready"
         )
 
+    def update_profile(self, profile: WorkerProfile) -> None:
+        """Use this profile (a new plan or config) from the worker's next start on."""
+        if profile.role != self._profile.role:
+            raise ValueError(f"a {profile.role} profile cannot replace the {self._profile.role} worker's")
+        self._profile = profile
+
+    async def reconfigure(self, profile: WorkerProfile, reason: str) -> bool:
+        """Restart the worker with a new profile now; True when it is ready."""
+        self.update_profile(profile)
+        return await self.restart(reason)
+
     async def restart(self, reason: str) -> bool:
         """Stop the worker (grace, then SIGKILL) and start a fresh one now; True when it is ready."""
         return bool(await self._send(_Command("restart", reason=reason)))

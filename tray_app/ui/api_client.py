@@ -22,6 +22,7 @@ from PySide6.QtNetwork import QNetworkAccessManager, QNetworkProxy, QNetworkRepl
 log = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_MS = 15_000
+RESTART_TIMEOUT_MS = 180_000  # a reload with restart answers once both workers loaded again
 RECONNECT_DELAYS_MS = (500, 1000, 2000, 5000)
 
 
@@ -147,8 +148,10 @@ class ServiceClient(QObject):
     def get(self, path: str) -> ApiCall:
         return ApiCall(self.manager.get(self.request(path)), self)
 
-    def post(self, path: str, body: dict[str, Any] | None = None) -> ApiCall:
-        request = self.request(path)
+    def post(
+        self, path: str, body: dict[str, Any] | None = None, timeout_ms: int = CONTROL_TIMEOUT_MS
+    ) -> ApiCall:
+        request = self.request(path, timeout_ms)
         request.setHeader(QNetworkRequest.KnownHeaders.ContentTypeHeader, "application/json")
         payload = QByteArray(json.dumps(body or {}).encode())
         return ApiCall(self.manager.post(request, payload), self)
@@ -174,7 +177,8 @@ class ServiceClient(QObject):
         return self.post("/api/jobs/approve-all")
 
     def reload_config(self, restart: bool) -> ApiCall:
-        return self.post("/api/config/reload", {"restart": restart})
+        timeout = RESTART_TIMEOUT_MS if restart else CONTROL_TIMEOUT_MS
+        return self.post("/api/config/reload", {"restart": restart}, timeout)
 
     def job(self, job_id: str) -> ApiCall:
         return self.get(f"/v1/jobs/{job_id}")
