@@ -16,10 +16,10 @@ from tray_app import cli
 from tray_app.bench.measure import accuracy, reported_weights
 from tray_app.drill import command
 from tray_app.drill.client import Answer, Event, ServiceClient
-from tray_app.drill.launcher import free_port
 from tray_app.drill.pressure import TORCH_HINT, real_gpu_pressure, summarize_change
 from tray_app.drill.records import Expectation, JobTrace, ScenarioRecord, account, verdict
 from tray_app.drill.report import DrillReport, markdown, text, write
+from tray_app.service.launch import free_port
 
 
 def passing_record(key: str = "f") -> ScenarioRecord:

@@ -11,11 +11,7 @@ with SIGTERM (then SIGKILL) and kills any worker process it left behind.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import tomli_w
 
+from tray_app.service.launch import free_port, spawn_serve, stop_process_tree
+
+__all__ = ["ServiceHandle", "free_port", "running_service", "stop_process_tree", "write_config"]
+
 READY_TIMEOUT = 120.0
-STOP_TIMEOUT = 20.0
 
 
 @dataclass
@@ -69,13 +67,6 @@ class ServiceHandle:
             return ""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _both_ready(status: dict[str, Any]) -> bool:
     workers = status.get("workers") or {}
     return all((workers.get(role) or {}).get("state") == "ready" for role in ("gpu", "cpu"))
@@ -101,30 +92,6 @@ def _wait_ready(handle: ServiceHandle, deadline: float) -> dict[str, Any]:
     raise TimeoutError(f"service not ready in time ({last_error}):\n{handle.output()}")
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def stop_process_tree(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM the service (it stops its workers), then make sure nothing it started survives."""
-    children = _descendants(process.pid)
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=timeout)
-    children += _descendants(process.pid)
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    psutil.wait_procs(children, timeout=timeout)
-
-
 def write_config(path: Path, settings: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps(settings), encoding="utf-8")
@@ -140,6 +107,7 @@ def running_service(
     data_dir: Path | None = None,
     ready_timeout: float = READY_TIMEOUT,
     extra_args: list[str] | None = None,
+    port: int | None = None,
 ) -> Iterator[ServiceHandle]:
     """Run `failsoft serve` in `root` (config/data/logs live there); yields once both workers are ready.
 
@@ -151,30 +119,14 @@ def running_service(
     data_dir = data_dir or root / "data"
     log_dir = root / "logs"
     write_config(config_path, settings or {})
-    port = free_port()
-    env = {
-        **os.environ,
-        "FAILSOFT_CONFIG": str(config_path),
-        "FAILSOFT_DATA_DIR": str(data_dir),
-        "FAILSOFT_LOG_DIR": str(log_dir),
-        "PYTHONUNBUFFERED": "1",
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "tray_app",
-        "serve",
-        "--port",
-        str(port),
+    args = [
         "--simulate-vram",
         simulate_vram,
+        *(["--enable-faults"] if enable_faults else []),
+        *(extra_args or []),
     ]
-    if enable_faults:
-        command.append("--enable-faults")
-    command += extra_args or []
-    output_path = root / f"serve-{port}.log"
-    with output_path.open("wb") as output:
-        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    serve = spawn_serve(root, config_path, data_dir=data_dir, args=args, port=port)
+    process, port, output_path = serve.process, serve.port, serve.output_path
     api_key = str((settings or {}).get("server", {}).get("api_key", ""))
     handle = ServiceHandle(
         base_url=f"http://127.0.0.1:{port}",

@@ -16,9 +16,7 @@ from tray_app.ui.qt_events import QtEventBridge
 pytestmark = pytest.mark.integration
 
 
-def test_stream_retries_connects_delivers_events_and_notices_the_end(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_stream_retries_connects_delivers_events_and_notices_the_end(qtbot: QtBot, tmp_path: Path) -> None:
     port = service_support.free_port()
     client = ServiceClient(f"http://127.0.0.1:{port}")
     stream = client.events()
@@ -33,9 +31,8 @@ def test_stream_retries_connects_delivers_events_and_notices_the_end(
         # Nothing listens yet: the stream keeps retrying instead of giving up.
         qtbot.waitUntil(lambda: stream._attempt >= 2, timeout=10_000)
         assert not stream.connected
-        monkeypatch.setattr(service_support, "free_port", lambda: port)
         with service_support.running_service(
-            tmp_path / "service", settings={"cpu": {"threads": 1}}
+            tmp_path / "service", settings={"cpu": {"threads": 1}}, port=port
         ) as handle:
             qtbot.waitUntil(lambda: stream.connected, timeout=15_000)
             body = {"prompt": "Hello", "max_tokens": 1}

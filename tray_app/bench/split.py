@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tray_app.drill.launcher import free_port, stop_process_tree
+from tray_app.service.launch import free_port, stop_process_tree
 from tray_app.supervisor.profile import WORKER_MODULE, WorkerProfile
 
 READY_TIMEOUT = 180.0

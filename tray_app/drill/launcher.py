@@ -7,27 +7,21 @@ user's journal. Its config is the user's effective config with the changes a dri
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import tomli_w
 
 from tray_app.config import Config, from_dict
+from tray_app.service.launch import ServeProcess, spawn_serve, stop_process_tree, workers_ready
 
 READY_TIMEOUT = 180.0
-STOP_TIMEOUT = 20.0
 # The drill's GPU profile gets a small context and the CPU a larger one, so that a request can exceed the GPU
 # profile while still fitting in RAM (scenarios a and b).
 DRILL_GPU_MAX_CTX = 512
@@ -43,27 +37,6 @@ DRILL_SUPERVISOR = {
 
 class LaunchError(RuntimeError):
     """The service did not come up; the message carries what it printed."""
-
-
-@dataclass
-class LaunchedService:
-    base_url: str
-    process: subprocess.Popen[bytes]
-    root: Path
-    output_path: Path
-
-    def output(self) -> str:
-        try:
-            return self.output_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def drill_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
@@ -91,15 +64,7 @@ def _status(base_url: str) -> dict[str, Any] | None:
     return data
 
 
-def workers_ready(status: dict[str, Any] | None) -> bool:
-    """Every worker the service has (GPU and CPU, when not absent) is ready."""
-    workers = (status or {}).get("workers") or {}
-    states = [(workers.get(role) or {}).get("state") for role in ("gpu", "cpu")]
-    present = [state for state in states if state != "absent"]
-    return bool(present) and all(state == "ready" for state in present)
-
-
-def _wait_ready(service: LaunchedService, timeout: float) -> None:
+def _wait_ready(service: ServeProcess, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if service.process.poll() is not None:
@@ -108,25 +73,6 @@ def _wait_ready(service: LaunchedService, timeout: float) -> None:
             return
         time.sleep(0.2)
     raise LaunchError(f"the service's workers were not ready after {timeout:.0f}s:\n{service.output()}")
-
-
-def stop_process_tree(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM the service (it stops its workers), then kill anything it started that is still there."""
-    try:
-        children = psutil.Process(process.pid).children(recursive=True)
-    except psutil.Error:
-        children = []
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=timeout)
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    psutil.wait_procs(children, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -149,29 +95,17 @@ def _terminate_as_exit() -> Iterator[None]:
 @contextlib.contextmanager
 def launched_service(
     settings: dict[str, Any], *, ready_timeout: float = READY_TIMEOUT
-) -> Iterator[LaunchedService]:
+) -> Iterator[ServeProcess]:
     """Run `failsoft serve --enable-faults` with `settings` as its config on a free loopback port; yields once
     its workers are ready and stops it (workers included) on exit."""
     with tempfile.TemporaryDirectory(prefix="failsoft-drill-") as tmp:
         root = Path(tmp)
         config_path = root / "config.toml"
         config_path.write_text(tomli_w.dumps(settings), encoding="utf-8")
-        port = free_port()
-        env = {
-            **os.environ,
-            "FAILSOFT_CONFIG": str(config_path),
-            "FAILSOFT_DATA_DIR": str(root / "data"),
-            "FAILSOFT_LOG_DIR": str(root / "logs"),
-            "PYTHONUNBUFFERED": "1",
-        }
-        command = [sys.executable, "-m", "tray_app", "serve", "--port", str(port), "--enable-faults"]
-        output_path = root / "serve.log"
-        with output_path.open("wb") as output:
-            process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-        service = LaunchedService(f"http://127.0.0.1:{port}", process, root, output_path)
+        service = spawn_serve(root, config_path, args=["--enable-faults"])
         try:
             with _terminate_as_exit():
                 _wait_ready(service, ready_timeout)
                 yield service
         finally:
-            stop_process_tree(process)
+            stop_process_tree(service.process)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import psutil
 
 IDLE_SAMPLE_SECONDS = 3.0
 PROMPT = [{"role": "user", "content": "Name three colours."}]
@@ -94,76 +93,3 @@ def measure_overhead(
         "added_ms": {key: b[key] - a[key] for key in a},
         "ratio": {key: (b[key] / a[key] if a[key] else 0.0) for key in a},
     }
-
-
-def measure_service_overhead(
-    rounds: int = 40, simulate_vram: str = "4GiB", timeout: float = 120.0
-) -> dict[str, Any]:
-    """Start `failsoft serve` as its own process (simulated GPU, a free port; so the measuring client never
-    shares an interpreter with the router), measure against its GPU worker, then stop it."""
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    command = [
-        sys.executable,
-        "-m",
-        "tray_app",
-        "serve",
-        "--port",
-        str(port),
-        "--simulate-vram",
-        simulate_vram,
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        worker_url = _wait_for_workers(base_url, process, timeout)
-        router = psutil.Process(process.pid)
-        idle_rate = _cpu_rate(router, IDLE_SAMPLE_SECONDS)  # health probes and timers, no requests
-        before, started = _cpu_seconds(router), time.monotonic()
-        figures = measure_overhead(base_url, worker_url, rounds=rounds)
-        busy = _cpu_seconds(router) - before - idle_rate * (time.monotonic() - started)
-        # CPU the router process spent per request it relayed, beyond its idle background: a figure a busy
-        # machine does not blur the way it blurs wall-clock latency.
-        figures["router_cpu_ms_per_request"] = max(busy, 0.0) * 1000 / (2 * rounds + 1)
-        figures["router_idle_cpu_percent"] = idle_rate * 100
-        return figures
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)
-
-
-def _cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
-
-
-def _cpu_rate(process: psutil.Process, seconds: float) -> float:
-    before = _cpu_seconds(process)
-    time.sleep(seconds)  # a measurement window, not a wait for readiness
-    return (_cpu_seconds(process) - before) / seconds
-
-
-def _wait_for_workers(base_url: str, process: Any, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"failsoft serve exited with {process.returncode}")
-        try:
-            status = httpx.get(base_url + "/api/status", timeout=5, trust_env=False).json()
-        except (httpx.HTTPError, ValueError):
-            time.sleep(0.1)
-            continue
-        workers = status["workers"]
-        if workers["gpu"]["state"] == "ready" and workers["cpu"]["state"] == "ready":
-            return str(workers["gpu"]["base_url"])
-        time.sleep(0.1)
-    raise RuntimeError("the workers did not become ready in time")

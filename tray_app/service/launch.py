@@ -1,0 +1,103 @@
+"""Run `failsoft serve` as a child process with its own config, data and log dirs: for drills, benchmarks
+and tests, which must never touch the user's journal and must leave no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+STOP_TIMEOUT = 20.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class ServeProcess:
+    """A started `failsoft serve`: where it listens and where its output goes."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    output_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        """What the service printed so far (stdout and stderr), for error messages."""
+        try:
+            return self.output_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+
+def spawn_serve(
+    root: Path,
+    config_path: Path,
+    *,
+    data_dir: Path | None = None,
+    args: Sequence[str] = (),
+    port: int | None = None,
+) -> ServeProcess:
+    """Start `failsoft serve` on loopback (a free port unless given); its files live under `root`."""
+    port = port or free_port()
+    env = {
+        **os.environ,
+        "FAILSOFT_CONFIG": str(config_path),
+        "FAILSOFT_DATA_DIR": str(data_dir or root / "data"),
+        "FAILSOFT_LOG_DIR": str(root / "logs"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    command = [sys.executable, "-m", "tray_app", "serve", "--port", str(port), *args]
+    output_path = root / f"serve-{port}.log"
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    with output_path.open("wb") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    return ServeProcess(process, port, output_path)
+
+
+def workers_ready(status: dict[str, Any] | None) -> bool:
+    """Every worker the service has (GPU and CPU, unless absent) is ready."""
+    workers = (status or {}).get("workers") or {}
+    states = [(workers.get(role) or {}).get("state") for role in ("gpu", "cpu")]
+    present = [state for state in states if state != "absent"]
+    return bool(present) and all(state == "ready" for state in present)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def stop_process_tree(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM the service (it stops its workers), then make sure nothing it started survives."""
+    children = _descendants(process.pid)
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout)
+    children += _descendants(process.pid)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=timeout)
