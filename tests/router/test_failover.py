@@ -28,6 +28,7 @@ from tests.router.conftest import (
     wait_until,
 )
 from tests.support.service import ServiceHandle, running_service
+from tray_app.drill.scenarios import ADD_TOOL, FORCE_ADD
 
 pytestmark = pytest.mark.integration
 
@@ -181,21 +182,6 @@ def test_stream_failure_after_content_with_error_policy_ends_the_stream(
         wait_replaced(svc, armed["pid"])
     finally:
         reload_settings(svc, SETTINGS)
-
-
-ADD_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-FORCE_ADD = {"type": "function", "function": {"name": "add"}}
 
 
 class CountingTool:
