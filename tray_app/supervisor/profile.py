@@ -93,22 +93,29 @@ def _threads(cfg: Config) -> int:
     return cfg.cpu.threads or physical_cores()
 
 
+def _from_plan(cfg: Config, plan: Plan, model_path: Path) -> dict[str, Any]:
+    """What both workers take the same way from their plan and the config."""
+    return {
+        "model_path": model_path,
+        "n_ctx": plan.n_ctx,
+        "n_threads": _threads(cfg),
+        "n_parallel": plan.n_parallel,
+        "n_ubatch": plan.n_ubatch,
+        "cache_type_k": plan.cache_type_k,
+        "cache_type_v": plan.cache_type_v,
+        "flash_attn": plan.flash_attn,
+        "chat_format": cfg.model.chat_format,
+    }
+
+
 def gpu_profile(cfg: Config, plan: Plan, model_path: Path, simulated_free_bytes: int | None) -> WorkerProfile:
     return WorkerProfile(
         role="gpu",
-        model_path=model_path,
-        n_ctx=plan.n_ctx,
         n_gpu_layers=plan.n_gpu_layers,
-        n_threads=_threads(cfg),
-        n_parallel=plan.n_parallel,
-        n_ubatch=plan.n_ubatch,
-        cache_type_k=plan.cache_type_k,
-        cache_type_v=plan.cache_type_v,
-        flash_attn=plan.flash_attn,
-        chat_format=cfg.model.chat_format,
         simulated_vram_bytes=simulated_free_bytes,
         warm=True,
         warm_reason="the GPU worker always starts with the service",
+        **_from_plan(cfg, plan, model_path),
     )
 
 
@@ -120,19 +127,7 @@ def cpu_profile(cfg: Config, plan: Plan, model_path: Path) -> WorkerProfile:
     else:
         warm, reason = True, f"warm: {plan.reason}"
     return WorkerProfile(
-        role="cpu",
-        model_path=model_path,
-        n_ctx=plan.n_ctx,
-        n_gpu_layers=0,
-        n_threads=_threads(cfg),
-        n_parallel=plan.n_parallel,
-        n_ubatch=plan.n_ubatch,
-        cache_type_k=plan.cache_type_k,
-        cache_type_v=plan.cache_type_v,
-        flash_attn=plan.flash_attn,
-        chat_format=cfg.model.chat_format,
-        warm=warm,
-        warm_reason=reason,
+        role="cpu", n_gpu_layers=0, warm=warm, warm_reason=reason, **_from_plan(cfg, plan, model_path)
     )
 
 
