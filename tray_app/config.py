@@ -85,6 +85,8 @@ class SupervisorConfig:
     backoff_initial: float = 1.0
     backoff_max: float = 30.0
     stable_after: float = 30.0
+    # llama.cpp's timings for every request in the worker logs (off: six lines per request cost the router)
+    log_requests: bool = False
 
 
 @dataclass

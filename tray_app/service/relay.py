@@ -4,8 +4,9 @@ so every token is seen as it arrives and closing the stream cancels the generati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,18 @@ _OOM_SIGNATURES = (
     "failed to allocate",
     "cudamalloc",
 )
+
+
+# How long to wait for the end of a response after its [DONE]: reading it lets the connection go back to
+# the pool (a response left unread closes it, and the next attempt would pay for a new connection).
+DRAIN_SECONDS = 1.0
+
+
+async def _drain(lines: AsyncIterator[str], deadline: float) -> None:
+    with contextlib.suppress(TimeoutError, StopAsyncIteration, httpx.HTTPError):
+        async with asyncio.timeout_at(deadline):
+            async for _ in lines:
+                pass
 
 
 @dataclass
@@ -127,6 +140,7 @@ class Relay:
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        await _drain(lines, loop.time() + DRAIN_SECONDS)
                         return
                     try:
                         obj = json.loads(data)

@@ -30,6 +30,7 @@ class WorkerProfile:
     simulated_vram_bytes: int | None = None  # free VRAM of the simulated device; None on a real one
     enable_faults: bool = False
     fault_load_oom: bool = False
+    log_requests: bool = False  # llama.cpp's per-request timings in the worker log
     warm: bool = True  # start with the service; False: start on first use
     warm_reason: str = ""  # why it is (not) started with the service, in words
 
@@ -63,6 +64,8 @@ class WorkerProfile:
             args.append("--flash-attn")
         if self.chat_format:
             args += ["--chat-format", self.chat_format]
+        if self.log_requests:
+            args.append("--log-requests")
         if self.simulated_vram_bytes is not None:
             args += ["--simulated-vram-bytes", str(self.simulated_vram_bytes)]
         if self.enable_faults:
@@ -105,6 +108,7 @@ def _from_plan(cfg: Config, plan: Plan, model_path: Path) -> dict[str, Any]:
         "cache_type_v": plan.cache_type_v,
         "flash_attn": plan.flash_attn,
         "chat_format": cfg.model.chat_format,
+        "log_requests": cfg.supervisor.log_requests,
     }
 
 

@@ -26,6 +26,7 @@ class WorkerArgs:
     cache_type_v: str
     flash_attn: bool
     chat_format: str
+    log_requests: bool
     simulated_vram_bytes: int | None
     enable_faults: bool
     fault_load_oom: bool
@@ -73,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat-format", default="", help="llama-cpp-python chat format (default: the model's)"
     )
     parser.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="keep llama.cpp's per-request timings in the log (by default only the load log and errors)",
+    )
+    parser.add_argument(
         "--simulated-vram-bytes",
         type=_positive,
         default=None,
@@ -109,6 +115,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerArgs:
         cache_type_v=ns.cache_type_v,
         flash_attn=ns.flash_attn,
         chat_format=ns.chat_format,
+        log_requests=ns.log_requests,
         simulated_vram_bytes=ns.simulated_vram_bytes,
         enable_faults=ns.enable_faults,
         fault_load_oom=ns.fault_load_oom,

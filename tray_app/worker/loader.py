@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 
 import llama_cpp
+import llama_cpp._logger as llama_logger
 import llama_cpp.server.app as llama_server
 from llama_cpp.server.settings import ModelSettings, ServerSettings
 
@@ -97,6 +98,14 @@ def _fail_like_a_gpu(args: WorkerArgs, llama: llama_cpp.Llama, buffers: BufferSi
         simulated.raise_out_of_memory(*failure)
 
 
+def quiet_after_load(llama: llama_cpp.Llama) -> None:
+    """Keep llama.cpp's errors in the log but drop its per-request timings: the load log (buffer sizes) is
+    already parsed, and six lines for every request would make the supervisor's log pump compete with the
+    router for the CPU."""
+    llama.verbose = False
+    llama_logger.set_verbose(False)  # llama.cpp's log callback: errors only from here on
+
+
 def load_model(args: WorkerArgs, state: WorkerState, on_failure: Callable[[], None]) -> None:
     """Run in a thread: load, check, then mark the state ready; on any error print it, mark failed, and call
     `on_failure` (which ends the process, as llama-cpp-python's server ends when its model fails to load)."""
@@ -120,6 +129,8 @@ def load_model(args: WorkerArgs, state: WorkerState, on_failure: Callable[[], No
             state.chat_format = chat_formats.use_tools_with_chatml(llama)
         else:
             state.chat_format = llama.chat_format or ""
+        if not args.log_requests:
+            quiet_after_load(llama)
         if state.faults is not None:
             state.faults.attach(llama)
         state.load_seconds = time.monotonic() - started
