@@ -1,81 +1,149 @@
-"""How the relay reads a worker's stream and names each way an attempt can fail (a scripted upstream)."""
+"""How the relay reads a worker's stream and names each way an attempt can fail, against a scripted HTTP
+server on loopback (real sockets, the bytes a worker would send)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
 
-import httpx
 import pytest
 
+from tests.support.scripted_http import (
+    LAST_CHUNK,
+    STREAM_HEAD,
+    Script,
+    ScriptedRequest,
+    chunk,
+    json_answer,
+    scripted_server,
+)
 from tray_app.service.relay import Relay, UpstreamError, classify_error
 
 CHUNK = {"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+EVENT = f"data: {json.dumps(CHUNK)}\n\n".encode()
 
 
-def relay_with(body: Callable[[], AsyncIterator[bytes]], status: int = 200) -> Relay:
-    async def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, content=body(), headers={"content-type": "text/event-stream"})
+def streaming(*pieces: bytes, end: bool = True) -> Script:
+    async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD)
+        for piece in pieces:
+            writer.write(chunk(piece))
+            await writer.drain()
+        if end:
+            writer.write(LAST_CHUNK)
+        return end
 
-    return Relay(transport=httpx.MockTransport(handler))
+    return script
 
 
-async def collect(relay: Relay, first: float = 1.0, chunk: float = 1.0) -> list[str]:
+async def collect(script: Script, first: float = 1.0, every: float = 1.0) -> list[str]:
+    relay = Relay()
     try:
-        return [
-            c.raw async for c in relay.stream("http://worker/v1/chat/completions", b"{}", {}, first, chunk)
-        ]
+        async with scripted_server(script) as server:
+            url = server.url + "/v1/chat/completions"
+            return [c.raw async for c in relay.stream(url, b"{}", {}, first, every)]
     finally:
         await relay.aclose()
 
 
 async def test_a_complete_stream_yields_its_chunks() -> None:
-    async def body() -> AsyncIterator[bytes]:
-        yield f"data: {json.dumps(CHUNK)}\n\n".encode()
-        yield b": ping\n\ndata: [DONE]\n\n"
+    chunks = await collect(streaming(EVENT, b": ping\n\ndata: [DONE]\n\n"))
+    assert [json.loads(raw) for raw in chunks] == [CHUNK]
 
-    assert [json.loads(raw) for raw in await collect(relay_with(body))] == [CHUNK]
+
+async def test_events_split_across_chunks_are_put_back_together() -> None:
+    cut = len(EVENT) // 2
+    chunks = await collect(streaming(EVENT[:cut], EVENT[cut:] + EVENT[:5], EVENT[5:] + b"data: [DONE]\n\n"))
+    assert [json.loads(raw) for raw in chunks] == [CHUNK, CHUNK]
 
 
 async def test_keepalive_comments_do_not_hide_a_stall() -> None:
-    async def body() -> AsyncIterator[bytes]:
-        yield f"data: {json.dumps(CHUNK)}\n\n".encode()
+    async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD + chunk(EVENT))
         while True:
             await asyncio.sleep(0.02)
-            yield b": ping\n\n"
+            writer.write(chunk(b": ping\n\n"))
+            await writer.drain()
 
     with pytest.raises(UpstreamError) as failure:
-        await collect(relay_with(body), chunk=0.3)
+        await collect(script, every=0.3)
+    assert failure.value.kind == "hung"
+
+
+async def test_no_answer_at_all_is_a_hang() -> None:
+    async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(10)
+        return False
+
+    with pytest.raises(UpstreamError) as failure:
+        await collect(script, first=0.3)
     assert failure.value.kind == "hung"
 
 
 async def test_an_error_event_is_classified() -> None:
-    async def body() -> AsyncIterator[bytes]:
-        yield f"data: {json.dumps(CHUNK)}\n\n".encode()
-        yield b'data: {"error": {"message": "llama_decode returned -2"}}\n\ndata: [DONE]\n\n'
-
+    error = b'data: {"error": {"message": "llama_decode returned -2"}}\n\ndata: [DONE]\n\n'
     with pytest.raises(UpstreamError) as failure:
-        await collect(relay_with(body))
+        await collect(streaming(EVENT, error))
     assert failure.value.kind == "oom_decode"
 
 
 async def test_an_end_without_done_is_a_failure() -> None:
-    async def body() -> AsyncIterator[bytes]:
-        yield f"data: {json.dumps(CHUNK)}\n\n".encode()
-
     with pytest.raises(UpstreamError) as failure:
-        await collect(relay_with(body))
+        await collect(streaming(EVENT))
     assert failure.value.kind == "exited"
 
 
+async def test_a_connection_dropped_mid_stream_is_a_failure() -> None:
+    with pytest.raises(UpstreamError) as failure:
+        await collect(streaming(EVENT, end=False))
+    assert failure.value.kind == "exited"
+    assert "closed the connection" in failure.value.message
+
+
+async def test_a_worker_that_is_not_listening() -> None:
+    async with scripted_server(streaming()) as server:
+        url = server.url
+    relay = Relay()
+    try:
+        with pytest.raises(UpstreamError) as failure:
+            async for _ in relay.stream(url + "/v1/completions", b"{}", {}, 1.0, 1.0):
+                pass
+    finally:
+        await relay.aclose()
+    assert failure.value.kind == "exited" and "cannot connect" in failure.value.message
+
+
+async def test_a_malformed_chunk_is_a_failure() -> None:
+    with pytest.raises(UpstreamError) as failure:
+        await collect(streaming(b"data: {not json\n\n"))
+    assert failure.value.kind == "exited" and "malformed chunk" in failure.value.message
+
+
 async def test_an_error_status_before_the_stream() -> None:
-    async def body() -> AsyncIterator[bytes]:
-        yield b'{"error": {"message": "Requested tokens exceed context window", "code": "x"}}'
+    body = b'{"error": {"message": "Requested tokens exceed context window", "code": "x"}}'
+
+    async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(json_answer(400, body, "Bad Request"))
+        return True
 
     with pytest.raises(UpstreamError) as failure:
-        await collect(relay_with(body, status=400))
+        await collect(script)
     assert failure.value.client_error and failure.value.status == 400
+    assert failure.value.message == "Requested tokens exceed context window"
+
+
+async def test_the_request_reaches_the_worker_with_its_headers_and_body() -> None:
+    relay = Relay()
+    try:
+        async with scripted_server(streaming(b"data: [DONE]\n\n")) as server:
+            chunks = relay.stream(server.url + "/v1/completions", b'{"a": 1}', {"X-Request-Id": "r-1"}, 1, 1)
+            assert [c async for c in chunks] == []
+        (request,) = server.requests
+    finally:
+        await relay.aclose()
+    assert (request.method, request.path, request.body) == ("POST", "/v1/completions", b'{"a": 1}')
+    assert request.headers["x-request-id"] == "r-1"
+    assert request.headers["content-type"] == "application/json"
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from tray_app.service import control, idempotency, policy
 from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.service.assemble import result_to_stream
 from tray_app.service.errors import ApiError, unavailable
+from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.service.executor import retry_after_seconds
 from tray_app.service.jobs import Job, new_id, stored_summary
 from tray_app.service.requests import Kind, ParsedRequest, check_model, parse_json_object, parse_request
@@ -33,7 +34,6 @@ from tray_app.service.service import BACKGROUND_DEADLINE, Service
 from tray_app.sizes import parse_size
 
 log = logging.getLogger(__name__)
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def error_response(error: ApiError, headers: dict[str, str] | None = None) -> Response:
@@ -45,12 +45,20 @@ def error_response(error: ApiError, headers: dict[str, str] | None = None) -> Re
     )
 
 
-class AuthAndErrors:
-    """Outermost layer: the API key (when configured) and an OpenAI-format answer for anything unexpected."""
+Handler = Callable[[Request], Awaitable[ASGIApp]]
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+
+class AuthAndErrors:
+    """Outermost layer: the API key (when configured) and an OpenAI-format answer for anything unexpected.
+
+    The generation routes (`direct`, by path, POST only) are called from here rather than through
+    Starlette's routing and middleware: they carry every token, and those layers cost them a fixed share of
+    each request and of every chunk. Everything else goes to `app`."""
+
+    def __init__(self, app: ASGIApp, api_key: str, direct: dict[str, Handler] | None = None) -> None:
         self.app = app
         self.api_key = api_key
+        self.direct = direct or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,7 +79,12 @@ class AuthAndErrors:
             await send(message)
 
         try:
-            await self.app(scope, receive, tracking_send)
+            handler = self.direct.get(scope["path"]) if scope["method"] == "POST" else None
+            if handler is not None:
+                response = await handler(Request(scope, receive))
+                await response(scope, receive, tracking_send)
+            else:
+                await self.app(scope, receive, tracking_send)
         except Exception:
             log.exception("unhandled error on %s", scope.get("path"))
             if started:
@@ -153,7 +166,7 @@ class Router:
             )
         return seconds
 
-    def _idempotent_answer(self, key: str, parsed: ParsedRequest) -> Response | None:
+    def _idempotent_answer(self, key: str, parsed: ParsedRequest) -> ASGIApp | None:
         """The stored answer, a 409/422, or None when this request is new under its key."""
         job_id = self.svc.keys.get(key)
         live = self.svc.registry.get(job_id) if job_id else None
@@ -293,13 +306,13 @@ class Router:
         raise error
 
     # ------------------------------------------------------------------------------ handlers
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request) -> ASGIApp:
         return await self._openai(request, "chat")
 
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, request: Request) -> ASGIApp:
         return await self._openai(request, "completion")
 
-    async def _openai(self, request: Request, kind: Kind) -> Response:
+    async def _openai(self, request: Request, kind: Kind) -> ASGIApp:
         try:
             parsed = parse_request(kind, await read_body(request, self.max_body))
             check_model(parsed, self.svc.model_names)
@@ -325,7 +338,7 @@ class Router:
             return error_response(error)
         return await self._answer(request, job, held)
 
-    async def _answer(self, request: Request, job: Job, held: float | None, approval: str = "") -> Response:
+    async def _answer(self, request: Request, job: Job, held: float | None, approval: str = "") -> ASGIApp:
         if job.stream:
             return self._stream(job, held, approval)
         if approval:
@@ -358,8 +371,8 @@ class Router:
         async for _ in self.svc.executor.wait_for_final(job, False, reason):
             pass
 
-    def _stream(self, job: Job, held: float | None, approval: str) -> Response:
-        pieces: asyncio.Queue[bytes | None] = asyncio.Queue()
+    def _stream(self, job: Job, held: float | None, approval: str) -> EventStreamResponse:
+        pieces = Pieces()
         executor = self.svc.executor
 
         async def pump() -> None:
@@ -370,24 +383,21 @@ class Router:
                     else executor.run(job, deliver=True, held_slot=held)
                 )
                 async for piece in source:
-                    pieces.put_nowait(piece)
+                    pieces.put(piece)
             finally:
-                pieces.put_nowait(None)
+                pieces.close()
 
         job.task = asyncio.create_task(pump(), name=f"stream-{job.id}")
 
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                while (piece := await pieces.get()) is not None:
-                    yield piece
-            finally:
-                if job.task is not None and not job.task.done():
-                    job.task.cancel()  # the client went away mid-stream
-                self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
+        def stop_job() -> None:
+            if job.task is not None and not job.task.done():
+                job.task.cancel()  # the client went away mid-stream
 
-        return StreamingResponse(
-            body(), media_type="text/event-stream", headers={**SSE_HEADERS, **job_headers(job, False)}
-        )
+        def count() -> None:
+            stop_job()  # the response ended early (an error while writing): nobody reads the job any more
+            self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
+
+        return EventStreamResponse(pieces, job_headers(job, False), on_disconnect=stop_job, on_end=count)
 
     async def models(self, request: Request) -> Response:
         model = {
@@ -463,9 +473,18 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> Starlette:
     """The ASGI app. With `manage_lifecycle`, starting the app starts the service (workers and all)."""
     router = Router(service)
     ctl = control.Control(service)
+    generation: dict[str, Handler] = {
+        "/v1/chat/completions": router.chat,
+        "/v1/completions": router.completions,
+    }
+
+    async def post_only(request: Request) -> Response:  # never called: POST goes to `generation` directly
+        raise HTTPException(405)
+
     routes = [
-        Route("/v1/chat/completions", router.chat, methods=["POST"]),
-        Route("/v1/completions", router.completions, methods=["POST"]),
+        # Listed so that other methods get a 405 (POST on these paths is dispatched by AuthAndErrors).
+        Route("/v1/chat/completions", post_only, methods=["POST"]),
+        Route("/v1/completions", post_only, methods=["POST"]),
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/v1/jobs", router.create_job, methods=["POST"]),
         Route("/v1/jobs/{job_id}", router.get_job, methods=["GET"]),
@@ -488,5 +507,5 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> Starlette:
         routes=routes,
         lifespan=lifespan,
         exception_handlers=handlers,
-        middleware=[Middleware(AuthAndErrors, api_key=service.cfg.server.api_key)],
+        middleware=[Middleware(AuthAndErrors, api_key=service.cfg.server.api_key, direct=generation)],
     )

@@ -217,12 +217,10 @@ class Executor:
                             )
                         )
                     if deliver:
-                        yield sse(
-                            failsoft_chunk(
-                                job.kind, progress.chunk_id, progress.created, progress.model, job.failsoft()
-                            )
+                        last = failsoft_chunk(
+                            job.kind, progress.chunk_id, progress.created, progress.model, job.failsoft()
                         )
-                        yield DONE
+                        yield sse(last) + DONE  # one write for the end of the stream
                 return
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away (or stopped reading). A job waiting for approval stays in the user's

@@ -1,5 +1,5 @@
-"""The upstream side: one shared httpx client (kept-alive connections) that always streams from a worker,
-so every token is seen as it arrives and closing the stream cancels the generation at once."""
+"""The upstream side: always streams from a worker (kept-alive connections, see upstream_http), so every
+token is seen as it arrives and closing the stream cancels the generation at once."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from tray_app.service.upstream_http import ConnectionFailed, ConnectTimeout, Response, UpstreamPool
+
 # Messages llama.cpp (and llama-cpp-python around it) produce when memory runs out at decode time.
 _OOM_SIGNATURES = (
     "llama_decode returned -2",
@@ -20,18 +22,6 @@ _OOM_SIGNATURES = (
     "failed to allocate",
     "cudamalloc",
 )
-
-
-# How long to wait for the end of a response after its [DONE]: reading it lets the connection go back to
-# the pool (a response left unread closes it, and the next attempt would pay for a new connection).
-DRAIN_SECONDS = 1.0
-
-
-async def _drain(lines: AsyncIterator[str], deadline: float) -> None:
-    with contextlib.suppress(TimeoutError, StopAsyncIteration, httpx.HTTPError):
-        async with asyncio.timeout_at(deadline):
-            async for _ in lines:
-                pass
 
 
 @dataclass
@@ -81,17 +71,21 @@ def _error_message(body: Any, fallback: str) -> str:
 
 
 class Relay:
-    def __init__(
-        self, connect_timeout: float = 5.0, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    """Streams from the workers over `UpstreamPool` (the hot path); `get_json` (control calls) uses httpx."""
+
+    def __init__(self, connect_timeout: float = 5.0) -> None:
+        self._pool = UpstreamPool(connect_timeout)
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=connect_timeout, read=None, write=30.0, pool=30.0),
-            limits=httpx.Limits(max_connections=128, max_keepalive_connections=64),
             trust_env=False,  # a proxy from the environment must never sit between us and 127.0.0.1
-            transport=transport,
         )
 
+    @property
+    def connections_opened(self) -> int:
+        return self._pool.connections_opened
+
     async def aclose(self) -> None:
+        await self._pool.aclose()
         await self._client.aclose()
 
     async def get_json(self, url: str, timeout: float = 5.0) -> Any:
@@ -108,53 +102,75 @@ class Relay:
         chunk_timeout: float,
     ) -> AsyncGenerator[Chunk, None]:
         """The worker's SSE chunks, parsed. Raises UpstreamError when the attempt fails in any way: an error
-        status, an error event, a dropped connection, a stall past the timeout, or an end without [DONE]."""
+        status, an error event, a dropped connection, a stall past the timeout, or an end without [DONE].
+        `first_timeout` covers everything up to the first event (llama-cpp-python answers a stream only once
+        the prompt is read); `chunk_timeout` each event after that."""
+        loop = asyncio.get_running_loop()
+        timeout = first_timeout
+        deadline = loop.time() + timeout
+        response: Response | None = None
         try:
-            async with self._client.stream(
-                "POST", url, content=body, headers={"Content-Type": "application/json", **headers}
-            ) as response:
-                if response.status_code != 200:
-                    raw = await response.aread()
-                    try:
-                        parsed = json.loads(raw)
-                    except ValueError:
-                        parsed = None
-                    message = _error_message(parsed, raw.decode(errors="replace")[:500])
-                    raise UpstreamError(
-                        classify_error(response.status_code, message), message, response.status_code, parsed
-                    )
-                lines = response.aiter_lines()
-                loop = asyncio.get_running_loop()
-                timeout = first_timeout
-                # Measured from the last data line: keep-alive comments (": ping") must not hide a stall.
-                deadline = loop.time() + timeout
+            async with asyncio.timeout_at(deadline):
+                response = await self._pool.send(
+                    "POST", url, body, {"Content-Type": "application/json", **headers}
+                )
+                if response.status != 200:
+                    raise _status_error(response.status, await response.read())
+            async with contextlib.aclosing(_sse_lines(response.chunks())) as lines:
                 while True:
                     try:
+                        # From the last data line: keep-alive comments (": ping") must not hide a stall.
                         async with asyncio.timeout_at(deadline):
                             line = await anext(lines)
                     except StopAsyncIteration:
                         raise UpstreamError("exited", "the worker ended the stream without [DONE]") from None
-                    except TimeoutError:
-                        raise UpstreamError("hung", f"no output from the worker for {timeout:.1f}s") from None
-                    if not line.startswith("data:"):
+                    if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
-                        await _drain(lines, loop.time() + DRAIN_SECONDS)
+                    if data == b"[DONE]":
+                        response.release()  # the connection is reused once the response's end arrives
+                        response = None
                         return
                     try:
                         obj = json.loads(data)
                     except ValueError:
                         raise UpstreamError(
-                            "exited", f"the worker sent a malformed chunk: {data[:200]}"
+                            "exited", f"the worker sent a malformed chunk: {data[:200]!r}"
                         ) from None
                     if isinstance(obj, dict) and "error" in obj:
-                        message = _error_message(obj, data)
+                        message = _error_message(obj, data.decode(errors="replace"))
                         raise UpstreamError(classify_error(None, message), message, None, obj)
                     timeout = chunk_timeout
-                    yield Chunk(data, obj)
+                    yield Chunk(data.decode(), obj)
                     deadline = loop.time() + timeout
-        except httpx.TimeoutException as error:
-            raise UpstreamError("hung", f"worker timed out: {error!r}") from None
-        except httpx.TransportError as error:
-            raise UpstreamError("exited", f"connection to the worker failed: {error!r}") from None
+        except TimeoutError:
+            raise UpstreamError("hung", f"no output from the worker for {timeout:.1f}s") from None
+        except ConnectTimeout as error:
+            raise UpstreamError("hung", f"worker timed out: {error}") from None
+        except ConnectionFailed as error:
+            raise UpstreamError("exited", f"connection to the worker failed: {error}") from None
+        finally:
+            if response is not None:
+                response.abort()  # failed, cancelled or closed early: the worker must see the client go
+
+
+def _status_error(status: int, raw: bytes) -> UpstreamError:
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    message = _error_message(parsed, raw.decode(errors="replace")[:500])
+    return UpstreamError(classify_error(status, message), message, status, parsed)
+
+
+async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """The lines of an event stream, without their line ends, however the body was cut into chunks."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line := line.rstrip(b"\r"):  # blank lines only separate events
+                yield line
+    if pending:
+        yield pending.rstrip(b"\r")

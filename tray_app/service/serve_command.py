@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ipaddress
 import logging
 
@@ -11,6 +10,7 @@ import uvicorn
 
 from tray_app.cli import load_config
 from tray_app.config import Config, ConfigError
+from tray_app.service import event_loop
 from tray_app.service.app import create_app
 from tray_app.service.service import Service
 
@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"failsoft serve: listening on http://{cfg.server.host}:{cfg.server.port}", flush=True)
     server = uvicorn.Server(uvicorn_config(create_app(service), cfg.server.host, cfg.server.port))
-    asyncio.run(server.serve())
+    event_loop.run(server.serve())
     return 0 if server.started else 1

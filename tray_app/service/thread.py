@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 
@@ -10,6 +9,7 @@ import uvicorn
 
 from tray_app.config import Config
 from tray_app.events import EventBus
+from tray_app.service import event_loop
 from tray_app.service.app import create_app
 from tray_app.service.serve_command import check_bind, uvicorn_config
 from tray_app.service.service import Service
@@ -53,7 +53,7 @@ class ServiceThread:
 
         def run() -> None:
             try:
-                asyncio.run(server.serve(sockets=[sock]))
+                event_loop.run(server.serve(sockets=[sock]))
             except BaseException as error:  # reported to the caller of start()
                 self._error = error
             finally:

@@ -1,0 +1,144 @@
+"""The relay's HTTP client against a scripted server: keep-alive reuse, a connection the server closed
+while idle, a response abandoned after its last event, and what is refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.scripted_http import (
+    LAST_CHUNK,
+    STREAM_HEAD,
+    ScriptedRequest,
+    chunk,
+    json_answer,
+    scripted_server,
+)
+from tray_app.service import upstream_http
+from tray_app.service.upstream_http import ConnectionFailed, UpstreamPool
+
+
+async def answer_ok(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+    writer.write(json_answer(200, b'{"ok": true}', "OK"))
+    return True
+
+
+async def test_connections_are_reused_while_fresh() -> None:
+    pool = UpstreamPool()
+    async with scripted_server(answer_ok) as server:
+        for _ in range(5):
+            response = await pool.send("POST", server.url + "/x", b"{}", {})
+            assert (response.status, await response.read()) == (200, b'{"ok": true}')
+        assert server.connections == 1 and len(server.requests) == 5
+        await pool.aclose()
+    assert pool.connections_opened == 1
+
+
+async def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
+    async def answer_then_close(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(json_answer(200, b"{}", "OK"))
+        return False  # a keep-alive answer, then the server closes (as uvicorn does after its timeout)
+
+    pool = UpstreamPool()
+    async with scripted_server(answer_then_close) as server:
+        for _ in range(3):
+            response = await pool.send("POST", server.url + "/x", b"{}", {})
+            assert await response.read() == b"{}"
+            await asyncio.sleep(0.05)  # the close reaches the client while the connection is idle
+        await pool.aclose()
+    assert server.connections == 3 and len(server.requests) == 3
+
+
+async def test_a_connection_that_breaks_as_it_is_reused_is_retried_once() -> None:
+    served: list[int] = []
+
+    async def close_every_second_request(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        served.append(1)
+        if len(served) % 2 == 0:
+            return False  # read the request, answer nothing, close: what a server closing an idle one does
+        writer.write(json_answer(200, b"{}", "OK"))
+        return True
+
+    pool = UpstreamPool()
+    async with scripted_server(close_every_second_request) as server:
+        for _ in range(2):
+            response = await pool.send("POST", server.url + "/x", b"{}", {})
+            assert await response.read() == b"{}"
+        await pool.aclose()
+    assert server.connections == 2 and len(server.requests) == 3
+
+
+async def test_a_stream_abandoned_after_its_last_event_gives_its_connection_back() -> None:
+    async def stream_slow_end(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD + chunk(b"data: [DONE]\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(LAST_CHUNK)
+        return True
+
+    pool = UpstreamPool()
+    async with scripted_server(stream_slow_end) as server:
+        for _ in range(3):
+            response = await pool.send("POST", server.url + "/x", b"{}", {})
+            chunks = response.chunks()
+            assert await anext(chunks) == b"data: [DONE]\n\n"
+            response.release()  # before the end of the body arrived
+            await asyncio.sleep(0.1)
+        await pool.aclose()
+    assert server.connections == 1 and len(server.requests) == 3
+
+
+async def test_a_stream_that_never_ends_after_release_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(upstream_http, "RELEASE_GRACE_SECONDS", 0.1)
+
+    async def stream_without_end(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD + chunk(b"data: [DONE]\n\n"))
+        return True
+
+    pool = UpstreamPool()
+    async with scripted_server(stream_without_end) as server:
+        for _ in range(2):
+            response = await pool.send("POST", server.url + "/x", b"{}", {})
+            assert await anext(response.chunks()) == b"data: [DONE]\n\n"
+            response.release()
+            await asyncio.sleep(0.3)
+        await pool.aclose()
+    assert server.connections == 2
+
+
+async def test_abort_closes_the_connection_so_the_worker_sees_the_client_go() -> None:
+    closed = asyncio.Event()
+
+    async def endless(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD)
+        try:
+            while True:
+                writer.write(chunk(b": ping\n\n"))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            closed.set()
+            return False
+
+    pool = UpstreamPool()
+    async with scripted_server(endless) as server:
+        response = await pool.send("POST", server.url + "/x", b"{}", {})
+        await anext(response.chunks())
+        response.abort()
+        await asyncio.wait_for(closed.wait(), 5)
+        await pool.aclose()
+
+
+async def test_a_connection_refused_is_reported() -> None:
+    async with scripted_server(answer_ok) as server:
+        url = server.url
+    with pytest.raises(ConnectionFailed, match="cannot connect"):
+        await UpstreamPool().send("POST", url + "/x", b"{}", {})
+
+
+async def test_a_line_break_in_a_header_is_refused() -> None:
+    async with scripted_server(answer_ok) as server:
+        with pytest.raises(ValueError, match="line break"):
+            await UpstreamPool().send("POST", server.url + "/x", b"{}", {"X-Id": "a\r\nEvil: 1"})
+        assert server.requests == []
