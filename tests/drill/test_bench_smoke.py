@@ -40,8 +40,10 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
 
     router = results["router_overhead"]
     for side in ("direct", "router", "added_ms", "ratio"):
-        assert all(number(router[side][key]) for key in ("p50_ms", "p99_ms", "ttft_p50_ms", "gap_mean_ms"))
+        keys = ("p50_ms", "p99_ms", "ttft_p50_ms", "stream_total_p50_ms", "gap_mean_ms")
+        assert all(number(router[side][key]) for key in keys)
     assert router["direct"]["p50_ms"] > 0 and router["router"]["p50_ms"] > 0
+    assert number(router["router_own_ms"]) and router["router_cpu_ms_per_request"] > 0
 
     failover = results["failover_overhead"]
     assert failover["measured"] >= 1

@@ -142,3 +142,24 @@ async def test_a_line_break_in_a_header_is_refused() -> None:
         with pytest.raises(ValueError, match="line break"):
             await UpstreamPool().send("POST", server.url + "/x", b"{}", {"X-Id": "a\r\nEvil: 1"})
         assert server.requests == []
+
+
+async def test_a_deadline_fails_a_silent_stream_but_not_a_slow_reader() -> None:
+    async def three_events_then_silence(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD + b"".join(chunk(b"data: %d\n\n" % n) for n in range(3)))
+        await asyncio.sleep(10)
+        return False
+
+    pool = UpstreamPool()
+    async with scripted_server(three_events_then_silence) as server:
+        response = await pool.send("POST", server.url + "/x", b"{}", {})
+        response.set_deadline(asyncio.get_running_loop().time() + 0.1)
+        await asyncio.sleep(0.3)  # the reader is late: what waits for it is not a stall
+        chunks = response.chunks()
+        received = b""
+        while received.count(b"data:") < 3:
+            received += await anext(chunks)
+        with pytest.raises(upstream_http.Stalled):
+            await anext(chunks)
+        response.abort()
+        await pool.aclose()

@@ -91,7 +91,7 @@ async def _failover(url: str, rounds: int) -> dict[str, Any]:
         await client.aclose()
 
 
-def bench(url: str, rounds: int, progress: Any) -> dict[str, Any]:
+def bench(url: str, rounds: int, progress: Any, router_pid: int | None = None) -> dict[str, Any]:
     started = time.time()
     status = asyncio.run(_ready_status(url))
     results: dict[str, Any] = {
@@ -101,7 +101,9 @@ def bench(url: str, rounds: int, progress: Any) -> dict[str, Any]:
     }
     results["planner_accuracy"] = planner_figures(status)
     progress(f"router overhead ({rounds} rounds)")
-    results["router_overhead"] = measure_overhead(url, status["workers"]["gpu"]["base_url"], rounds=rounds)
+    results["router_overhead"] = measure_overhead(
+        url, status["workers"]["gpu"]["base_url"], rounds=rounds, router_pid=router_pid
+    )
     progress(f"profiles ({sub_rounds(rounds)} rounds)")
     results["profiles"] = asyncio.run(_profiles(url, status, sub_rounds(rounds)))
     progress(f"failover overhead ({sub_rounds(rounds)} rounds)")
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     progress("starting `failsoft serve --enable-faults` for the bench (stopped at the end)")
     try:
         with launched_service(settings) as service:
-            results = bench(service.base_url, args.rounds, progress)
+            results = bench(service.base_url, args.rounds, progress, service.process.pid)
     except (DrillError, LaunchError, RuntimeError) as error:
         print(f"failsoft bench: {error}", file=sys.stderr)
         return 2

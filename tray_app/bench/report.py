@@ -7,10 +7,11 @@ from typing import Any
 from tray_app.sizes import format_size
 
 ROUTER_ROWS = (
+    ("ttft_p50_ms", "streamed time to first token p50"),
+    ("stream_total_p50_ms", "streamed whole response p50"),
+    ("gap_mean_ms", "streamed inter-chunk gap (mean)"),
     ("p50_ms", "non-streamed latency p50"),
     ("p99_ms", "non-streamed latency p99"),
-    ("ttft_p50_ms", "streamed time to first token p50"),
-    ("gap_mean_ms", "streamed inter-chunk gap (mean)"),
 )
 PROFILE_LABELS = {
     "cpu": "CPU worker",
@@ -21,8 +22,8 @@ PROFILE_LABELS = {
 }
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} ms"
+def _ms(value: float | None, decimals: int = 1) -> str:
+    return "-" if value is None else f"{value:.{decimals}f} ms"
 
 
 def _ratio(value: float | None) -> str:
@@ -32,13 +33,20 @@ def _ratio(value: float | None) -> str:
 def router_lines(router: dict[str, Any]) -> list[str]:
     lines = [
         f"router overhead: direct to the GPU worker vs through the router ({router['rounds']} rounds, "
-        f"{router['max_tokens']} tokens, interleaved)"
+        f"{router['max_tokens']} tokens, interleaved; added = median of the paired differences)"
     ]
     for key, label in ROUTER_ROWS:
         lines.append(
-            f"  {label:<34} {_ms(router['direct'][key]):>10} -> {_ms(router['router'][key]):>10}  "
+            f"  {label:<34} {_ms(router['direct'][key], 2):>10} -> {_ms(router['router'][key], 2):>10}  "
             f"{router['added_ms'][key]:+.2f} ms  {_ratio(router['ratio'][key])}"
         )
+    lines.append(
+        f"  {'non-streamed vs worker streaming':<34} {router['router_own_ms']:+.2f} ms  "
+        "(the router streams from the worker; this is the router's own share of the non-streamed figure)"
+    )
+    cpu = router.get("router_cpu_ms_per_request")
+    if cpu is not None:
+        lines.append(f"  {'router process CPU per request':<34} {cpu:.2f} ms")
     return lines
 
 

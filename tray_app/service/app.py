@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -15,7 +16,6 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -36,6 +36,11 @@ from tray_app.sizes import parse_size
 log = logging.getLogger(__name__)
 
 
+@functools.lru_cache(maxsize=8)
+def _size(text: str) -> int:
+    return parse_size(text)
+
+
 def error_response(error: ApiError, headers: dict[str, str] | None = None) -> Response:
     return Response(
         error.body_bytes(),
@@ -46,6 +51,7 @@ def error_response(error: ApiError, headers: dict[str, str] | None = None) -> Re
 
 
 Handler = Callable[[Request], Awaitable[ASGIApp]]
+INTERNAL_ERROR = ApiError(500, "internal error in the router", type="server_error", code="internal_error")
 
 
 class AuthAndErrors:
@@ -89,8 +95,7 @@ class AuthAndErrors:
             log.exception("unhandled error on %s", scope.get("path"))
             if started:
                 raise
-            error = ApiError(500, "internal error in the router", type="server_error", code="internal_error")
-            await error_response(error)(scope, receive, send)
+            await error_response(INTERNAL_ERROR)(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
         for name, value in scope.get("headers", []):
@@ -146,7 +151,7 @@ class Router:
 
     @property
     def max_body(self) -> int:
-        return parse_size(self.svc.cfg.server.max_body)  # read each time: a config reload may change it
+        return _size(self.svc.cfg.server.max_body)  # read each time: a config reload may change it
 
     # ------------------------------------------------------------------------------ helpers
     def _deadline_seconds(self, request: Request) -> float:
@@ -469,7 +474,7 @@ async def not_found(request: Request, exc: Exception) -> Response:
     return error_response(ApiError(status, f"{request.method} {request.url.path}: {detail}", code=code))
 
 
-def create_app(service: Service, *, manage_lifecycle: bool = True) -> Starlette:
+def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     """The ASGI app. With `manage_lifecycle`, starting the app starts the service (workers and all)."""
     router = Router(service)
     ctl = control.Control(service)
@@ -502,10 +507,13 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> Starlette:
             if manage_lifecycle:
                 await service.stop()
 
-    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {HTTPException: not_found}
-    return Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers=handlers,
-        middleware=[Middleware(AuthAndErrors, api_key=service.cfg.server.api_key, direct=generation)],
-    )
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return error_response(INTERNAL_ERROR)  # Starlette logs the exception and raises it on
+
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        HTTPException: not_found,
+        Exception: internal_error,
+    }
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    # Outside Starlette's own middleware, so the generation routes skip it (see AuthAndErrors).
+    return AuthAndErrors(app, service.cfg.server.api_key, direct=generation)

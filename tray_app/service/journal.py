@@ -174,25 +174,32 @@ class Journal:
         self._thread.start()
 
     # writes (queued) ------------------------------------------------------------------------------
+    # The JSON encoding happens on the writer thread, off the response path; callers never change a body or
+    # a result once they handed it over.
     def add_job(self, job: dict[str, Any]) -> None:
         row = dict(job)
-        row["body"] = json.dumps(row["body"])
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        self._queue.put(
-            lambda c: c.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(row.values()))
-        )
+
+        def insert(c: sqlite3.Connection) -> None:
+            row["body"] = json.dumps(row["body"])
+            c.execute(f"INSERT INTO jobs ({columns}) VALUES ({marks})", tuple(row.values()))
+
+        self._queue.put(insert)
 
     def update_job(self, job_id: str, **values: Any) -> None:
         unknown = set(values) - set(_JOB_FIELDS)
         if unknown:
             raise ValueError(f"unknown job fields {sorted(unknown)}")
-        if "result" in values and values["result"] is not None:
-            values["result"] = json.dumps(values["result"])
         values["updated_at"] = time.time()
         assignments = ", ".join(f"{name} = ?" for name in values)
-        params = (*values.values(), job_id)
-        self._queue.put(lambda c: c.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", params))
+
+        def update(c: sqlite3.Connection) -> None:
+            if values.get("result") is not None:
+                values["result"] = json.dumps(values["result"])
+            c.execute(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values.values(), job_id))
+
+        self._queue.put(update)
 
     def start_attempt(self, job_id: str, number: int, worker: str, started_at: float) -> None:
         params = (job_id, number, worker, started_at)

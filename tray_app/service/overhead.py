@@ -1,5 +1,13 @@
 """Router overhead: the same requests sent straight to a worker and through the router, interleaved, so
-both see the same machine. Returns figures (milliseconds) and the router-minus-direct differences."""
+both see the same machine. Returns figures (milliseconds) and what the router adds.
+
+`added_ms` is the median of the per-round differences (router minus direct, one pair per round), which
+cancels most of the drift a generation's own time has from one round to the next; p99 and the chunk gap
+are compared as whole distributions. The router always streams from the worker (it needs every token to
+detect a stalled worker and to cancel at once), so a non-streamed request through it costs the worker its
+streaming; `router_own_ms` separates that: the router's non-streamed answer against the worker's own
+streamed total, the same work upstream.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 
-IDLE_SAMPLE_SECONDS = 3.0
 PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 
@@ -19,6 +27,7 @@ PROMPT = [{"role": "user", "content": "Name three colours."}]
 class Samples:
     latency: list[float] = field(default_factory=list)  # non-streamed, whole request
     first_token: list[float] = field(default_factory=list)  # streamed, time to the first content chunk
+    stream_total: list[float] = field(default_factory=list)  # streamed, until the end of the response
     gaps: list[float] = field(default_factory=list)  # streamed, time between content chunks
 
 
@@ -28,11 +37,11 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def _plain(client: httpx.Client, url: str, body: dict[str, Any]) -> float:
+def _plain(client: httpx.Client, url: str, body: dict[str, Any], samples: Samples) -> None:
     started = time.perf_counter()
     response = client.post(url, json=body)
     response.raise_for_status()
-    return time.perf_counter() - started
+    samples.latency.append(time.perf_counter() - started)
 
 
 def _streamed(client: httpx.Client, url: str, body: dict[str, Any], samples: Samples) -> None:
@@ -52,6 +61,7 @@ def _streamed(client: httpx.Client, url: str, body: dict[str, Any], samples: Sam
             else:
                 samples.gaps.append(now - last)
             last = now
+    samples.stream_total.append(time.perf_counter() - started)
 
 
 def _summary(samples: Samples) -> dict[str, float]:
@@ -60,36 +70,64 @@ def _summary(samples: Samples) -> dict[str, float]:
         "p50_ms": statistics.median(samples.latency) * ms,
         "p99_ms": _percentile(samples.latency, 0.99) * ms,
         "ttft_p50_ms": statistics.median(samples.first_token) * ms,
+        "stream_total_p50_ms": statistics.median(samples.stream_total) * ms,
         "gap_mean_ms": statistics.fmean(samples.gaps) * ms if samples.gaps else 0.0,
     }
+
+
+def _paired(router: list[float], direct: list[float]) -> float:
+    return statistics.median(r - d for r, d in zip(router, direct, strict=True)) * 1000.0
+
+
+def _cpu_seconds(process: psutil.Process | None) -> float:
+    if process is None:
+        return 0.0
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def measure_overhead(
     router_url: str,
     worker_url: str,
     rounds: int = 40,
-    max_tokens: int = 16,
+    max_tokens: int = 8,
     headers: dict[str, str] | None = None,
+    router_pid: int | None = None,
 ) -> dict[str, Any]:
     """Send `rounds` identical requests to the worker (`worker_url`) and to the router (`router_url`),
-    alternating, non-streamed and streamed; return both sets of figures and the router's additions."""
+    alternating, non-streamed and streamed; return both sets of figures and the router's additions. With
+    `router_pid`, also the router process's CPU time per routed request (its background work included)."""
     body = {"messages": PROMPT, "max_tokens": max_tokens, "temperature": 0, "seed": 1}
     direct, routed = Samples(), Samples()
     path = "/v1/chat/completions"
+    router_process = psutil.Process(router_pid) if router_pid else None
+    router_cpu = 0.0
     with httpx.Client(timeout=120, trust_env=False, headers=headers or {}) as client:
         for url in (worker_url, router_url):  # warm both paths (connections, caches) before measuring
-            _plain(client, url + path, body)
+            _plain(client, url + path, body, Samples())
+            _streamed(client, url + path, body, Samples())
         for _ in range(rounds):
-            direct.latency.append(_plain(client, worker_url + path, body))
-            routed.latency.append(_plain(client, router_url + path, body))
+            _plain(client, worker_url + path, body, direct)
             _streamed(client, worker_url + path, body, direct)
+            before = _cpu_seconds(router_process)
+            _plain(client, router_url + path, body, routed)
             _streamed(client, router_url + path, body, routed)
+            router_cpu += _cpu_seconds(router_process) - before
     a, b = _summary(direct), _summary(routed)
+    added = {
+        "p50_ms": _paired(routed.latency, direct.latency),
+        "p99_ms": b["p99_ms"] - a["p99_ms"],
+        "ttft_p50_ms": _paired(routed.first_token, direct.first_token),
+        "stream_total_p50_ms": _paired(routed.stream_total, direct.stream_total),
+        "gap_mean_ms": b["gap_mean_ms"] - a["gap_mean_ms"],
+    }
     return {
         "rounds": rounds,
         "max_tokens": max_tokens,
         "direct": a,
         "router": b,
-        "added_ms": {key: b[key] - a[key] for key in a},
+        "added_ms": added,
         "ratio": {key: (b[key] / a[key] if a[key] else 0.0) for key in a},
+        "router_own_ms": _paired(routed.latency, direct.stream_total),
+        "router_cpu_ms_per_request": (router_cpu / (2 * rounds) * 1000.0) if router_process else None,
     }

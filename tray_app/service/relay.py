@@ -12,7 +12,13 @@ from typing import Any
 
 import httpx
 
-from tray_app.service.upstream_http import ConnectionFailed, ConnectTimeout, Response, UpstreamPool
+from tray_app.service.upstream_http import (
+    ConnectionFailed,
+    ConnectTimeout,
+    Response,
+    Stalled,
+    UpstreamPool,
+)
 
 # Messages llama.cpp (and llama-cpp-python around it) produce when memory runs out at decode time.
 _OOM_SIGNATURES = (
@@ -116,12 +122,12 @@ class Relay:
                 )
                 if response.status != 200:
                     raise _status_error(response.status, await response.read())
+            # From the last data line: keep-alive comments (": ping") must not hide a stall.
+            response.set_deadline(deadline)
             async with contextlib.aclosing(_sse_lines(response.chunks())) as lines:
                 while True:
                     try:
-                        # From the last data line: keep-alive comments (": ping") must not hide a stall.
-                        async with asyncio.timeout_at(deadline):
-                            line = await anext(lines)
+                        line = await anext(lines)
                     except StopAsyncIteration:
                         raise UpstreamError("exited", "the worker ended the stream without [DONE]") from None
                     if not line.startswith(b"data:"):
@@ -141,9 +147,9 @@ class Relay:
                         message = _error_message(obj, data.decode(errors="replace"))
                         raise UpstreamError(classify_error(None, message), message, None, obj)
                     timeout = chunk_timeout
+                    response.set_deadline(loop.time() + timeout)
                     yield Chunk(data.decode(), obj)
-                    deadline = loop.time() + timeout
-        except TimeoutError:
+        except (TimeoutError, Stalled):
             raise UpstreamError("hung", f"no output from the worker for {timeout:.1f}s") from None
         except ConnectTimeout as error:
             raise UpstreamError("hung", f"worker timed out: {error}") from None

@@ -39,6 +39,10 @@ class ConnectTimeout(ConnectionFailed):
     """No connection within the connect timeout."""
 
 
+class Stalled(Exception):
+    """A response's deadline passed with nothing waiting to be read (see `Response.set_deadline`)."""
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection and the response currently arriving on it."""
 
@@ -114,6 +118,9 @@ class Response:
         self.received_any = False
         self.complete = False
         self._abandoned = False
+        self._loop = loop
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
 
     # httptools callbacks ------------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -131,11 +138,37 @@ class Response:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        self._stop_timer()
         self._queue.put_nowait(_END)
         if self._abandoned:
             self._connection.finished(self)
 
     # ---------------------------------------------------------------------------------------------
+    def set_deadline(self, when: float) -> None:
+        """Fail with Stalled when the loop's clock passes `when` while nothing is waiting to be read. Each
+        call moves the deadline; one timer serves them all (cheaper than a timeout scope per read)."""
+        self._deadline = when
+        if self._timer is None and not self.complete:
+            self._timer = self._loop.call_at(when, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._timer = None
+        if self.complete or self._connection.response is not self:
+            return
+        now = self._loop.time()
+        if now < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._check_deadline)
+        elif not self._queue.empty():
+            # The reader is behind (a slow client downstream), not the worker: look again shortly.
+            self._timer = self._loop.call_at(now + 0.05, self._check_deadline)
+        else:
+            self.fail(Stalled())
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def fail(self, error: Exception) -> None:
         if not self.headers_ready.done():
             self.headers_ready.set_exception(error)
@@ -159,6 +192,7 @@ class Response:
     def release(self) -> None:
         """Done with this response: its connection goes back to the pool once the response has ended
         (at once if it has, else when its last bytes arrive within a grace period), otherwise it closes."""
+        self._stop_timer()
         if self._connection.response is not self:
             return
         if self.complete:
@@ -170,6 +204,7 @@ class Response:
 
     def abort(self) -> None:
         """Stop reading now: the connection closes (the worker sees the client go away)."""
+        self._stop_timer()
         if self._connection.response is self:
             self._connection.close()
 
