@@ -92,16 +92,26 @@ class WorkerProfiles:
     notes: tuple[str, ...] = ()  # what the service should tell the user about these choices
 
 
-def _threads(cfg: Config) -> int:
-    return cfg.cpu.threads or physical_cores()
+def worker_threads(cfg: Config, role: Role, simulated_gpu: bool) -> int:
+    """llama.cpp threads for a worker: `cpu.threads` when set, else the physical cores, except next to a
+    simulated GPU. That worker computes on the same cores as the CPU worker, and llama.cpp's threads spin at
+    every barrier: two workers with a thread per core each slow each other down many times over whenever
+    both generate (64 tokens took 45 s instead of 1 s on 2 cores). So there the cores are split."""
+    if cfg.cpu.threads:
+        return cfg.cpu.threads
+    cores = physical_cores()
+    if not simulated_gpu:
+        return cores
+    gpu_share = max(cores // 2, 1)
+    return gpu_share if role == "gpu" else max(cores - gpu_share, 1)
 
 
-def _from_plan(cfg: Config, plan: Plan, model_path: Path) -> dict[str, Any]:
+def _from_plan(cfg: Config, plan: Plan, model_path: Path, threads: int) -> dict[str, Any]:
     """What both workers take the same way from their plan and the config."""
     return {
         "model_path": model_path,
         "n_ctx": plan.n_ctx,
-        "n_threads": _threads(cfg),
+        "n_threads": threads,
         "n_parallel": plan.n_parallel,
         "n_ubatch": plan.n_ubatch,
         "cache_type_k": plan.cache_type_k,
@@ -119,24 +129,31 @@ def gpu_profile(cfg: Config, plan: Plan, model_path: Path, simulated_free_bytes:
         simulated_vram_bytes=simulated_free_bytes,
         warm=True,
         warm_reason="the GPU worker always starts with the service",
-        **_from_plan(cfg, plan, model_path),
+        **_from_plan(cfg, plan, model_path, worker_threads(cfg, "gpu", simulated_free_bytes is not None)),
     )
 
 
-def cpu_profile(cfg: Config, plan: Plan, model_path: Path) -> WorkerProfile:
+def cpu_profile(
+    cfg: Config, plan: Plan, model_path: Path, *, beside_simulated_gpu: bool = False
+) -> WorkerProfile:
     if not plan.fits:
         warm, reason = False, f"started on demand only: {plan.reason}"
     elif not cfg.cpu.warm:
         warm, reason = False, "started on demand (cpu.warm = false)"
     else:
         warm, reason = True, f"warm: {plan.reason}"
+    threads = worker_threads(cfg, "cpu", beside_simulated_gpu)
     return WorkerProfile(
-        role="cpu", n_gpu_layers=0, warm=warm, warm_reason=reason, **_from_plan(cfg, plan, model_path)
+        role="cpu",
+        n_gpu_layers=0,
+        warm=warm,
+        warm_reason=reason,
+        **_from_plan(cfg, plan, model_path, threads),
     )
 
 
 def profiles_from_plans(cfg: Config, plan_set: PlanSet, *, enable_faults: bool = False) -> WorkerProfiles:
-    """The GPU worker from the GPU plan, the CPU worker from the RAM plan (threads = physical cores)."""
+    """The GPU worker from the GPU plan, the CPU worker from the RAM plan (threads: see worker_threads)."""
     model_path = cfg.model_path()
     notes: list[str] = []
     gpu: WorkerProfile | None = None
@@ -147,7 +164,8 @@ def profiles_from_plans(cfg: Config, plan_set: PlanSet, *, enable_faults: bool =
         notes.append(f"no GPU worker: {plan_set.device.reason or 'no GPU device'}")
     cpu: WorkerProfile | None = None
     if cfg.cpu.enabled:
-        cpu = cpu_profile(cfg, plan_set.cpu, model_path)
+        simulated_gpu = plan_set.device.available and plan_set.device.simulated
+        cpu = cpu_profile(cfg, plan_set.cpu, model_path, beside_simulated_gpu=simulated_gpu)
         if not cpu.warm:
             notes.append(f"CPU worker {cpu.warm_reason}")
     else:
