@@ -86,10 +86,6 @@ class Relay:
             trust_env=False,  # a proxy from the environment must never sit between us and 127.0.0.1
         )
 
-    @property
-    def connections_opened(self) -> int:
-        return self._pool.connections_opened
-
     async def aclose(self) -> None:
         await self._pool.aclose()
         await self._client.aclose()
