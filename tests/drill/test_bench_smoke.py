@@ -38,12 +38,15 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(done.stdout)
 
-    router = results["router_overhead"]
-    for side in ("direct", "router", "added_ms", "ratio"):
-        keys = ("p50_ms", "p99_ms", "ttft_p50_ms", "stream_total_p50_ms", "gap_mean_ms")
-        assert all(number(router[side][key]) for key in keys)
-    assert router["direct"]["p50_ms"] > 0 and router["router"]["p50_ms"] > 0
-    assert number(router["router_own_ms"]) and router["router_cpu_ms_per_request"] > 0
+    for name, tokens in (("router_fixed_cost", 1), ("router_overhead", 8)):
+        router = results[name]
+        assert router["max_tokens"] == tokens
+        for side in ("direct", "router", "added_ms", "ratio"):
+            keys = ("p50_ms", "p99_ms", "ttft_p50_ms", "stream_total_p50_ms", "gap_mean_ms")
+            assert all(number(router[side][key]) for key in keys)
+        assert router["direct"]["p50_ms"] > 0 and router["router"]["p50_ms"] > 0
+        assert number(router["router_own_ms"]) and router["router_cpu_ms_per_request"] > 0
+    assert results["router_overhead"]["direct"]["gap_mean_ms"] > 0
 
     failover = results["failover_overhead"]
     assert failover["measured"] >= 1

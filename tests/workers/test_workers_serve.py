@@ -165,3 +165,37 @@ async def test_an_on_demand_worker_starts_when_first_needed(
     assert await supervisor.ensure_ready(30)
     first = recorder.of_type("worker_state", "cpu")[0]
     assert (first.old, first.new, first.reason) == ("stopped", "starting", "started on demand")  # type: ignore[attr-defined]
+
+
+async def test_a_stream_the_client_leaves_stops_generating(
+    make_supervisor: SupervisorFactory, gpu_profile: WorkerProfile
+) -> None:
+    supervisor = make_supervisor(gpu_profile)
+    assert await supervisor.start()
+    # An armed fault counts the tokens generated since it was armed: still armed at the end means the
+    # abandoned generation stopped long before its 400 tokens.
+    await supervisor.arm_fault("oom_decode", after_tokens=200)
+    async with (
+        client_for(supervisor) as client,
+        httpx.AsyncClient(base_url=supervisor.base_url or "", trust_env=False) as http,
+    ):
+        stream = await client.chat.completions.create(
+            model="m", messages=HELLO, max_tokens=400, stream=True, extra_body={"min_tokens": 400}
+        )
+        received = 0
+        async for _chunk in stream:
+            received += 1
+            if received == 3:
+                break
+        await stream.close()
+        # The model's lock is taken in turn: this answer comes only once the abandoned generation let go.
+        answer = await client.chat.completions.create(model="m", messages=HELLO, max_tokens=4)
+        assert answer.choices[0].message.content
+        health = (await http.get("/health")).json()
+        assert health["armed_fault"] == {"kind": "oom_decode", "after_tokens": 200}
+
+        # A streamed request its schema rejects still gets llama-cpp-python's own answer.
+        rejected = await http.post(
+            "/v1/chat/completions", json={"messages": HELLO, "max_tokens": "many", "stream": True}
+        )
+        assert rejected.status_code == 500 and "validation error" in rejected.json()["error"]["message"]

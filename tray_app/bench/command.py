@@ -38,6 +38,9 @@ def bench_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
     return data
 
 
+OVERHEAD_TOKENS = 8
+
+
 def sub_rounds(rounds: int) -> int:
     """Rounds for the slower measurements (profiles, failovers): a sixth of the overhead's, at least 2."""
     return max(rounds // 6, 2)
@@ -100,9 +103,16 @@ def bench(url: str, rounds: int, progress: Any, router_pid: int | None = None) -
         "service": service_summary(url, status, True),
     }
     results["planner_accuracy"] = planner_figures(status)
-    progress(f"router overhead ({rounds} rounds)")
+    worker_url = status["workers"]["gpu"]["base_url"]
+    # One token first: the router's fixed cost per request, with no generation time around it to add
+    # noise; then a short answer for the per-chunk cost.
+    progress(f"router overhead, 1 token ({rounds} rounds)")
+    results["router_fixed_cost"] = measure_overhead(
+        url, worker_url, rounds=rounds, max_tokens=1, router_pid=router_pid
+    )
+    progress(f"router overhead, {OVERHEAD_TOKENS} tokens ({rounds} rounds)")
     results["router_overhead"] = measure_overhead(
-        url, status["workers"]["gpu"]["base_url"], rounds=rounds, router_pid=router_pid
+        url, worker_url, rounds=rounds, max_tokens=OVERHEAD_TOKENS, router_pid=router_pid
     )
     progress(f"profiles ({sub_rounds(rounds)} rounds)")
     results["profiles"] = asyncio.run(_profiles(url, status, sub_rounds(rounds)))

@@ -36,6 +36,8 @@ def router_lines(router: dict[str, Any]) -> list[str]:
         f"{router['max_tokens']} tokens, interleaved; added = median of the paired differences)"
     ]
     for key, label in ROUTER_ROWS:
+        if key == "gap_mean_ms" and router["max_tokens"] == 1:
+            continue  # one token: no gap between chunks
         lines.append(
             f"  {label:<34} {_ms(router['direct'][key], 2):>10} -> {_ms(router['router'][key], 2):>10}  "
             f"{router['added_ms'][key]:+.2f} ms  {_ratio(router['ratio'][key])}"
@@ -105,6 +107,8 @@ def text(results: dict[str, Any]) -> str:
     lines = [
         f"failsoft bench: model {service.get('model')}; GPU {device.get('name')} "
         f"{format_size(int(device.get('total_bytes') or 0))}{label}; {results['seconds']:.0f}s",
+        "",
+        *router_lines(results["router_fixed_cost"]),
         "",
         *router_lines(results["router_overhead"]),
         "",

@@ -1,4 +1,5 @@
-"""The worker's ASGI app: /health and /debug/faults answered here, everything else by llama-cpp-python's app.
+"""The worker's ASGI app: /health and /debug/faults answered here, streamed completions by `lean_stream`,
+everything else by llama-cpp-python's app.
 
 /health never touches the model or its lock: it reads `WorkerState`, so it answers while a generation runs
 (generation happens in a thread-pool thread with the GIL released inside llama.cpp). Until the model is
@@ -16,6 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from tray_app.worker import lean_stream
 from tray_app.worker.state import WorkerState
 
 CONTROL_PATHS = frozenset({"/health", "/debug/faults"})
@@ -80,5 +82,8 @@ class WorkerApp:
         model_app = self._state.model_app
         if scope["type"] == "lifespan" or model_app is None or scope.get("path") in CONTROL_PATHS:
             await self._control(scope, receive, send)
+            return
+        if lean_stream.handles(scope):
+            await lean_stream.serve(scope, receive, send, model_app)
             return
         await model_app(scope, receive, send)
