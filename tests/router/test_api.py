@@ -312,6 +312,46 @@ def test_background_job_runs_and_can_be_collected(svc: ServiceHandle) -> None:
     assert done["result"]["failsoft"]["job_id"] == job_id
 
 
+def _worker_pids(svc: ServiceHandle) -> dict[str, int]:
+    return {role: worker["pid"] for role, worker in svc.status()["workers"].items()}
+
+
+def test_a_grammar_llama_cpp_cannot_parse_is_refused_and_no_worker_dies(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
+    svc.wait_workers_ready()
+    before = _worker_pids(svc)
+    for grammar, code in (("root ::= (", "invalid_grammar"), ('x ::= "a"', "invalid_grammar"), (5, None)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="default", messages=CHAT, max_tokens=4, extra_body={"grammar": grammar}
+            )
+        assert refused.value.param == "grammar"
+        assert code is None or refused.value.code == code
+
+    # The workers refuse it too, for a client that reaches them directly, and keep serving.
+    worker = svc.status()["workers"]["gpu"]["base_url"]
+    body = {"messages": CHAT, "max_tokens": 4, "grammar": "root ::= ("}
+    whole = httpx.post(f"{worker}/v1/chat/completions", json=body, timeout=60)
+    assert whole.status_code == 500 and "not valid GBNF" in whole.json()["error"]["message"]
+    streamed = {**body, "stream": True}
+    with httpx.stream("POST", f"{worker}/v1/chat/completions", json=streamed, timeout=60) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data:")]
+    assert "not valid GBNF" in events[0] and events[-1] == "data: [DONE]"
+
+    # A grammar llama.cpp accepts constrains the answer, whole and streamed.
+    yes_no = {"grammar": 'root ::= "yes" | "no"'}
+    answer = client.chat.completions.create(
+        model="default", messages=CHAT, max_tokens=4, temperature=0, extra_body=yes_no
+    )
+    assert answer.choices[0].message.content in ("yes", "no")
+    stream = client.chat.completions.create(
+        model="default", messages=CHAT, max_tokens=4, temperature=0, extra_body=yes_no, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) in ("yes", "no")
+    assert _worker_pids(svc) == before
+
+
 def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
     response = httpx.post(svc.base_url + "/v1/jobs", json={**COUNTING, "max_tokens": 400}, timeout=30)
     job_id = response.json()["id"]

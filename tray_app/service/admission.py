@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tray_app import grammar_check
+
 DEFAULT_CHAT_TEMPLATE_STOP = "<|im_end|>"
 CONTENT_CACHE_SIZE = 4096
 
@@ -38,6 +40,10 @@ class TokenCounter:
             eos = vocab._model.token_get_text(vocab.token_eos()) if vocab.token_eos() != -1 else ""
             bos = vocab._model.token_get_text(vocab.token_bos()) if vocab.token_bos() != -1 else ""
             self._formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+
+    def grammar_error(self, grammar: str) -> str | None:
+        """None when llama.cpp's parser accepts this GBNF grammar; otherwise what it said."""
+        return grammar_check.grammar_error(self._vocab, grammar)
 
     def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int:
         data = text.encode("utf-8")

@@ -25,7 +25,7 @@ from tray_app.events import RouteDecided
 from tray_app.service import control, idempotency, policy
 from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.service.assemble import result_to_stream
-from tray_app.service.errors import ApiError, unavailable
+from tray_app.service.errors import ApiError, bad_request, unavailable
 from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.service.executor import retry_after_seconds
 from tray_app.service.jobs import Job, new_id, stored_summary
@@ -226,6 +226,10 @@ class Router:
         if body.get("seed") is None:
             # Pinned before the first attempt, so a replay on the same weights samples the same way.
             body["seed"] = secrets.randbelow(2**31)
+        grammar = body.get("grammar")
+        if grammar and (problem := self.svc.tokens.grammar_error(grammar)) is not None:
+            # Refused here: llama-cpp-python would crash the worker on it (see tray_app.grammar_check).
+            raise bad_request(f"'grammar' is not valid GBNF: {problem}", "grammar", code="invalid_grammar")
         prompt_tokens = self.svc.count_prompt(parsed.kind, body)
         n_ctx = self.svc.plan_set.gpu.n_ctx_per_seq
         max_tokens = requested_tokens(prompt_tokens, parsed.max_tokens, n_ctx)

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from tray_app.grammar_check import INVALID_GRAMMAR
 from tray_app.service.upstream_http import (
     ConnectionFailed,
     ConnectTimeout,
@@ -57,10 +58,10 @@ class UpstreamError(Exception):
 def classify_error(status: int | None, message: str) -> str:
     if status is not None and 400 <= status < 500:
         return "client_error"
-    if "validation error" in message.lower():
+    lowered = message.lower()
+    if "validation error" in lowered or INVALID_GRAMMAR in lowered:
         # llama-cpp-python answers a request its schema rejects with a 500; it is still the request's fault.
         return "client_error"
-    lowered = message.lower()
     if any(signature in lowered for signature in _OOM_SIGNATURES):
         return "oom_decode"
     return "crash_abort" if "abort" in lowered else "exited"

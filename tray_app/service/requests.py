@@ -93,6 +93,9 @@ def _check_common(body: dict[str, Any]) -> int | None:
         if not _is_int(value) or value < 1:
             raise bad_request(f"'{name}' must be an integer >= 1", name)
         max_tokens = value
+    grammar = body.get("grammar")
+    if grammar is not None and not isinstance(grammar, str):
+        raise bad_request("'grammar' must be a string (GBNF)", "grammar")
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")

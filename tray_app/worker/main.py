@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from tray_app.worker import stream_errors
+from tray_app.worker import grammar_guard, stream_errors
 from tray_app.worker.app import WorkerApp
 from tray_app.worker.args import parse_args
 from tray_app.worker.faults import FaultInjector
@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     state = WorkerState(args=args, faults=FaultInjector() if args.enable_faults else None)
     stream_errors.install()
+    grammar_guard.install()
     config = uvicorn.Config(
         WorkerApp(state),
         host=args.host,
