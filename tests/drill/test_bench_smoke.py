@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tray_app.bench import report
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
@@ -65,6 +67,10 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
             assert number(rows[name]["ratio"]) and rows[name]["reported_bytes"] > 0, rows
         # The KV cache is computed exactly (the planner's formula is llama.cpp's).
         assert rows["kv"]["ratio"] == 1.0
+
+    printed = report.text(results)  # what `failsoft bench` prints without --json
+    assert "(3 rounds, 1 token, interleaved" in printed and "(3 rounds, 8 tokens, interleaved" in printed
+    assert printed.count("streamed inter-chunk gap") == 1  # one token has no gap to show
 
     (saved,) = (tmp_path / "data" / "reports").glob("bench-*.json")
     assert json.loads(saved.read_text()) == results

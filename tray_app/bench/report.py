@@ -33,7 +33,8 @@ def _ratio(value: float | None) -> str:
 def router_lines(router: dict[str, Any]) -> list[str]:
     lines = [
         f"router overhead: direct to the GPU worker vs through the router ({router['rounds']} rounds, "
-        f"{router['max_tokens']} tokens, interleaved; added = median of the paired differences)"
+        f"{router['max_tokens']} token{'' if router['max_tokens'] == 1 else 's'}, interleaved; "
+        "added = median of the paired differences)"
     ]
     for key, label in ROUTER_ROWS:
         if key == "gap_mean_ms" and router["max_tokens"] == 1:
