@@ -352,6 +352,51 @@ def test_a_grammar_llama_cpp_cannot_parse_is_refused_and_no_worker_dies(
     assert _worker_pids(svc) == before
 
 
+def test_a_request_the_worker_refuses_is_the_clients_error_and_no_worker_restarts(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
+    svc.wait_workers_ready()
+    before = _worker_pids(svc)
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    # Passes the router's checks; llama-cpp-python raises on it inside the worker and answers 500.
+    missing_tool = {
+        "model": "default",
+        "messages": CHAT,
+        "max_tokens": 4,
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "subtract"}},
+    }
+    for stream in (False, True):
+        # A stream that fails before its first event gets the status too, not a 200 and an error event.
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**missing_tool, stream=stream)
+        assert "subtract" in refused.value.message
+        assert refused.value.response.headers["x-failsoft-attempts"] == "1"
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.completions.create(model="default", prompt="", max_tokens=4)
+    assert empty.value.code == "empty_prompt"
+    assert _worker_pids(svc) == before
+    # The workers still answer.
+    assert client.chat.completions.create(model="default", messages=CHAT, max_tokens=2).choices
+
+
+def test_structured_output_with_a_json_schema(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+        "required": ["colour"],
+    }
+    answer = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Pick a colour."}],
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}},
+    )
+    content = answer.choices[0].message.content or ""
+    assert json.loads(content)["colour"] in ("red", "green", "blue")
+
+
 def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
     response = httpx.post(svc.base_url + "/v1/jobs", json={**COUNTING, "max_tokens": 400}, timeout=30)
     job_id = response.json()["id"]

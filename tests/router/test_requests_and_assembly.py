@@ -8,7 +8,7 @@ import pytest
 
 from tray_app.service.assemble import Assembler, result_to_stream
 from tray_app.service.errors import ApiError
-from tray_app.service.requests import check_model, parse_request
+from tray_app.service.requests import Kind, check_model, parse_request
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -32,6 +32,17 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
         ({**CHAT, "n": 2}, "n"),
         ({**CHAT, "tools": {"a": 1}}, "tools"),
         ({**CHAT, "model": 3}, "model"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "tool", "tool_call_id": "1"}]}, "messages[0].content"),
+        ({**CHAT, "logprobs": 3}, "logprobs"),
+        ({**CHAT, "grammar": ["root"]}, "grammar"),
+        ({**CHAT, "logit_bias": {"abc": 5}}, "logit_bias"),
+        ({**CHAT, "logit_bias": {"12": "up"}}, "logit_bias"),
+        ({**CHAT, "logit_bias": [1]}, "logit_bias"),
+        (
+            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema",
+        ),
     ],
 )
 def test_wrong_chat_fields_are_400_naming_the_field(body: dict[str, object], param: str) -> None:
@@ -39,6 +50,41 @@ def test_wrong_chat_fields_are_400_naming_the_field(body: dict[str, object], par
         parse_request("chat", json.dumps(body).encode())
     assert error.value.status == 400
     assert error.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        ("chat", {**CHAT, "logprobs": True, "top_logprobs": 2}),
+        ("completion", {"prompt": "hi", "logprobs": 0}),
+        ("completion", {"prompt": "hi", "logprobs": 5}),
+    ],
+)
+def test_log_probabilities_are_refused_up_front(kind: Kind, body: dict[str, object]) -> None:
+    # The workers run without all-token logits; llama-cpp-python would raise deep inside the worker.
+    with pytest.raises(ApiError) as error:
+        parse_request(kind, json.dumps(body).encode())
+    assert (error.value.status, error.value.code, error.value.param) == (400, "unsupported_value", "logprobs")
+
+
+def test_what_the_checks_accept() -> None:
+    accepted = [
+        (
+            "chat",
+            {
+                "messages": [
+                    {"role": "assistant", "content": None, "tool_calls": []},
+                    {"role": "user", "content": "x"},
+                ]
+            },
+        ),
+        ("chat", {**CHAT, "logprobs": False, "logit_bias": {"12": -100, "-1": 2.5}}),
+        ("chat", {**CHAT, "logit_bias": {"hello": 5}, "logit_bias_type": "tokens"}),
+        ("chat", {**CHAT, "grammar": 'root ::= "yes"'}),
+        ("completion", {"prompt": "hi", "logprobs": None}),
+    ]
+    for kind, body in accepted:
+        assert parse_request(kind, json.dumps(body).encode()).body == body
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b"[1, 2]", b"null", b"\xff\xfe"])

@@ -26,7 +26,7 @@ from tray_app.service import control, idempotency, policy
 from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.service.assemble import result_to_stream
 from tray_app.service.errors import ApiError, bad_request, unavailable
-from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
+from tray_app.service.event_stream import SSE_HEADERS, EarlyAnswer, EventStreamResponse, Pieces
 from tray_app.service.executor import retry_after_seconds
 from tray_app.service.jobs import Job, new_id, stored_summary
 from tray_app.service.requests import Kind, ParsedRequest, check_model, parse_json_object, parse_request
@@ -136,6 +136,14 @@ def job_headers(job: Job, complete: bool = True) -> dict[str, str]:
     return headers
 
 
+def _worker_response_format(response_format: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's structured outputs (`json_schema`) in the form llama-cpp-python takes: a JSON object with a
+    schema, which it turns into a grammar."""
+    if response_format.get("type") != "json_schema":
+        return response_format
+    return {"type": "json_object", "schema": response_format["json_schema"]["schema"]}
+
+
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:
     """The worker's schema wants a string as content; OpenAI clients send null next to tool calls."""
     if message.get("content") is None and message.get("role") == "assistant":
@@ -220,6 +228,8 @@ class Router:
         body = dict(parsed.body)
         if parsed.kind == "chat":
             body["messages"] = [_worker_compatible(message) for message in body["messages"]]
+            if isinstance(body.get("response_format"), dict):
+                body["response_format"] = _worker_response_format(body["response_format"])
         if body.get("model") is None:
             # Otherwise llama.cpp names the model by its file path in every chunk.
             body["model"] = self.svc.model_id
@@ -231,6 +241,9 @@ class Router:
             # Refused here: llama-cpp-python would crash the worker on it (see tray_app.grammar_check).
             raise bad_request(f"'grammar' is not valid GBNF: {problem}", "grammar", code="invalid_grammar")
         prompt_tokens = self.svc.count_prompt(parsed.kind, body)
+        if prompt_tokens == 0:
+            # llama-cpp-python fails an assertion on it; this model adds no start token to continue from.
+            raise bad_request("the prompt is empty", "prompt", code="empty_prompt")
         n_ctx = self.svc.plan_set.gpu.n_ctx_per_seq
         max_tokens = requested_tokens(prompt_tokens, parsed.max_tokens, n_ctx)
         if parsed.max_tokens is None:
@@ -367,14 +380,18 @@ class Router:
         self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
         if job.state == "completed" and job.result is not None:
             return Response(json.dumps(job.result), media_type="application/json", headers=job_headers(job))
+        status, headers, body = self._error_answer(job)
+        return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+    @staticmethod
+    def _error_answer(job: Job) -> EarlyAnswer:
+        """The status, headers and OpenAI error body of a job that ended without a result."""
         error = dict(job.error or {"message": "the job ended without an answer", "code": job.state})
         status = int(error.pop("status", 503))
         headers = job_headers(job)
         if status == 503:
             headers["Retry-After"] = str(retry_after_seconds(job.estimated_seconds))
-        return Response(
-            json.dumps({"error": error}), status_code=status, media_type="application/json", headers=headers
-        )
+        return status, headers, json.dumps({"error": error}).encode()
 
     async def _wait_approval(self, job: Job, reason: str) -> None:
         async for _ in self.svc.executor.wait_for_final(job, False, reason):
@@ -406,7 +423,15 @@ class Router:
             stop_job()  # the response ended early (an error while writing): nobody reads the job any more
             self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
 
-        return EventStreamResponse(pieces, job_headers(job, False), on_disconnect=stop_job, on_end=count)
+        def early_answer(data: bytes) -> EarlyAnswer | None:
+            # Failed before any event reached the client: the first event is the error.
+            if job.state == "completed" or not data.startswith(b'data: {"error"'):
+                return None
+            return self._error_answer(job)
+
+        return EventStreamResponse(
+            pieces, job_headers(job, False), on_disconnect=stop_job, on_end=count, early_answer=early_answer
+        )
 
     async def models(self, request: Request) -> Response:
         model = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ _OOM_SIGNATURES = (
     "failed to allocate",
     "cudamalloc",
 )
+# Errors that say the model or its backend failed, not the request.
+_WORKER_FAULT_SIGNATURES = ("llama_decode returned", "ggml", "cuda", "metal", "vulkan", "failed to decode")
 
 
 @dataclass
@@ -56,6 +59,7 @@ class UpstreamError(Exception):
 
 
 def classify_error(status: int | None, message: str) -> str:
+    """The failure kind of an error the worker answered with (an error status, or an error event)."""
     if status is not None and 400 <= status < 500:
         return "client_error"
     lowered = message.lower()
@@ -64,7 +68,14 @@ def classify_error(status: int | None, message: str) -> str:
         return "client_error"
     if any(signature in lowered for signature in _OOM_SIGNATURES):
         return "oom_decode"
-    return "crash_abort" if "abort" in lowered else "exited"
+    if "abort" in lowered:
+        return "crash_abort"
+    if (status is not None and status != 500) or any(s in lowered for s in _WORKER_FAULT_SIGNATURES):
+        return "exited"  # not ready (503), or the model or its backend failed
+    # The worker is up and answered: llama-cpp-python turns what the request made it raise (an unknown tool,
+    # a template that cannot take a message) into a 500. The CPU worker runs the same code and would answer
+    # the same, so this is neither a reason to restart a worker nor to fail over.
+    return "client_error"
 
 
 def _error_message(body: Any, fallback: str) -> str:
@@ -141,8 +152,7 @@ class Relay:
                             "exited", f"the worker sent a malformed chunk: {data[:200]!r}"
                         ) from None
                     if isinstance(obj, dict) and "error" in obj:
-                        message = _error_message(obj, data.decode(errors="replace"))
-                        raise UpstreamError(classify_error(None, message), message, None, obj)
+                        raise _answered_error(None, _error_message(obj, data.decode(errors="replace")), obj)
                     timeout = chunk_timeout
                     response.set_deadline(loop.time() + timeout)
                     yield Chunk(data.decode(), obj)
@@ -162,8 +172,34 @@ def _status_error(status: int, raw: bytes) -> UpstreamError:
         parsed = json.loads(raw)
     except ValueError:
         parsed = None
-    message = _error_message(parsed, raw.decode(errors="replace")[:500])
-    return UpstreamError(classify_error(status, message), message, status, parsed)
+    return _answered_error(status, _error_message(parsed, raw.decode(errors="replace")[:500]), parsed)
+
+
+def _answered_error(status: int | None, message: str, body: Any) -> UpstreamError:
+    kind = classify_error(status, message)
+    if kind == "client_error":
+        message = readable_validation_error(message)
+    return UpstreamError(kind, message, status, body)
+
+
+# One error in the text llama-cpp-python makes of pydantic's errors: "{'type': ..., 'loc': ('body',
+# 'top_k'), 'msg': 'Input should be ...', ...}", followed by a stack trace.
+_VALIDATION_ITEM = re.compile(r"""'loc': \(([^)]*)\), 'msg': (['"])(.*?)\2""")
+_TRACE = re.compile(r"\s*File \"")
+
+
+def readable_validation_error(message: str) -> str:
+    """The fields and complaints of a llama-cpp-python validation error, without its stack trace (which
+    names files on this machine); other messages only lose a trace."""
+    items = _VALIDATION_ITEM.findall(message)
+    if not items:
+        return _TRACE.split(message, maxsplit=1)[0].strip()
+    complaints = []
+    for location, _quote, complaint in items:
+        names = [name.strip().strip("'\"") for name in location.split(",")]
+        field = ".".join(name for name in names if name and name != "body")
+        complaints.append(f"'{field}': {complaint}" if field else complaint)
+    return "the model server refused the request: " + "; ".join(complaints)
 
 
 async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:

@@ -13,7 +13,11 @@ from tray_app.service.errors import ApiError, bad_request
 Kind = Literal["chat", "completion"]
 ROLES = {"system", "user", "assistant", "tool", "function", "developer"}
 _NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repeat_penalty")
-_INT_FIELDS = ("seed", "top_k", "logprobs", "top_logprobs")
+_INT_FIELDS = ("seed", "top_k", "top_logprobs")
+NO_LOGPROBS = (
+    "log probabilities are not available: the workers keep logits for the last token only (all-token logits "
+    "would cost context length x vocabulary floats of memory)"
+)
 
 
 @dataclass
@@ -53,6 +57,8 @@ def _check_messages(messages: Any) -> None:
         if role not in ROLES:
             raise bad_request(f"'{where}.role' must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
         content = message.get("content")
+        if content is None and role != "assistant":
+            raise bad_request(f"'{where}.content' is required for a {role} message", f"{where}.content")
         if content is not None and not isinstance(content, str | list):
             raise bad_request(f"'{where}.content' must be a string, an array or null", f"{where}.content")
         if isinstance(content, list) and not all(
@@ -109,9 +115,45 @@ def _check_tools(body: dict[str, Any]) -> None:
     choice = body.get("tool_choice")
     if choice is not None and not isinstance(choice, str | dict):
         raise bad_request("'tool_choice' must be a string or an object", "tool_choice")
-    for name in ("response_format", "logit_bias"):
-        if body.get(name) is not None and not isinstance(body[name], dict):
-            raise bad_request(f"'{name}' must be an object", name)
+    response_format = body.get("response_format")
+    if response_format is not None and not isinstance(response_format, dict):
+        raise bad_request("'response_format' must be an object", "response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        json_schema = response_format.get("json_schema")
+        if not isinstance(json_schema, dict) or not isinstance(json_schema.get("schema"), dict):
+            raise bad_request(
+                "'response_format.json_schema.schema' must be an object", "response_format.json_schema"
+            )
+
+
+def _check_logit_bias(body: dict[str, Any]) -> None:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return
+    if not isinstance(bias, dict) or not all(_is_number(value) for value in bias.values()):
+        raise bad_request("'logit_bias' must be an object of token ids to numbers", "logit_bias")
+    # llama-cpp-python's own extension: logit_bias_type "tokens" keys the biases by text.
+    if body.get("logit_bias_type") != "tokens" and not all(_is_token_id(key) for key in bias):
+        raise bad_request("'logit_bias' keys must be token ids (whole numbers)", "logit_bias")
+
+
+def _is_token_id(key: str) -> bool:
+    return key.isascii() and key.lstrip("-").isdigit()
+
+
+def _check_logprobs(kind: Kind, body: dict[str, Any]) -> None:
+    """Chat asks with `logprobs: true`, completions with `logprobs: <count>`; neither is served."""
+    logprobs = body.get("logprobs")
+    if kind == "chat":
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise bad_request("'logprobs' must be true or false", "logprobs")
+        wanted = logprobs is True
+    else:
+        if logprobs is not None and not _is_int(logprobs):
+            raise bad_request("'logprobs' must be an integer", "logprobs")
+        wanted = logprobs is not None
+    if wanted:
+        raise bad_request(NO_LOGPROBS, "logprobs", code="unsupported_value")
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -128,6 +170,8 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     """A checked request; ApiError(400) naming the field when something is wrong."""
     body = parse_json_object(raw)
     max_tokens = _check_common(body)
+    _check_logit_bias(body)
+    _check_logprobs(kind, body)
     if kind == "chat":
         _check_messages(body.get("messages"))
         _check_tools(body)
