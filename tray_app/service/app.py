@@ -26,7 +26,7 @@ from tray_app.service import control, idempotency, policy
 from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.service.assemble import result_to_stream
 from tray_app.service.errors import ApiError, bad_request, unavailable
-from tray_app.service.event_stream import SSE_HEADERS, EarlyAnswer, EventStreamResponse, Pieces
+from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.service.executor import retry_after_seconds
 from tray_app.service.jobs import Job, new_id, stored_summary
 from tray_app.service.requests import Kind, ParsedRequest, check_model, parse_json_object, parse_request
@@ -380,18 +380,14 @@ class Router:
         self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
         if job.state == "completed" and job.result is not None:
             return Response(json.dumps(job.result), media_type="application/json", headers=job_headers(job))
-        status, headers, body = self._error_answer(job)
-        return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-    @staticmethod
-    def _error_answer(job: Job) -> EarlyAnswer:
-        """The status, headers and OpenAI error body of a job that ended without a result."""
         error = dict(job.error or {"message": "the job ended without an answer", "code": job.state})
         status = int(error.pop("status", 503))
         headers = job_headers(job)
         if status == 503:
             headers["Retry-After"] = str(retry_after_seconds(job.estimated_seconds))
-        return status, headers, json.dumps({"error": error}).encode()
+        return Response(
+            json.dumps({"error": error}), status_code=status, media_type="application/json", headers=headers
+        )
 
     async def _wait_approval(self, job: Job, reason: str) -> None:
         async for _ in self.svc.executor.wait_for_final(job, False, reason):
@@ -423,15 +419,7 @@ class Router:
             stop_job()  # the response ended early (an error while writing): nobody reads the job any more
             self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
 
-        def early_answer(data: bytes) -> EarlyAnswer | None:
-            # Failed before any event reached the client: the first event is the error.
-            if job.state == "completed" or not data.startswith(b'data: {"error"'):
-                return None
-            return self._error_answer(job)
-
-        return EventStreamResponse(
-            pieces, job_headers(job, False), on_disconnect=stop_job, on_end=count, early_answer=early_answer
-        )
+        return EventStreamResponse(pieces, job_headers(job, False), on_disconnect=stop_job, on_end=count)
 
     async def models(self, request: Request) -> Response:
         model = {
