@@ -47,7 +47,9 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
             keys = ("p50_ms", "p99_ms", "ttft_p50_ms", "stream_total_p50_ms", "gap_mean_ms")
             assert all(number(router[side][key]) for key in keys)
         assert router["direct"]["p50_ms"] > 0 and router["router"]["p50_ms"] > 0
-        assert number(router["router_own_ms"]) and router["router_cpu_ms_per_request"] > 0
+        assert number(router["router_own_ms"]) and router["router_cpu_ms_per_request"] >= 0
+    # CPU time comes in clock ticks (10 ms): 6 one-token requests may round to none; 6 longer ones do not.
+    assert results["router_overhead"]["router_cpu_ms_per_request"] > 0
     assert results["router_overhead"]["direct"]["gap_mean_ms"] > 0
 
     failover = results["failover_overhead"]

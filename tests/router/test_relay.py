@@ -162,6 +162,8 @@ async def test_the_request_reaches_the_worker_with_its_headers_and_body() -> Non
         (500, "llama_decode returned -1", "exited"),
         (None, "ggml_backend_sched: failed to compute graph", "exited"),
         (503, "the model is still loading", "exited"),
+        (None, "MemoryError", "oom_decode"),
+        (None, "vk::DeviceLostError", "exited"),
     ],
 )
 def test_classify_error(status: int | None, message: str, kind: str) -> None:

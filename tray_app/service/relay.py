@@ -29,9 +29,19 @@ _OOM_SIGNATURES = (
     "out of memory",
     "failed to allocate",
     "cudamalloc",
+    "memoryerror",  # Python's own, named by the worker when it has no message
 )
 # Errors that say the model or its backend failed, not the request.
-_WORKER_FAULT_SIGNATURES = ("llama_decode returned", "ggml", "cuda", "metal", "vulkan", "failed to decode")
+_WORKER_FAULT_SIGNATURES = (
+    "llama_decode returned",
+    "failed to decode",
+    "ggml",
+    "cuda",
+    "metal",
+    "vulkan",
+    "vk::",
+    "device lost",
+)
 
 
 @dataclass

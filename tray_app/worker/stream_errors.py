@@ -21,7 +21,9 @@ _installed = False
 
 
 def error_chunk(error: BaseException) -> dict[str, Any]:
-    return {"error": {"message": str(error), "type": "internal_server_error", "param": None, "code": None}}
+    # An error without a message (a bare AssertionError, a MemoryError) is named by its type.
+    message = str(error) or type(error).__name__
+    return {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}
 
 
 def _chunks_or_error(chunks: Iterator[Any]) -> Iterator[Any]:
