@@ -232,6 +232,78 @@ def test_fuzzed_bodies_never_get_a_5xx(
         _assert_openai_error(response, response.status_code)
 
 
+TOOL_F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+# Mostly well-typed values, so that most examples get past the router's checks and reach a worker, where
+# llama-cpp-python raises on some of them (an unknown tool, a bad grammar, a template that cannot cope).
+OPTIONS = st.fixed_dictionaries(
+    {},
+    optional={
+        "grammar": st.sampled_from(['root ::= "a" | "b"', "root ::= (", ""]) | st.text(max_size=12),
+        "tools": st.sampled_from([[TOOL_F], [{"type": "function", "function": {}}], [{}], []]),
+        "tool_choice": st.sampled_from(
+            [
+                "auto",
+                "none",
+                "required",
+                {"type": "function", "function": {"name": "missing"}},
+                {"type": "function", "function": {"name": "f"}},
+                {"type": "function"},
+            ]
+        ),
+        "response_format": st.sampled_from(
+            [
+                {"type": "json_object"},
+                {"type": "json_object", "schema": {"type": "nonsense"}},
+                {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+                {"type": "text"},
+                {"type": "other"},
+            ]
+        ),
+        "logit_bias": st.dictionaries(
+            st.sampled_from(["0", "2", "-1", "99999999", "hello"]), st.integers(-100, 100)
+        ),
+        "logit_bias_type": st.sampled_from(["tokens", "input_ids", "other"]),
+        "stop": st.lists(st.text(max_size=4), max_size=3),
+        "top_k": st.integers(-5, 10**6),
+        "temperature": st.floats(-2, 1e6, allow_nan=False),
+        "min_tokens": st.integers(-1, 8),
+        "seed": st.integers(-(2**63), 2**64),
+        "mirostat_mode": st.integers(-1, 3),
+        "mirostat_tau": st.floats(-1, 20, allow_nan=False),
+        "messages": st.sampled_from(
+            [
+                [{"role": "system", "content": "Be brief."}, *CHAT],
+                [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{}]}],
+                [{"role": "tool", "content": "4", "tool_call_id": "1"}],
+                [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]}],
+            ]
+        ),
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(options=OPTIONS, stream=st.booleans())
+def test_fuzzed_options_on_a_good_request_get_no_5xx_and_restart_no_worker(
+    svc: ServiceHandle, options: dict[str, Any], stream: bool
+) -> None:
+    restarts = {role: worker["restarts"] for role, worker in svc.status()["workers"].items()}
+    body = {"messages": CHAT, **options, "max_tokens": 2, "stream": stream}
+    response = _post(svc, "/v1/chat/completions", json.dumps(body).encode())
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        _assert_openai_error(response, response.status_code)
+    elif stream:
+        # A refusal inside a stream is the client's error, never a failed worker or a failover.
+        errors = [
+            json.loads(line[6:])["error"]
+            for line in response.text.splitlines()
+            if line.startswith('data: {"error"')
+        ]
+        assert all(error["type"] == "invalid_request_error" for error in errors), errors
+    assert {role: worker["restarts"] for role, worker in svc.status()["workers"].items()} == restarts
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.binary(max_size=200))
 def test_fuzzed_bytes_never_get_a_5xx(svc: ServiceHandle, raw: bytes) -> None:

@@ -164,6 +164,8 @@ async def test_the_request_reaches_the_worker_with_its_headers_and_body() -> Non
         (503, "the model is still loading", "exited"),
         (None, "MemoryError", "oom_decode"),
         (None, "vk::DeviceLostError", "exited"),
+        # What the request said, quoted back, is not the backend speaking.
+        (500, "Tool with name 'CUDA error: out of memory' not found in tools", "client_error"),
     ],
 )
 def test_classify_error(status: int | None, message: str, kind: str) -> None:

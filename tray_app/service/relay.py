@@ -31,6 +31,7 @@ _OOM_SIGNATURES = (
     "cudamalloc",
     "memoryerror",  # Python's own, named by the worker when it has no message
 )
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 # Errors that say the model or its backend failed, not the request.
 _WORKER_FAULT_SIGNATURES = (
     "llama_decode returned",
@@ -76,6 +77,9 @@ def classify_error(status: int | None, message: str) -> str:
     if "validation error" in lowered or INVALID_GRAMMAR in lowered:
         # llama-cpp-python answers a request its schema rejects with a 500; it is still the request's fault.
         return "client_error"
+    # What the request itself said comes back quoted ("Tool with name 'x' not found"); a tool named "CUDA
+    # error" must not make its refusal look like a failing GPU.
+    lowered = _QUOTED.sub("''", lowered)
     if any(signature in lowered for signature in _OOM_SIGNATURES):
         return "oom_decode"
     if "abort" in lowered:
