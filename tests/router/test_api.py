@@ -472,6 +472,21 @@ def test_structured_output_with_a_json_schema(client: openai.OpenAI) -> None:
     assert json.loads(content)["colour"] in ("red", "green", "blue")
 
 
+def test_a_stream_reports_token_counts_when_asked(client: openai.OpenAI) -> None:
+    def usages(**options: Any) -> list[Any]:
+        stream = client.chat.completions.create(
+            model="default", messages=CHAT, max_tokens=5, temperature=0, stream=True, **options
+        )
+        return [chunk.usage for chunk in stream if chunk.usage is not None]
+
+    (usage,) = usages(stream_options={"include_usage": True})
+    assert usage.prompt_tokens > 0 and 1 <= usage.completion_tokens <= 5
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    answer = client.chat.completions.create(model="default", messages=CHAT, max_tokens=5, temperature=0)
+    assert answer.usage is not None and answer.usage.prompt_tokens == usage.prompt_tokens
+    assert usages() == []  # not asked: no counts, as OpenAI does
+
+
 def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
     response = httpx.post(svc.base_url + "/v1/jobs", json={**COUNTING, "max_tokens": 400}, timeout=30)
     job_id = response.json()["id"]

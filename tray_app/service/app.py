@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tray_app.events import RouteDecided
 from tray_app.service import control, idempotency, policy
 from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
-from tray_app.service.assemble import result_to_stream
+from tray_app.service.assemble import include_usage, result_to_stream
 from tray_app.service.errors import ApiError, bad_request, unavailable
 from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.service.executor import retry_after_seconds
@@ -218,7 +218,7 @@ class Router:
         headers["X-Failsoft-Worker"] = str(failsoft.get("worker") or "")
         headers["X-Failsoft-Attempts"] = str(failsoft.get("attempts") or 0)
         if parsed.stream:
-            pieces = result_to_stream(parsed.kind, stored_result)
+            pieces = result_to_stream(parsed.kind, stored_result, include_usage(parsed.body))
             return StreamingResponse(
                 iter(pieces), media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
             )

@@ -134,22 +134,37 @@ def completion_chunk(
     }
 
 
+def include_usage(body: dict[str, Any]) -> bool:
+    """Whether a streamed request asked for the token counts (`stream_options.include_usage`)."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
 def failsoft_chunk(
-    kind: str, chunk_id: str, created: int, model: str, failsoft: dict[str, Any]
+    kind: str,
+    chunk_id: str,
+    created: int,
+    model: str,
+    failsoft: dict[str, Any],
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The last chunk before [DONE]: no content, only who served the answer."""
+    """The last chunk before [DONE]: no content, only who served the answer, and the token counts when the
+    request asked for them (OpenAI sends them in a chunk with no choices just before [DONE])."""
     base = (
         chat_chunk(chunk_id, created, model, {}, None)
         if kind == "chat"
         else completion_chunk(chunk_id, created, model, "", None)
     )
     base["choices"] = []
+    if usage is not None:
+        base["usage"] = usage
     base["failsoft"] = failsoft
     return base
 
 
-def result_to_stream(kind: str, result: dict[str, Any]) -> list[bytes]:
-    """A stored answer as a short stream: all content in one chunk, the finish, who served it, [DONE]."""
+def result_to_stream(kind: str, result: dict[str, Any], with_usage: bool = False) -> list[bytes]:
+    """A stored answer as a short stream: all content in one chunk, the finish, who served it (and the
+    token counts, `with_usage`), [DONE]."""
     chunk_id, created, model = result.get("id", ""), int(result.get("created", 0)), result.get("model", "")
     choice = result["choices"][0]
     finish = choice.get("finish_reason")
@@ -161,5 +176,6 @@ def result_to_stream(kind: str, result: dict[str, Any]) -> list[bytes]:
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
         pieces = [chat_chunk(chunk_id, created, model, delta, finish)]
-    pieces.append(failsoft_chunk(kind, chunk_id, created, model, result.get("failsoft", {})))
+    usage = result.get("usage") if with_usage else None
+    pieces.append(failsoft_chunk(kind, chunk_id, created, model, result.get("failsoft", {}), usage))
     return [*(sse(piece) for piece in pieces), DONE]

@@ -22,7 +22,15 @@ from typing import Any, Protocol
 from tray_app.events import EventBus, FallbackCompleted, FallbackRefused, FallbackStarted, RouteDecided
 from tray_app.service import policy
 from tray_app.service.admission import QueueTimeout, SlotPool
-from tray_app.service.assemble import DONE, Assembler, chat_chunk, failsoft_chunk, result_to_stream, sse
+from tray_app.service.assemble import (
+    DONE,
+    Assembler,
+    chat_chunk,
+    failsoft_chunk,
+    include_usage,
+    result_to_stream,
+    sse,
+)
 from tray_app.service.errors import ApiError, unavailable
 from tray_app.service.jobs import Job, JobRegistry
 from tray_app.service.relay import Relay, UpstreamError
@@ -218,7 +226,12 @@ class Executor:
                         )
                     if deliver:
                         last = failsoft_chunk(
-                            job.kind, progress.chunk_id, progress.created, progress.model, job.failsoft()
+                            job.kind,
+                            progress.chunk_id,
+                            progress.created,
+                            progress.model,
+                            job.failsoft(),
+                            result["usage"] if include_usage(job.body) else None,
                         )
                         yield sse(last) + DONE  # one write for the end of the stream
                 return
@@ -433,7 +446,7 @@ class Executor:
             return
         if deliver:
             if job.result is not None:
-                for piece in result_to_stream(job.kind, job.result):
+                for piece in result_to_stream(job.kind, job.result, include_usage(job.body)):
                     yield piece
             else:
                 yield sse({"error": job.error or {"message": "the job ended without an answer"}})
