@@ -487,6 +487,21 @@ def test_a_stream_reports_token_counts_when_asked(client: openai.OpenAI) -> None
     assert usages() == []  # not asked: no counts, as OpenAI does
 
 
+def test_newer_openai_message_shapes_reach_the_model(client: openai.OpenAI) -> None:
+    # The `developer` role and content as an array of text parts, as current OpenAI clients send them.
+    messages: Any = [
+        {"role": "developer", "content": [{"type": "text", "text": "Answer in one word."}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "What colour"}, {"type": "text", "text": "is the sky?"}],
+        },
+    ]
+    answer = client.chat.completions.create(model="default", messages=messages, max_tokens=4, temperature=0)
+    assert answer.choices[0].message.content
+    stream = client.chat.completions.create(model="default", messages=messages, max_tokens=4, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
 def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
     response = httpx.post(svc.base_url + "/v1/jobs", json={**COUNTING, "max_tokens": 400}, timeout=30)
     job_id = response.json()["id"]

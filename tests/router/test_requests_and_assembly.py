@@ -67,6 +67,15 @@ def test_log_probabilities_are_refused_up_front(kind: Kind, body: dict[str, obje
     assert (error.value.status, error.value.code, error.value.param) == (400, "unsupported_value", "logprobs")
 
 
+def test_an_image_part_is_refused_by_a_text_model() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]}
+    with pytest.raises(ApiError) as error:
+        parse_request("chat", json.dumps(body).encode())
+    assert (error.value.status, error.value.code) == (400, "unsupported_content")
+    assert error.value.param == "messages[0].content[1]"
+
+
 def test_what_the_checks_accept() -> None:
     accepted = [
         (

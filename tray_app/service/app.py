@@ -145,9 +145,16 @@ def _worker_response_format(response_format: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:
-    """The worker's schema wants a string as content; OpenAI clients send null next to tool calls."""
-    if message.get("content") is None and message.get("role") == "assistant":
-        return {**message, "content": ""}
+    """A message as llama-cpp-python's schema and the model's chat template take it: content is a string
+    (OpenAI clients send null next to tool calls, and arrays of text parts), and `developer` (OpenAI's newer
+    name for the system role) is `system`, the role chat templates know."""
+    content = message.get("content")
+    if content is None and message.get("role") == "assistant":
+        message = {**message, "content": ""}
+    elif isinstance(content, list):
+        message = {**message, "content": "\n".join(part.get("text", "") for part in content)}
+    if message.get("role") == "developer":
+        message = {**message, "role": "system"}
     return message
 
 

@@ -61,13 +61,24 @@ def _check_messages(messages: Any) -> None:
             raise bad_request(f"'{where}.content' is required for a {role} message", f"{where}.content")
         if content is not None and not isinstance(content, str | list):
             raise bad_request(f"'{where}.content' must be a string, an array or null", f"{where}.content")
-        if isinstance(content, list) and not all(
-            isinstance(part, dict) and isinstance(part.get("text", ""), str) for part in content
-        ):
-            raise bad_request(f"'{where}.content' parts must be objects with text", f"{where}.content")
+        if isinstance(content, list):
+            _check_parts(content, f"{where}.content")
         tool_calls = message.get("tool_calls")
         if tool_calls is not None and not isinstance(tool_calls, list):
             raise bad_request(f"'{where}.tool_calls' must be an array", f"{where}.tool_calls")
+
+
+def _check_parts(parts: list[Any], where: str) -> None:
+    for index, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("text", ""), str):
+            raise bad_request(f"'{where}' parts must be objects with text", where)
+        kind = part.get("type", "text")
+        if kind != "text":
+            raise bad_request(
+                f"'{where}[{index}]' is a {kind!r} part: this model reads text only",
+                f"{where}[{index}]",
+                code="unsupported_content",
+            )
 
 
 def _check_common(body: dict[str, Any]) -> int | None:
