@@ -163,6 +163,7 @@ async def test_the_request_reaches_the_worker_with_its_headers_and_body() -> Non
         (None, "ggml_backend_sched: failed to compute graph", "exited"),
         (503, "the model is still loading", "exited"),
         (None, "MemoryError", "oom_decode"),
+        (500, "Unable to allocate 1.50 GiB for an array with shape (8192, 49152)", "oom_decode"),
         (None, "vk::DeviceLostError", "exited"),
         # What the request said, quoted back, is not the backend speaking.
         (500, "Tool with name 'CUDA error: out of memory' not found in tools", "client_error"),

@@ -30,6 +30,7 @@ _OOM_SIGNATURES = (
     "failed to allocate",
     "cudamalloc",
     "memoryerror",  # Python's own, named by the worker when it has no message
+    "unable to allocate",  # numpy's MemoryError
 )
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 # Errors that say the model or its backend failed, not the request.
