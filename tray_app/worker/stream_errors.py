@@ -5,6 +5,8 @@ generating (a real or injected `llama_decode returned -2`) escapes after the res
 client only sees the connection drop. Here the chunk iterator is wrapped so the error goes out as one
 `data: {"error": {...}}` event (the same shape as the server's non-streamed errors), followed by `[DONE]`.
 The OpenAI SDK raises on such an event; a router can read the message and tell a decode OOM from a crash.
+Most streams go through `lean_stream`, which ends a failing stream the same way with `error_chunk`; this
+wrapper covers the streams it leaves to llama-cpp-python.
 """
 
 from __future__ import annotations
