@@ -1,4 +1,4 @@
-"""The upstream side: always streams from a worker (kept-alive connections, see upstream_http), so every
+"""The upstream side: always streams from a worker (kept-alive connections, see loopback_http), so every
 token is seen as it arrives and closing the stream cancels the generation at once."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from tray_app.grammar_check import INVALID_GRAMMAR
-from tray_app.service.upstream_http import (
+from tray_app.loopback_http import (
     ConnectionFailed,
     ConnectTimeout,
     Response,

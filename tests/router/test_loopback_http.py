@@ -15,8 +15,8 @@ from tests.support.scripted_http import (
     json_answer,
     scripted_server,
 )
-from tray_app.service import upstream_http
-from tray_app.service.upstream_http import ConnectionFailed, UpstreamPool
+from tray_app import loopback_http
+from tray_app.loopback_http import ConnectionFailed, UpstreamPool
 
 
 async def answer_ok(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
@@ -90,7 +90,7 @@ async def test_a_stream_abandoned_after_its_last_event_gives_its_connection_back
 
 
 async def test_a_stream_that_never_ends_after_release_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(upstream_http, "RELEASE_GRACE_SECONDS", 0.1)
+    monkeypatch.setattr(loopback_http, "RELEASE_GRACE_SECONDS", 0.1)
 
     async def stream_without_end(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
         writer.write(STREAM_HEAD + chunk(b"data: [DONE]\n\n"))
@@ -159,7 +159,7 @@ async def test_a_deadline_fails_a_silent_stream_but_not_a_slow_reader() -> None:
         received = b""
         while received.count(b"data:") < 3:
             received += await anext(chunks)
-        with pytest.raises(upstream_http.Stalled):
+        with pytest.raises(loopback_http.Stalled):
             await anext(chunks)
         response.abort()
         await pool.aclose()

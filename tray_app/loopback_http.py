@@ -1,10 +1,11 @@
-"""A lean HTTP/1.1 client for the one hop every token takes: the router to a worker, on loopback.
+"""A lean HTTP/1.1 client for our own workers on loopback: the hop every token takes (router to worker), and
+the supervisor's health checks, every second for as long as the service runs.
 
-httpx (which the service uses for everything else) spends 1.4 to 2 ms of CPU on each streamed request on a
-2-core machine; this client spends about a tenth of that, and on the relay path httpx was most of the
-router's overhead. It speaks what the workers speak and nothing more: HTTP/1.1 with keep-alive, a request
-body with Content-Length, and chunked or Content-Length responses, parsed by httptools (the C parser uvicorn
-uses). Connections are kept per worker address and reused while they are fresh.
+httpx (used for everything else) spends 1.4 to 2 ms of CPU on each streamed request on a 2-core machine;
+this client spends about a tenth of that, and on the relay path httpx was most of the router's overhead.
+It speaks what the workers speak and nothing more: HTTP/1.1 with keep-alive, a request body with
+Content-Length, and chunked or Content-Length responses, parsed by httptools (the C parser uvicorn uses).
+Connections are kept per worker address and reused while they are fresh.
 """
 
 from __future__ import annotations
