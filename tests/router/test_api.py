@@ -502,6 +502,12 @@ def test_newer_openai_message_shapes_reach_the_model(client: openai.OpenAI) -> N
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
 
 
+def test_a_reload_with_a_restart_that_is_not_a_boolean_is_refused(svc: ServiceHandle) -> None:
+    response = httpx.post(svc.base_url + "/api/config/reload", json={"restart": "yes"}, timeout=10)
+    _assert_openai_error(response, 400)
+    assert response.json()["error"]["param"] == "restart"
+
+
 def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
     response = httpx.post(svc.base_url + "/v1/jobs", json={**COUNTING, "max_tokens": 400}, timeout=30)
     job_id = response.json()["id"]

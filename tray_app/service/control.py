@@ -187,6 +187,8 @@ class Control:
             return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
         except config.ConfigError as error:
             return _error(400, str(error), "invalid_config")
+        if not isinstance(body.get("restart", False), bool):
+            return _error(400, "'restart' must be true or false", "invalid_request", "restart")
         old, new = self.svc.cfg.to_dict(), fresh.to_dict()
         applied, needs_restart = [], []
         for section, values in new.items():
