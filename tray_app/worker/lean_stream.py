@@ -92,7 +92,7 @@ async def serve(scope: Scope, receive: Receive, send: Send, model_app: ASGIApp) 
         except HTTPException as error:
             await _send_error(send, error.status_code, str(error.detail))
             return
-        except ValueError as error:  # a grammar that does not parse, a logit bias that does not tokenize
+        except ValueError as error:  # a value llama-cpp-python refuses while preparing (a logit bias)
             await _send_error(send, 400, str(error))
             return
         await _stream(route.call, llama, kwargs, receive, send)
