@@ -44,7 +44,6 @@ REQUEST: dict[str, Any] = {
     "temperature": 0,
     "seed": 11,
 }
-WORKER_FAILURES = {"oom_decode", "crash_abort", "exited", "killed", "hung"}
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +82,9 @@ def test_non_streamed_failure_replays_on_the_cpu_with_the_same_text(
     completion = raw.parse()
     info = failsoft_of(completion)
     assert info["worker"] == "cpu" and info["attempts"] == 2
-    assert info["fallback_reason"] == ("oom_decode" if kind == "oom_decode" else "crash_abort") or (
-        info["fallback_reason"] in WORKER_FAILURES
-    )
+    # An abort drops the connection; the reason still names how the process ended, as its supervisor saw.
+    reason = "oom_decode" if kind == "oom_decode" else "crash_abort"
+    assert info["fallback_reason"] == reason
     assert (raw.headers["x-failsoft-worker"], raw.headers["x-failsoft-attempts"]) == ("cpu", "2")
     assert completion.choices[0].message.content == gpu_text
     stored = job_state(svc, info["job_id"])
@@ -93,6 +92,7 @@ def test_non_streamed_failure_replays_on_the_cpu_with_the_same_text(
         ("gpu", "failed"),
         ("cpu", "completed"),
     ]
+    assert stored["attempt_log"][0]["error"].startswith(reason) and stored["fallback_reason"] == reason
     # The GPU worker is restarted in the background and comes back.
     assert wait_replaced(svc, armed["pid"])["workers"]["gpu"]["restarts"] >= 1
 
@@ -110,7 +110,7 @@ def test_sigkill_mid_request_replays_on_the_cpu(svc: ServiceHandle, client: open
     os.kill(pid, signal.SIGKILL)
     thread.join(180)
     info = failsoft_of(results["answer"])
-    assert info["worker"] == "cpu" and info["attempts"] == 2 and info["fallback_reason"] in WORKER_FAILURES
+    assert info["worker"] == "cpu" and info["attempts"] == 2 and info["fallback_reason"] == "killed"
     wait_replaced(svc, pid)
 
 
@@ -120,7 +120,7 @@ def test_a_hung_gpu_worker_is_detected_and_the_job_replayed(
     armed = arm(svc, "hang", after_tokens=3)
     completion = client.chat.completions.create(**REQUEST)
     info = failsoft_of(completion)
-    assert info["worker"] == "cpu" and info["fallback_reason"] in WORKER_FAILURES
+    assert info["worker"] == "cpu" and info["fallback_reason"] == "hung"
     assert completion.choices[0].message.content == gpu_text
     assert wait_replaced(svc, armed["pid"])["workers"]["gpu"]["last_failure"]["kind"] == "hung"
 

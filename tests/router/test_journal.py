@@ -98,6 +98,23 @@ def test_jobs_attempts_and_results_round_trip(tmp_path: Path) -> None:
         store.close()
 
 
+def test_an_attempts_error_can_be_named_later_and_keeps_its_end_time(tmp_path: Path) -> None:
+    store = Journal(tmp_path / "j.sqlite3")
+    try:
+        store.add_job(_job("job-1"))
+        store.start_attempt("job-1", 1, "gpu", time.time())
+        store.end_attempt("job-1", 1, "failed", "exited: the worker closed the connection")
+        assert store.flush()
+        (before,) = store.attempts("job-1")
+        store.set_attempt_error("job-1", 1, "crash_abort: worker crashed (SIGABRT)")
+        assert store.flush()
+        (after,) = store.attempts("job-1")
+        assert after["error"] == "crash_abort: worker crashed (SIGABRT)"
+        assert (after["outcome"], after["ended_at"]) == ("failed", before["ended_at"])
+    finally:
+        store.close()
+
+
 def test_unfinished_jobs_are_found_after_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     store = Journal(path)

@@ -82,9 +82,22 @@ class Worker(Protocol):
     @property
     def pid(self) -> int | None: ...
 
+    @property
+    def last_failure(self) -> dict[str, Any] | None: ...
+
     async def ensure_ready(self, timeout: float) -> bool: ...
 
     def mark_unhealthy(self, reason: str, kind: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Dropped:
+    """An attempt whose worker went away mid-answer: which process, and what the router saw."""
+
+    role: str
+    pid: int
+    attempt: int
+    message: str
 
 
 @dataclass
@@ -175,6 +188,7 @@ class Executor:
         resume = False
         slot = held_slot
         fallback_started_at: float | None = None
+        dropped: _Dropped | None = None  # a GPU attempt that ended with the connection: named at the end
         try:
             while True:
                 try:
@@ -183,7 +197,10 @@ class Executor:
                             yield piece
                 except UpstreamError as failure:
                     slot = None
+                    if failure.kind == "exited" and progress.worker_pid is not None and dropped is None:
+                        dropped = _Dropped(role, progress.worker_pid, job.attempts, failure.message)
                     if failure.client_error or role == "cpu":
+                        self._name_the_crash(job, dropped)
                         for piece in self._fail_upstream(job, failure, deliver):
                             yield piece
                         return
@@ -211,6 +228,7 @@ class Executor:
                         yield piece
                     return
                 slot = None
+                self._name_the_crash(job, dropped)
                 result = progress.assembler.result(job.prompt_tokens, {})
                 result["failsoft"] = job.failsoft()
                 if self.settings.model_id:
@@ -465,6 +483,21 @@ class Executor:
         )
         self.registry.fail(job, "failed", error.body()["error"], decision.reason)
         return [sse(error.body()), DONE] if deliver else []
+
+    def _name_the_crash(self, job: Job, dropped: _Dropped | None) -> None:
+        """A dropped connection only says the worker went away; its supervisor knows how the process ended
+        (an abort on a CUDA error, a kill). Once it does, that names the job's fallback and the attempt."""
+        if dropped is None:
+            return
+        worker = self.workers(dropped.role)
+        last = worker.last_failure if worker is not None else None
+        if not last or last.get("pid") != dropped.pid or last.get("kind") in (None, "exited"):
+            return
+        kind = str(last["kind"])
+        if job.fallback_reason == "exited":
+            job.fallback_reason = kind
+        error = f"{kind}: {last.get('message')} (the router saw: {dropped.message})"
+        self.registry.set_attempt_error(job, dropped.attempt, error)
 
     @staticmethod
     def _report(worker: Worker, attempt_pid: int | None, failure: UpstreamError) -> None:

@@ -183,6 +183,9 @@ class JobRegistry:
     def end_attempt(self, job: Job, number: int, outcome: str, error: str | None = None) -> None:
         self.journal.end_attempt(job.id, number, outcome, error)
 
+    def set_attempt_error(self, job: Job, number: int, error: str) -> None:
+        self.journal.set_attempt_error(job.id, number, error)
+
     def await_approval(self, job: Job, estimated_seconds: float, reason: str) -> None:
         # An unknown CPU speed gives an infinite estimate: stored as unknown (None; -1 in the event).
         known = math.isfinite(estimated_seconds)

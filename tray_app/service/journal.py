@@ -216,6 +216,13 @@ class Journal:
             )
         )
 
+    def set_attempt_error(self, job_id: str, number: int, error: str) -> None:
+        """Replace an ended attempt's error (its end time stays)."""
+        params = (error, job_id, number)
+        self._queue.put(
+            lambda c: c.execute("UPDATE attempts SET error = ? WHERE job_id = ? AND number = ?", params)
+        )
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Block until everything queued before this call is committed."""
         done = threading.Event()

@@ -215,6 +215,11 @@ class WorkerSupervisor:
             await self._probe_pool.aclose()
             self._probe_pool = None
 
+    @property
+    def last_failure(self) -> dict[str, Any] | None:
+        """The latest failure: kind, message, when (wall clock) and the pid of the process that failed."""
+        return self._last_failure
+
     def mark_unhealthy(self, reason: str, kind: str) -> None:
         """A request saw this worker fail (e.g. `oom_decode`): restart it in the background. Thread-safe."""
         self._post(_Command("mark_unhealthy", reason=reason, kind=kind))
@@ -523,7 +528,12 @@ class WorkerSupervisor:
         now = self._clock()
         if never_ready is None:
             never_ready = attempt is None or attempt.ready_at is None
-        self._last_failure = {"kind": failure.kind, "message": failure.message, "at": time.time()}
+        self._last_failure = {
+            "kind": failure.kind,
+            "message": failure.message,
+            "at": time.time(),
+            "pid": attempt.process.pid if attempt is not None else None,
+        }
         self._set_state("unhealthy", f"{failure.kind}: {failure.message}")
         self._bus.publish(WorkerUnhealthy(role=self.role, kind=failure.kind, reason=failure.message))
         if attempt is not None:
