@@ -18,17 +18,11 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from tray_app.worker import lean_stream
+from tray_app.worker.errors import openai_error
 from tray_app.worker.state import WorkerState
 
 CONTROL_PATHS = frozenset({"/health", "/debug/faults"})
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
-
-
-def openai_error(
-    status: int, message: str, kind: str, code: str | None = None, param: str | None = None
-) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
 
 
 def _control_app(state: WorkerState) -> Starlette:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tray_app.worker.errors import openai_error
 from tray_app.worker.stream_errors import error_chunk
 
 # What llama-cpp-python's routes leave out of the request before calling the model (server/app.py).
@@ -90,21 +91,14 @@ async def serve(scope: Scope, receive: Receive, send: Send, model_app: ASGIApp) 
         try:
             llama = llama_server.prepare_request_resources(body, proxy, body.model, kwargs)
         except HTTPException as error:
-            await _send_error(send, error.status_code, str(error.detail))
+            status = error.status_code
+            kind = "invalid_request_error" if status < 500 else "internal_server_error"
+            await openai_error(status, str(error.detail), kind)(scope, receive, send)
             return
         except ValueError as error:  # a value llama-cpp-python refuses while preparing (a logit bias)
-            await _send_error(send, 400, str(error))
+            await openai_error(400, str(error), "invalid_request_error")(scope, receive, send)
             return
         await _stream(route.call, llama, kwargs, receive, send)
-
-
-async def _send_error(send: Send, status: int, message: str) -> None:
-    kind = "invalid_request_error" if status < 500 else "internal_server_error"
-    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:

@@ -18,14 +18,15 @@ from typing import Any
 
 import llama_cpp.server.app as llama_server
 
+from tray_app.worker.errors import error_body
+
 log = logging.getLogger(__name__)
 _installed = False
 
 
 def error_chunk(error: BaseException) -> dict[str, Any]:
     # An error without a message (a bare AssertionError, a MemoryError) is named by its type.
-    message = str(error) or type(error).__name__
-    return {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}
+    return error_body(str(error) or type(error).__name__, "internal_server_error")
 
 
 def _chunks_or_error(chunks: Iterator[Any]) -> Iterator[Any]:
