@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import os
+import tempfile
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -65,6 +69,16 @@ class ServerConfig:
     queue_max: int = 32
     queue_timeout: float = 120.0
     max_body: str = "4MiB"
+    # Host header names accepted besides loopback and `host` (e.g. "ai-box.lan"); see README "Security".
+    allowed_hosts: list[str] = field(default_factory=list)
+    # Browser origins allowed to call the API (e.g. "http://localhost:3000", Open WebUI). "*" needs api_key.
+    allowed_origins: list[str] = field(default_factory=list)
+
+
+@dataclass
+class JournalConfig:
+    retention_days: float = 30.0  # finished jobs older than this are deleted (0: keep them forever)
+    max_jobs: int = 100_000  # at most this many finished jobs are kept, the newest (0: no cap)
 
 
 @dataclass
@@ -98,6 +112,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
     source: str = ""  # the file this came from, for messages
     # Command-line values ("section.key" -> value) that win over the file, also when it is read again.
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -152,6 +167,10 @@ def _check_value(where: str, key: str, expected: Any, value: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: {key} = {value!r} must be a string")
         return value
+    if getattr(expected, "__origin__", None) is list:
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{where}: {key} = {value!r} must be a list of strings")
+        return list(value)
     raise AssertionError(f"unhandled config type {expected!r}")
 
 
@@ -197,6 +216,26 @@ def _check_relations(config: Config) -> None:
         )
     if not 1 <= config.server.port <= 65535:
         raise ConfigError(f"{source}: server.port = {config.server.port} must be in 1..65535")
+    _check_allow_lists(config)
+
+
+def _check_allow_lists(config: Config) -> None:
+    from tray_app.service.origin_guard import normalize_origin  # no import cycle at module load
+
+    source, server = config.source, config.server
+    for key in ("allowed_hosts", "allowed_origins"):
+        if "*" in getattr(server, key) and not server.api_key:
+            # "*" lets any web page (or any DNS name) reach the API: only the key then keeps pages out.
+            raise ConfigError(f'{source}: server.{key} = ["*"] needs server.api_key (see README "Security")')
+    for origin in server.allowed_origins:
+        if origin != "*" and normalize_origin(origin) is None:
+            raise ConfigError(
+                f"{source}: server.allowed_origins: {origin!r} is not an origin "
+                '(scheme://host[:port] with http or https, e.g. "http://localhost:3000")'
+            )
+    for host in server.allowed_hosts:
+        if not host or "/" in host or " " in host:
+            raise ConfigError(f"{source}: server.allowed_hosts: {host!r} is not a host name")
 
 
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
@@ -219,13 +258,46 @@ def load(path: Path | None = None) -> Config:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return from_dict(data, source=str(path))
+    config = from_dict(data, source=str(path))
+    if config.server.api_key:
+        _make_private(path)
+    return config
+
+
+def _make_private(path: Path) -> None:
+    """A config holding the API key that others can read is narrowed to 0600 (best effort)."""
+    try:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077 and path.stat().st_uid == os.getuid():
+            os.chmod(path, mode & 0o700)
+            logging.getLogger(__name__).warning(
+                "%s holds server.api_key and was readable by others (%o): now %o", path, mode, mode & 0o700
+            )
+    except OSError:
+        pass
 
 
 def save(config: Config, path: Path | None = None) -> Path:
     """Write the config as TOML (validated first, so a bad value never reaches the file)."""
     path = path or (Path(config.source) if config.source else paths.config_file())
     from_dict(config.to_dict(), source=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_private(path, tomli_w.dumps(config.to_dict()).encode())
     return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`, readable by the owner only (0600): the config may hold the API key.
+
+    Written to a temporary file in the same folder and renamed over, so no reader sees half a file and the
+    mode is 0600 before any byte is written."""
+    path = path.resolve()  # a symlinked config stays a symlink: its target is replaced
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # created 0600
+    try:
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

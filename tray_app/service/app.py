@@ -21,6 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tray_app.config import ServerConfig
+from tray_app.engine.tools import worker_tool_choice
 from tray_app.events import RouteDecided
 from tray_app.service import control, idempotency, policy
 from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
@@ -29,6 +31,7 @@ from tray_app.service.errors import ApiError, bad_request, unavailable
 from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.service.executor import retry_after_seconds
 from tray_app.service.jobs import Job, new_id, stored_summary
+from tray_app.service.origin_guard import OriginGuard
 from tray_app.service.requests import Kind, ParsedRequest, check_model, parse_json_object, parse_request
 from tray_app.service.service import BACKGROUND_DEADLINE, Service
 from tray_app.sizes import parse_size
@@ -55,26 +58,50 @@ INTERNAL_ERROR = ApiError(500, "internal error in the router", type="server_erro
 
 
 class AuthAndErrors:
-    """Outermost layer: the API key (when configured) and an OpenAI-format answer for anything unexpected.
+    """Outermost layer: who may call (Host, Origin, the API key; see origin_guard), JSON-only control
+    requests, CORS for allowed origins, and an OpenAI-format answer for anything unexpected.
 
     The generation routes (`direct`, by path, POST only) are called from here rather than through
     Starlette's routing and middleware: they carry every token, and those layers cost them a fixed share of
     each request and of every chunk. Everything else goes to `app`."""
 
-    def __init__(self, app: ASGIApp, api_key: str, direct: dict[str, Handler] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str,
+        direct: dict[str, Handler] | None = None,
+        server: Callable[[], ServerConfig] | None = None,
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.direct = direct or {}
+        if server is None:
+            fixed = ServerConfig(api_key=api_key)
+            server = lambda: fixed  # noqa: E731
+        self.guard = OriginGuard(server, api_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        verdict = self.guard.check(scope)
+        if verdict.error is not None:
+            await error_response(verdict.error)(scope, receive, send)
+            return
+        if verdict.preflight:
+            await Response(status_code=204, headers=_headers(verdict.cors_headers))(scope, receive, send)
+            return
+        if verdict.cors_headers:
+            send = _with_headers(send, verdict.cors_headers)
         if self.api_key and not self._authorized(scope):
             error = ApiError(
                 401, "Incorrect or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key"
             )
             await error_response(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        refused = OriginGuard.check_control_body(scope)
+        if refused is not None:
+            await error_response(refused)(scope, receive, send)
             return
         started = False
 
@@ -100,9 +127,26 @@ class AuthAndErrors:
     def _authorized(self, scope: Scope) -> bool:
         for name, value in scope.get("headers", []):
             if name == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), self.api_key)
+                # Compared as bytes: a token with non-ASCII characters is a wrong key (401), not an error.
+                scheme, _, token = value.partition(b" ")
+                expected = self.api_key.encode("utf-8")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), expected)
         return False
+
+
+def _headers(pairs: tuple[tuple[bytes, bytes], ...]) -> dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in pairs}
+
+
+def _with_headers(send: Send, extra: tuple[tuple[bytes, bytes], ...]) -> Send:
+    """`send` with `extra` headers added to the response start (CORS for an allowed origin)."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return sending
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -540,4 +584,6 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     }
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     # Outside Starlette's own middleware, so the generation routes skip it (see AuthAndErrors).
-    return AuthAndErrors(app, service.cfg.server.api_key, direct=generation)
+    return AuthAndErrors(
+        app, service.cfg.server.api_key, direct=generation, server=lambda: service.cfg.server
+    )

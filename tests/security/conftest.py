@@ -1,0 +1,103 @@
+"""Fast security tests: the real ASGI app (create_app) over a stand-in service with the real job registry,
+journal and event bus, and no workers. Requests go through starlette's TestClient, addressed to
+http://127.0.0.1:8750 so that Host and the scope's server port are what a local client sends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from tray_app import config, paths
+from tray_app.events import EventBus
+from tray_app.service.app import create_app
+from tray_app.service.jobs import Job, JobRegistry
+from tray_app.service.journal import Journal
+
+BASE_URL = "http://127.0.0.1:8750"
+JOB_BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+
+
+class StandInExecutor:
+    def __init__(self, registry: JobRegistry) -> None:
+        self.registry = registry
+        self.approved: list[str] = []
+        self.settings = SimpleNamespace(policy=None)
+
+    def approve(self, job: Job) -> bool:
+        if job.state != "awaiting_approval":
+            return False
+        self.registry.set_state(job, "queued", "approved")
+        self.approved.append(job.id)
+        return True
+
+
+@dataclass
+class StandInService:
+    """What the app's routes use of `Service`, without workers or a tokenizer: `spawn` records the jobs it
+    was asked to run (an execution), and nothing runs them."""
+
+    cfg: config.Config
+    journal: Journal
+    bus: EventBus = field(default_factory=EventBus)
+    enable_faults: bool = False
+    keys: dict[str, str] = field(default_factory=dict)
+    spawned: list[str] = field(default_factory=list)
+    model_names: set[str] = field(default_factory=lambda: {"default", "model.gguf"})
+    model_id: str = "model.gguf"
+
+    def __post_init__(self) -> None:
+        self.registry = JobRegistry(self.journal, self.bus)
+        self.executor = StandInExecutor(self.registry)
+        self.workers = {"gpu": SimpleNamespace(state="ready"), "cpu": SimpleNamespace(state="ready")}
+        self.plan_set = SimpleNamespace(gpu=SimpleNamespace(n_ctx_per_seq=2048))
+        self.tokens = SimpleNamespace(grammar_error=lambda grammar: None)
+
+    def count_prompt(self, kind: str, body: dict[str, Any]) -> int:
+        return 5
+
+    def spawn(self, job: Job, held_slot: float | None = None) -> None:
+        self.spawned.append(job.id)
+
+    def status(self) -> dict[str, Any]:
+        return {"stand_in": True}
+
+
+def make_config(**server: Any) -> config.Config:
+    return config.from_dict({"server": server} if server else {})
+
+
+@pytest.fixture
+def journal(isolated_dirs: Path) -> Iterator[Journal]:
+    opened = Journal(paths.data_dir() / "journal.sqlite3")
+    yield opened
+    opened.close()
+
+
+def client_for(app: Any, **kwargs: Any) -> TestClient:
+    return TestClient(app, base_url=kwargs.pop("base_url", BASE_URL), **kwargs)
+
+
+@pytest.fixture
+def make_service(journal: Journal) -> Any:
+    def make(**server: Any) -> StandInService:
+        return StandInService(make_config(**server), journal)
+
+    return make
+
+
+@pytest.fixture
+def service(make_service: Any) -> StandInService:
+    svc: StandInService = make_service()
+    return svc
+
+
+@pytest.fixture
+def client(service: StandInService) -> Iterator[TestClient]:
+    with client_for(create_app(service, manage_lifecycle=False)) as test_client:  # type: ignore[arg-type]
+        yield test_client

@@ -1,0 +1,245 @@
+"""Who may talk to the service: the Host allow-list (against DNS rebinding), the Origin check (against web
+pages the user happens to have open), CORS for the origins the user allowed, and JSON-only control routes.
+
+A browser attaches `Origin` to every cross-origin request and to every POST; a page cannot remove or forge
+it. Programs (the tray, curl, the openai SDK) send no Origin and pass. A DNS-rebinding page reaches the
+service under its own host name, which the Host allow-list refuses. Both checks run in the outermost ASGI
+layer (`app.AuthAndErrors`), before the API key and before any route, the generation routes included.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from starlette.types import Scope
+
+from tray_app.config import ServerConfig
+from tray_app.service.errors import ApiError
+from tray_app.sizes import parse_size
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+DEFAULT_PORTS = {"http": 80, "https": 443}
+# Control request bodies are a few small JSON fields; nothing needs more.
+CONTROL_MAX_BODY = parse_size("64KiB")
+CONTROL_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+JSON_TYPES = frozenset({"application/json"})
+ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
+EXPOSE_HEADERS = (
+    "X-Request-Id, X-Failsoft-Job, X-Failsoft-Worker, X-Failsoft-Attempts, Retry-After, Idempotent-Replayed"
+)
+PREFLIGHT_MAX_AGE = "600"
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """`name[:port]`, `[v6][:port]` -> (lower-case name without brackets or trailing dot, port or None)."""
+    value = value.strip().lower()
+    port_text = ""
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[1:end], value[end + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                return None
+            port_text = rest[1:]
+    elif value.count(":") == 1:
+        name, _, port_text = value.partition(":")
+    elif ":" in value:
+        name = value  # a bare IPv6 address (not valid in Host, but unambiguous)
+    else:
+        name = value
+    name = name.rstrip(".")
+    if not name:
+        return None
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            return None
+        return name, int(port_text)
+    return name, None
+
+
+def normalize_origin(origin: str) -> tuple[str, str, int] | None:
+    """`scheme://host[:port]` -> (scheme, host, port with the scheme's default); None when not an origin."""
+    try:
+        parts = urlsplit(origin.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname or parts.path not in ("", "/"):
+        return None
+    if parts.query or parts.fragment or parts.username or parts.password:
+        return None
+    if any(char.isspace() or char in "/\\@" for char in parts.hostname):
+        return None
+    return scheme, parts.hostname.lower().rstrip("."), port or DEFAULT_PORTS[scheme]
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def is_loopback_name(name: str) -> bool:
+    if name in LOOPBACK_NAMES:
+        return True
+    address = _ip(name)
+    return address is not None and address.is_loopback
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the guard decided: an error to answer with, a preflight to answer, or pass (with CORS headers
+    for an allowed cross-origin caller)."""
+
+    error: ApiError | None = None
+    preflight: bool = False
+    cors_headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+PASS = Verdict()
+
+
+class OriginGuard:
+    """The checks, against the server config as it is now (`server()` is read on each request, so a config
+    reload that changes the allow-lists applies at once). `api_key` is the key the running service checks."""
+
+    def __init__(self, server: Callable[[], ServerConfig], api_key: str) -> None:
+        self.server = server
+        self.api_key = api_key
+
+    # ----------------------------------------------------------------------------------------- hosts
+    def host_allowed(self, name: str, port: int | None, cfg: ServerConfig) -> bool:
+        if is_loopback_name(name):
+            return True
+        configured = cfg.host.lower().strip("[]")
+        if name == configured:
+            return True
+        if "*" in cfg.allowed_hosts and self.api_key:
+            return True
+        for entry in cfg.allowed_hosts:
+            allowed = split_host(entry)
+            if allowed is not None and allowed[0] == name and allowed[1] in (None, port):
+                return True
+        # An address literal cannot be a rebinding (that needs a name the attacker's DNS answers); when the
+        # service was bound beyond loopback on purpose, LAN clients may use its address.
+        return _ip(name) is not None and not is_loopback_name(configured)
+
+    # --------------------------------------------------------------------------------------- origins
+    def origin_allowed(
+        self, origin: str, scope_port: int | None, host: tuple[str, int | None] | None, cfg: ServerConfig
+    ) -> bool:
+        parsed = normalize_origin(origin)
+        if parsed is None:
+            return False  # "null" (sandboxed frames, file://) and anything malformed
+        scheme, name, port = parsed
+        own_ports = {cfg.port} if scope_port is None else {cfg.port, scope_port}
+        if is_loopback_name(name) and port in own_ports:
+            return True  # a page the service itself would serve (same host and port)
+        if host is not None and name == host[0] and port == (host[1] or DEFAULT_PORTS[scheme]):
+            return True  # same origin as the request's (already allowed) Host
+        if "*" in cfg.allowed_origins and self.api_key:
+            return True
+        return any(normalize_origin(entry) == parsed for entry in cfg.allowed_origins if entry != "*")
+
+    # ----------------------------------------------------------------------------------------- check
+    def check(self, scope: Scope) -> Verdict:
+        headers: dict[bytes, bytes] = {}
+        for key, value in scope.get("headers", ()):
+            headers.setdefault(key, value)
+        cfg = self.server()
+        host: tuple[str, int | None] | None = None
+        raw_host = headers.get(b"host")
+        if raw_host is not None:
+            host = split_host(raw_host.decode("latin-1"))
+            if host is None or not self.host_allowed(host[0], host[1], cfg):
+                return Verdict(
+                    ApiError(
+                        403,
+                        f"Host {raw_host.decode('latin-1')!r} is not allowed; add it to server.allowed_hosts",
+                        type="permission_error",
+                        code="forbidden_host",
+                        param="Host",
+                    )
+                )
+        raw_origin = headers.get(b"origin")
+        method = str(scope.get("method", ""))
+        cors: tuple[tuple[bytes, bytes], ...] = ()
+        if raw_origin is not None:
+            origin = raw_origin.decode("latin-1")
+            server = scope.get("server")
+            scope_port = server[1] if isinstance(server, (tuple, list)) and len(server) > 1 else None
+            if not self.origin_allowed(origin, scope_port, host, cfg):
+                return Verdict(
+                    ApiError(
+                        403,
+                        f"Origin {origin!r} is not allowed; add it to server.allowed_origins",
+                        type="permission_error",
+                        code="forbidden_origin",
+                        param="Origin",
+                    )
+                )
+            cors = (
+                (b"access-control-allow-origin", raw_origin),
+                (b"vary", b"Origin"),
+                (b"access-control-expose-headers", EXPOSE_HEADERS.encode()),
+            )
+            if method == "OPTIONS" and b"access-control-request-method" in headers:
+                preflight = (
+                    *cors[:2],
+                    (b"access-control-allow-methods", ALLOW_METHODS.encode()),
+                    (b"access-control-allow-headers", headers.get(b"access-control-request-headers", b"")),
+                    (b"access-control-max-age", PREFLIGHT_MAX_AGE.encode()),
+                )
+                return Verdict(preflight=True, cors_headers=preflight)
+        return Verdict(cors_headers=cors)
+
+    @staticmethod
+    def check_control_body(scope: Scope) -> ApiError | None:
+        """Control routes (`/api/...`) change state: JSON bodies only (a browser can send text/plain or a
+        form without a preflight, never JSON), and small ones."""
+        path = str(scope.get("path", ""))
+        if not path.startswith("/api/") or scope.get("method") not in CONTROL_METHODS:
+            return None
+        content_type: bytes | None = None
+        length: bytes | None = None
+        chunked = False
+        for key, value in scope.get("headers", ()):
+            if key == b"content-type":
+                content_type = value
+            elif key == b"content-length":
+                length = value
+            elif key == b"transfer-encoding":
+                chunked = True
+        size = 0
+        if length is not None:
+            text = length.decode("latin-1").strip()
+            if not text.isdigit():
+                return ApiError(400, "Content-Length is not a number", code="invalid_request")
+            size = int(text)
+            if size > CONTROL_MAX_BODY:
+                return ApiError(
+                    413,
+                    f"control request bodies are at most {CONTROL_MAX_BODY} bytes",
+                    code="request_too_large",
+                )
+        has_body = chunked or size > 0
+        if content_type is None:
+            if not has_body:
+                return None
+        else:
+            media = content_type.decode("latin-1").split(";", 1)[0].strip().lower()
+            if media in JSON_TYPES:
+                return None
+        return ApiError(
+            415,
+            "control requests take Content-Type: application/json (or no body)",
+            code="unsupported_media_type",
+            param="Content-Type",
+        )
