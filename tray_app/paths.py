@@ -16,7 +16,19 @@ RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
 
 def _dir_from_env(var: str, default: str) -> Path:
     path = Path(os.environ.get(var) or default)
-    path.mkdir(parents=True, exist_ok=True)
+    return private_dir(path)
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a folder only its owner can enter (0700): it holds prompts, answers and logs. A folder
+    that exists with wider permissions and belongs to this user is narrowed."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        info = path.stat()
+        if info.st_mode & 0o077 and info.st_uid == os.getuid():
+            os.chmod(path, info.st_mode & 0o700)
+    except OSError:
+        pass  # best effort: e.g. a folder someone else owns, where chmod is not ours to do
     return path
 
 

@@ -546,6 +546,12 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     """The ASGI app. With `manage_lifecycle`, starting the app starts the service (workers and all)."""
     router = Router(service)
     ctl = control.Control(service)
+    retention = service.cfg.journal
+    if (retention.retention_days, retention.max_jobs) != (
+        service.journal.retention_days,
+        service.journal.max_jobs,
+    ):
+        service.journal.set_retention(retention.retention_days, retention.max_jobs)
     generation: dict[str, Handler] = {
         "/v1/chat/completions": router.chat,
         "/v1/completions": router.completions,

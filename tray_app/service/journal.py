@@ -3,11 +3,19 @@
 Writes go through one writer thread that batches them into a transaction, so the response path only puts a
 tuple on a queue. `flush()` waits until everything queued so far is committed (used where durability must
 come before the answer, e.g. accepting a background job).
+
+The journal holds prompts and answers: the file and its -wal/-shm companions are 0600 (the data folder is
+0700, see paths), deleted rows are overwritten (secure_delete), and finished jobs are deleted after the
+retention time or beyond a row cap (`journal.retention_days`, `journal.max_jobs`), checked at start and then
+every CLEANUP_INTERVAL seconds by the writer thread. Unfinished jobs are never deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -59,6 +67,11 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 UNFINISHED = ("queued", "running", "awaiting_approval")
+RETENTION_DAYS = 30.0
+MAX_JOBS = 100_000
+CLEANUP_INTERVAL = 3600.0
+COMPANIONS = ("", "-wal", "-shm", "-journal")
+log = logging.getLogger(__name__)
 
 _JOB_FIELDS = (
     "route",
@@ -72,10 +85,24 @@ _JOB_FIELDS = (
 )
 
 
+def make_private(path: Path) -> None:
+    """Create the journal file 0600 if it is missing, and narrow it and its companions to 0600.
+
+    SQLite creates -wal and -shm with the main file's permissions, so a 0600 main file keeps them 0600."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(descriptor)
+    for suffix in COMPANIONS:
+        companion = path.with_name(path.name + suffix)
+        with contextlib.suppress(FileNotFoundError):
+            if companion.stat().st_mode & 0o077:
+                os.chmod(companion, 0o600)
+
+
 def connect(path: Path) -> sqlite3.Connection:
     connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
     connection.execute("PRAGMA journal_mode=WAL")
     connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute("PRAGMA secure_delete=ON")  # deleted prompts do not linger in free pages
     connection.row_factory = sqlite3.Row
     return connection
 
@@ -161,9 +188,13 @@ Operation = Callable[[sqlite3.Connection], Any]
 class Journal:
     """The writer thread and the read helpers over one journal file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, retention_days: float = RETENTION_DAYS, max_jobs: int = MAX_JOBS) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private(path)
+        self.retention_days = retention_days
+        self.max_jobs = max_jobs
+        self._next_cleanup = 0.0  # monotonic time of the next cleanup: the first batch does one
         self._write = connect(path)
         migrate(self._write)
         self._read = connect(path)
@@ -223,6 +254,39 @@ class Journal:
             lambda c: c.execute("UPDATE attempts SET error = ? WHERE job_id = ? AND number = ?", params)
         )
 
+    def set_retention(self, retention_days: float, max_jobs: int) -> None:
+        """New retention settings (config reload); the next cleanup, due at once, follows them."""
+        self.retention_days = retention_days
+        self.max_jobs = max_jobs
+        self._next_cleanup = 0.0
+        self._queue.put(lambda c: None)  # wake the writer thread
+
+    def cleanup(self) -> None:
+        """Queue a cleanup now (tests, and after a reload); `flush()` waits for it."""
+        self._queue.put(self._cleanup)
+
+    def _cleanup(self, c: sqlite3.Connection) -> int:
+        """Delete finished jobs (with their attempts) past the retention time or beyond the row cap."""
+        finished = f"state NOT IN ({', '.join('?' for _ in UNFINISHED)})"
+        doomed: list[str] = []
+        if self.retention_days > 0:
+            cutoff = time.time() - self.retention_days * 86400
+            query = f"SELECT id FROM jobs WHERE {finished} AND updated_at < ?"
+            rows = c.execute(query, (*UNFINISHED, cutoff))
+            doomed += [row[0] for row in rows]
+        if self.max_jobs > 0:
+            rows = c.execute(
+                f"SELECT id FROM jobs WHERE {finished} ORDER BY updated_at DESC LIMIT -1 OFFSET ?",
+                (*UNFINISHED, self.max_jobs),
+            )
+            doomed += [row[0] for row in rows]
+        ids = [(job_id,) for job_id in dict.fromkeys(doomed)]
+        if ids:
+            c.executemany("DELETE FROM attempts WHERE job_id = ?", ids)
+            c.executemany("DELETE FROM jobs WHERE id = ?", ids)
+            log.info("journal: deleted %d finished jobs past retention", len(ids))
+        return len(ids)
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Block until everything queued before this call is committed."""
         done = threading.Event()
@@ -272,7 +336,16 @@ class Journal:
     def _run(self) -> None:
         stop = False
         while not stop:
-            batch = [self._queue.get()]
+            wait = self._next_cleanup - time.monotonic()
+            batch: list[Operation | threading.Event | None] = []
+            if wait <= 0:
+                self._next_cleanup = time.monotonic() + CLEANUP_INTERVAL
+                batch.append(self._cleanup)
+            else:
+                try:
+                    batch.append(self._queue.get(timeout=wait))
+                except queue.Empty:
+                    continue  # the cleanup is due
             while len(batch) < 500:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -297,6 +370,4 @@ class Journal:
 
 
 def _log_write_error(error: sqlite3.Error) -> None:
-    import logging
-
-    logging.getLogger(__name__).error("journal write failed: %s", error)
+    log.error("journal write failed: %s", error)
