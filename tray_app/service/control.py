@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -20,16 +21,22 @@ from tray_app.events import Event
 from tray_app.service.errors import ApiError
 from tray_app.service.jobs import STATES
 from tray_app.service.metrics import CONTENT_TYPE_LATEST
+from tray_app.service.origin_guard import CONTROL_MAX_BODY
 from tray_app.service.service import Service
 from tray_app.sizes import parse_size
 from tray_app.supervisor.supervisor import SupervisorError
 
 KEEPALIVE_SECONDS = 15.0
+# /api/events: at most this many streams at once (the tray needs one; more is a leak or abuse): 503 beyond.
+MAX_EVENT_SUBSCRIBERS = 16
+# Events waiting for one slow subscriber; past this it is dropped (its stream ends; the tray reconnects and
+# can catch up with ?history=1), so a reader that stopped reading cannot grow the service's memory.
+SUBSCRIBER_QUEUE = 1000
 ROLES = ("gpu", "cpu")
 FAULT_KINDS = ("oom_decode", "abort", "hang", "kill")
 # Config sections a running service can take over without restarting its workers.
-LIVE_SECTIONS = ("failover",)
-LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "max_body")
+LIVE_SECTIONS = ("failover", "journal")
+LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "max_body", "allowed_hosts", "allowed_origins")
 
 
 def _error(status: int, message: str, code: str, param: str | None = None) -> Response:
@@ -41,7 +48,13 @@ def _error(status: int, message: str, code: str, param: str | None = None) -> Re
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    raw = b""
+    async for chunk in request.stream():  # the outer layer refused a larger Content-Length already
+        raw += chunk
+        if len(raw) > CONTROL_MAX_BODY:
+            raise ApiError(
+                413, f"control request bodies are at most {CONTROL_MAX_BODY} bytes", code="request_too_large"
+            )
     if not raw:
         return {}
     try:
@@ -60,6 +73,7 @@ def event_frame(event: Event) -> bytes:
 class Control:
     def __init__(self, service: Service) -> None:
         self.svc = service
+        self.subscribers = 0  # open /api/events streams
 
     def routes(self) -> list[Route]:
         routes = [
@@ -88,16 +102,51 @@ class Control:
         return Response(self.svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def events(self, request: Request) -> Response:
-        """Server-sent events from the bus; `?history=1` first replays the recent ones."""
+        """Server-sent events from the bus; `?history=1` first replays the recent ones.
+
+        At most MAX_EVENT_SUBSCRIBERS streams at once (503 beyond); a subscriber that falls
+        SUBSCRIBER_QUEUE events behind is dropped (its stream ends)."""
+        if self.subscribers >= MAX_EVENT_SUBSCRIBERS:
+            return Response(
+                ApiError(
+                    503,
+                    f"too many event streams open ({MAX_EVENT_SUBSCRIBERS}); close one and retry",
+                    type="service_unavailable",
+                    code="too_many_subscribers",
+                ).body_bytes(),
+                status_code=503,
+                media_type="application/json",
+                headers={"Retry-After": "5"},
+            )
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Event] = asyncio.Queue()
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
         history = request.query_params.get("history") in ("1", "true")
+        overflowed = False
+
+        def deliver(event: Event) -> None:  # on the loop
+            nonlocal overflowed
+            if overflowed:
+                return
+            if queue.qsize() >= SUBSCRIBER_QUEUE:
+                overflowed = True
+                queue.put_nowait(None)  # the end marker: this reader is too slow
+                return
+            queue.put_nowait(event)
 
         def listener(event: Event) -> None:
             if not loop.is_closed():
-                loop.call_soon_threadsafe(queue.put_nowait, event)
+                loop.call_soon_threadsafe(deliver, event)
 
         remove = self.svc.bus.add_listener(listener)
+        self.subscribers += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                remove()
+                self.subscribers -= 1
 
         async def frames() -> AsyncIterator[bytes]:
             try:
@@ -107,16 +156,22 @@ class Control:
                         yield event_frame(event)
                 while True:
                     try:
-                        event = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                        item = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
                     except TimeoutError:
                         yield b": keepalive\n\n"
                         continue
-                    yield event_frame(event)
+                    if item is None:
+                        yield b": dropped: this reader fell too far behind\n\n"
+                        return
+                    yield event_frame(item)
             finally:
-                remove()
+                release()
 
         return StreamingResponse(
-            frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            frames(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+            background=BackgroundTask(release),  # also when the stream never started
         )
 
     async def worker_action(self, request: Request) -> Response:
@@ -203,6 +258,8 @@ class Control:
                     needs_restart.append(name)
         if applied:
             self.svc.apply_live_config()
+        if any(name.startswith("journal.") for name in applied):
+            self.svc.journal.set_retention(self.svc.cfg.journal.retention_days, self.svc.cfg.journal.max_jobs)
         # The address and API key belong to the listening socket: only a service restart changes them.
         service_only = [name for name in needs_restart if name.startswith("server.")]
         restarted = False
