@@ -490,6 +490,13 @@ class Router:
             kind: Kind = "completion" if "prompt" in body and "messages" not in body else "chat"
             parsed = parse_request(kind, raw)
             check_model(parsed, self.svc.model_names)
+            key = request.headers.get("idempotency-key")
+            if key:
+                existing = self._existing_job(key, parsed)
+                if existing is not None:
+                    return existing
+            # No await between the key check and _new_job (which registers the key): a second request with
+            # the same key finds this job.
             job = self._new_job(request, parsed, background=True, deadline=BACKGROUND_DEADLINE)
             decision = await self._route(job, BACKGROUND_DEADLINE)
             if decision.refused:
@@ -505,6 +512,44 @@ class Router:
         await asyncio.to_thread(self.svc.journal.flush)
         summary = {"object": "job", **job.summary()}
         return JSONResponse(summary, status_code=202, headers=job_headers(job, False))
+
+    def _existing_job(self, key: str, parsed: ParsedRequest) -> Response | None:
+        """`Idempotency-Key` on /v1/jobs, with the rules chat uses (idempotency.decide): the same key and body
+        give the job already made under it (202 while it is unfinished, 200 once completed; never a second
+        job), another body is 422; a key whose job ended without an answer may make a new one."""
+        job_id = self.svc.keys.get(key)
+        live = self.svc.registry.get(job_id) if job_id else None
+        record: idempotency.KeyRecord | None = None
+        background = True
+        summary: dict[str, Any] = {}
+        if live is not None:
+            record = idempotency.KeyRecord(live.id, live.body_hash, live.created_at, live.state)
+            background = live.background
+            summary = live.summary()
+        else:
+            stored = self.svc.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
+            if stored is not None:
+                record = idempotency.KeyRecord(stored.id, stored.body_hash, stored.created_at, stored.state)
+                background = stored.background
+                summary = stored_summary(stored, self.svc.journal.attempts(stored.id))
+        verdict = idempotency.decide(record, parsed.body_hash, time.time())
+        if verdict == "new" or record is None:
+            return None
+        if verdict == "mismatch" or not background:
+            raise ApiError(
+                422,
+                f"Idempotency-Key {key!r} was used with a different request"
+                + ("" if background else " (not a background job)"),
+                code="idempotency_key_reused",
+                param="Idempotency-Key",
+            )
+        headers = {
+            "X-Request-Id": str(summary.get("request_id") or ""),
+            "X-Failsoft-Job": record.job_id,
+            "Idempotent-Replayed": "true",
+        }
+        status = 202 if verdict == "in_progress" else 200
+        return JSONResponse({"object": "job", **summary}, status_code=status, headers=headers)
 
     async def get_job(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]

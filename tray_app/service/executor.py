@@ -286,6 +286,8 @@ class Executor:
             worker = await self._ready_worker(job, role)
             progress.worker_pid = worker.pid
             number = self.registry.start_attempt(job, role)
+            if not number:
+                return  # the job ended (cancelled) while it waited for a slot or a worker: no late start
             url, body = self._upstream(job, worker, progress, resume)
             first_timeout = self.settings.stall_seconds + job.prompt_tokens / 100
             convert = resume and job.kind == "chat"

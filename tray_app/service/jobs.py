@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 import uuid
@@ -17,7 +18,22 @@ from tray_app.service.journal import Journal, StoredJob
 
 FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
 STATES = ("queued", "running", "awaiting_approval", *sorted(FINAL_STATES))
+_ENDED = frozenset({"failed", "cancelled", "rejected"})
+# The only moves a job's state can make. Final states have none: the first final transition wins, and a late
+# start, answer or approval of a job that already ended (cancelled while it waited) is refused.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "queued": frozenset({"running", "awaiting_approval", *_ENDED}),
+    "running": frozenset({"running", "awaiting_approval", "completed", *_ENDED}),
+    "awaiting_approval": frozenset({"queued", *_ENDED}),  # approved (queued for the CPU), or ended
+    **{state: frozenset() for state in FINAL_STATES},
+}
 KEEP_FINISHED = 2000  # finished jobs kept in memory; older ones are read from the journal
+log = logging.getLogger(__name__)
+
+
+def can_move(current: str, new: str) -> bool:
+    """Whether a job in state `current` may move to `new` (see TRANSITIONS)."""
+    return new in TRANSITIONS.get(current, frozenset())
 
 
 def new_id(prefix: str) -> str:
@@ -119,7 +135,10 @@ def stored_summary(stored: StoredJob, attempts: list[dict[str, Any]]) -> dict[st
 
 
 class JobRegistry:
-    """The live jobs, their journal rows and their events; the only place a job's state changes."""
+    """The live jobs, their journal rows and their events; the only place a job's state changes.
+
+    Every change goes through `_allowed` (TRANSITIONS): an illegal one changes nothing and returns False
+    (0 from `start_attempt`), so two transitions racing for a job cannot both win."""
 
     def __init__(self, journal: Journal, bus: EventBus) -> None:
         self.journal = journal
@@ -163,14 +182,27 @@ class JobRegistry:
         jobs = [*self._live.values(), *self._finished.values()]
         return [job for job in jobs if state is None or job.state == state]
 
-    def set_state(self, job: Job, state: str, reason: str | None = None) -> None:
-        if job.final or job.state == state:
-            return
+    @staticmethod
+    def _allowed(job: Job, state: str) -> bool:
+        if can_move(job.state, state):
+            return True
+        log.debug("job %s: %s -> %s refused", job.id, job.state, state)
+        return False
+
+    def set_state(self, job: Job, state: str, reason: str | None = None) -> bool:
+        """Move a live job to `state`; False (nothing changes) when the move is not allowed or no move."""
+        if job.state == state or state in FINAL_STATES or not self._allowed(job, state):
+            return False
         job.state = state
         self.journal.update_job(job.id, state=state, route=job.route)
         self.bus.publish(JobStateChanged(job_id=job.id, state=state, worker=job.worker, reason=reason))
+        return True
 
     def start_attempt(self, job: Job, worker: str) -> int:
+        """Number the next attempt and mark the job running; 0 (no attempt) when the job can no longer
+        start: it ended meanwhile (a cancellation wins over a late start) or waits for approval."""
+        if not self._allowed(job, "running"):
+            return 0
         job.attempts += 1
         job.worker = worker
         self.journal.start_attempt(job.id, job.attempts, worker, time.time())
@@ -186,7 +218,10 @@ class JobRegistry:
     def set_attempt_error(self, job: Job, number: int, error: str) -> None:
         self.journal.set_attempt_error(job.id, number, error)
 
-    def await_approval(self, job: Job, estimated_seconds: float, reason: str) -> None:
+    def await_approval(self, job: Job, estimated_seconds: float, reason: str) -> bool:
+        """Put the job in the user's hands; False (no event) when it ended already."""
+        if not self._allowed(job, "awaiting_approval"):
+            return False
         # An unknown CPU speed gives an infinite estimate: stored as unknown (None; -1 in the event).
         known = math.isfinite(estimated_seconds)
         job.estimated_seconds = estimated_seconds if known else None
@@ -198,21 +233,25 @@ class JobRegistry:
         preview = self.summary_preview(job)
         event_estimate = estimated_seconds if known else -1.0
         self.bus.publish(ApprovalNeeded(job_id=job.id, estimated_seconds=event_estimate, preview=preview))
+        return True
 
     @staticmethod
     def summary_preview(job: Job) -> str:
         return str(job.summary()["preview"])
 
     def complete(self, job: Job, result: dict[str, Any]) -> bool:
-        """Store the answer; False (nothing changes) if the job already ended: a late answer is dropped."""
-        if job.final:
+        """Store the answer; False (nothing changes) unless the job is running: a late answer is dropped."""
+        if not self._allowed(job, "completed"):
             return False
         job.result = result
         self._finish(job, "completed", result=result)
         return True
 
     def fail(self, job: Job, state: str, error: dict[str, Any], reason: str | None = None) -> bool:
-        if job.final:
+        """End the job without an answer (`state`: failed, cancelled or rejected); False if it had ended."""
+        if state not in _ENDED:
+            raise ValueError(f"fail() ends a job as failed, cancelled or rejected, not {state!r}")
+        if not self._allowed(job, state):
             return False
         job.error = error
         self._finish(job, state, error=str(error.get("message", "")), reason=reason)
