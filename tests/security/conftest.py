@@ -50,6 +50,7 @@ class StandInService:
     spawned: list[str] = field(default_factory=list)
     model_names: set[str] = field(default_factory=lambda: {"default", "model.gguf"})
     model_id: str = "model.gguf"
+    tool_call_opener: str = ""  # what the engine starts a tool call with (none: these tests send no tools)
 
     def __post_init__(self) -> None:
         self.registry = JobRegistry(self.journal, self.bus)
