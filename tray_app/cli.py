@@ -80,9 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--scenario", action="append", help="run only these scenarios (a..g); repeatable")
     drill.add_argument("--json", action="store_true", help="print the JSON report")
 
-    bench = sub.add_parser("bench", help="router overhead, failover overhead, profiles and planner accuracy")
+    bench = sub.add_parser(
+        "bench", help="router overhead, throughput, failover overhead, profiles and planner accuracy"
+    )
     _add_model_and_device(bench)
     bench.add_argument("--rounds", type=int, default=20, help="requests per measurement")
+    bench.add_argument(
+        "--clients", default="1,4,8", help="concurrent clients for the throughput figures (default 1,4,8)"
+    )
+    bench.add_argument(
+        "--tokens", type=int, default=64, help="tokens per answer in the throughput figures (default 64)"
+    )
     bench.add_argument("--json", action="store_true", help="print JSON")
     return parser
 

@@ -29,7 +29,14 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     path: str = ""  # empty: the bundled SmolLM2
-    chat_format: str = ""  # empty: the model's own template; "chatml-function-calling" enables tools
+    chat_format: str = ""  # empty: the model's own template; else a llama.cpp template name (chatml, ...)
+
+
+@dataclass
+class EngineConfig:
+    # Empty: the llama-server built with llama-cpp-python (packaging/build_engine.py); a path: your own build
+    # (e.g. a CUDA one), checked at start for the flags Failsoft passes.
+    llama_server: str = ""
 
 
 @dataclass
@@ -46,7 +53,8 @@ class BudgetConfig:
     flash_attn: bool = False
     n_ctx: int = 0  # 0: the largest that fits, up to max_ctx and the trained context
     max_ctx: int = 8192
-    n_parallel: int = 1
+    # llama-server slots (requests served at once, sharing the context): the most that fit, up to this many.
+    n_parallel: int = 4
     n_ubatch: int = 512
 
 
@@ -59,6 +67,7 @@ class CpuConfig:
     threads: int = 0  # 0: physical cores
     n_ctx: int = 0
     max_ctx: int = 8192
+    n_parallel: int = 0  # slots; 0: two per physical core, at most 4 (batching pays off even on 2 cores)
 
 
 @dataclass
@@ -106,6 +115,7 @@ class SupervisorConfig:
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     cpu: CpuConfig = field(default_factory=CpuConfig)

@@ -15,7 +15,7 @@ from typing import Any
 from tray_app import paths
 
 log = logging.getLogger(__name__)
-_CACHE_FORMAT = 2
+_CACHE_FORMAT = 3
 # Already read in this process, by (path, size, mtime): the service re-plans often (config reload, pressure).
 _memo: dict[tuple[str, int, int], ModelInfo] = {}
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
@@ -45,6 +45,7 @@ class ModelInfo:
     input_bytes: int  # what llama.cpp keeps on the CPU as the input layer (token embedding)
     output_layer_bytes: int  # what goes to the output device: output norm + output (the embedding when tied)
     tied_embeddings: bool  # no output matrix in the file: llama.cpp copies the token embedding for the output
+    chat_template: str = ""  # the model's own Jinja chat template ("tokenizer.chat_template"), if any
 
     @property
     def weights_bytes(self) -> int:
@@ -207,6 +208,7 @@ def _inspect(path: Path) -> ModelInfo:
         n_vocab = int(_field(reader, f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else 0))
         n_ctx_train = _required_int(reader, path, f"{arch}.context_length")
         n_ff_value = _field(reader, f"{arch}.feed_forward_length")
+        chat_template = _field(reader, "tokenizer.chat_template")
     except _READ_ERRORS as error:
         raise ModelFileError(f"{path}: unexpected GGUF metadata ({error})") from None
     n_ff = int(max(n_ff_value) if isinstance(n_ff_value, list) else (n_ff_value or 4 * n_embd))
@@ -234,4 +236,5 @@ def _inspect(path: Path) -> ModelInfo:
         input_bytes=input_bytes,
         output_layer_bytes=output_bytes,
         tied_embeddings=tied,
+        chat_template=chat_template if isinstance(chat_template, str) else "",
     )

@@ -34,6 +34,10 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
         "4GiB",
         "--rounds",
         "3",
+        "--clients",
+        "1,4",
+        "--tokens",
+        "8",
         "--json",
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400, check=False)
@@ -51,6 +55,12 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
     # CPU time comes in clock ticks (10 ms): 6 one-token requests may round to none; 6 longer ones do not.
     assert results["router_overhead"]["router_cpu_ms_per_request"] > 0
     assert results["router_overhead"]["direct"]["gap_mean_ms"] > 0
+
+    throughput = results["throughput"]
+    assert [row["clients"] for row in throughput["levels"]] == [1, 4] and throughput["max_tokens"] == 8
+    for row in throughput["levels"]:
+        assert row["direct_tokens_per_second"] > 0 and row["router_tokens_per_second"] > 0
+        assert number(row["ratio"]) and number(row["router_ttft_p50_ms"])
 
     failover = results["failover_overhead"]
     assert failover["measured"] >= 1
@@ -73,6 +83,7 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
     printed = report.text(results)  # what `failsoft bench` prints without --json
     assert "(3 rounds, 1 token, interleaved" in printed and "(3 rounds, 8 tokens, interleaved" in printed
     assert printed.count("streamed inter-chunk gap") == 1  # one token has no gap to show
+    assert "throughput: concurrent clients, each 2 requests of 8 tokens" in printed
 
     (saved,) = (tmp_path / "data" / "reports").glob("bench-*.json")
     assert json.loads(saved.read_text()) == results

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tray_app.budget import cpu_request, gpu_request, physical_cores, plan_from_config
+from tray_app.budget import cpu_request, cpu_slots, gpu_request, physical_cores, plan_from_config
 from tray_app.config import Config
 from tray_app.device import SimulatedDevice
 
@@ -43,7 +43,11 @@ def test_config_settings_reach_the_request() -> None:
     )
     assert request.flash_attn and request.reserve_percent == 25.0 and request.reserve_min_bytes == 256 * MIB
     cpu = cpu_request(cfg)
-    assert (cpu.n_parallel, cpu.reserve_percent, cpu.reserve_min_bytes) == (1, 20.0, GIB)
+    # The CPU worker's slots: two per physical core, at most 4, unless cpu.n_parallel says otherwise.
+    assert (cpu.n_parallel, cpu.reserve_percent, cpu.reserve_min_bytes) == (cpu_slots(cfg), 20.0, GIB)
+    assert cpu_slots(cfg) == min(4, 2 * physical_cores())
+    cfg.cpu.n_parallel = 3
+    assert cpu_request(cfg).n_parallel == 3
     plans = plan_from_config(cfg)
     assert (plans.gpu.n_ctx, plans.gpu.n_ctx_per_seq, plans.gpu.cache_type_v) == (1024, 512, "q8_0")
 

@@ -67,6 +67,7 @@ def test_estimate_first_then_measured(tmp_path: Path, model_path: Path) -> None:
     cfg.device.simulate_vram = "4GiB"
     cfg.budget.n_ctx = 2048
     cfg.cpu.n_ctx = 2048
+    cfg.budget.n_parallel = cfg.cpu.n_parallel = 1  # the measurement's settings
     first = plan_from_config(cfg)
     assert first.gpu.compute_source == "estimate"
     calibration.record_measurement(model, SETTINGS, MEASURED)

@@ -24,7 +24,7 @@ from tray_app.sizes import format_size, parse_size
         ('[budget]\ncache_type = "q8_0"\n', "budget.cache_type = 'q8_0' needs budget.flash_attn = true"),
         ('[device]\nsimulate_vram = "4 bananas"\n', "device.simulate_vram: not a size"),
         ("[budget]\nmax_context = 4096\n", "unknown key budget.max_context; keys are"),
-        ("[gpu]\nlayers = 3\n", "unknown section [gpu]; sections are model, device, budget"),
+        ("[gpu]\nlayers = 3\n", "unknown section [gpu]; sections are model, engine, device, budget"),
         ("[budget\n", "not valid TOML"),
     ],
 )

@@ -61,7 +61,8 @@ def test_plan_table_says_simulated_and_shows_the_split(model_cache_dir: Path) ->
         assert f"  {row} " in out
     assert "180.00 MiB" in out
     assert "verdict: GPU - all 31 layers fit" in out
-    assert "caps: n_ctx 8192, parallel 1" in out
+    # Four slots by default (budget.n_parallel), sharing the 8192-token context.
+    assert "caps: n_ctx 8192, parallel 4 (n_ctx per sequence 2048)" in out
 
 
 def test_plan_options_reach_the_plan(model_cache_dir: Path) -> None:

@@ -401,15 +401,10 @@ def test_a_grammar_llama_cpp_cannot_parse_is_refused_and_no_worker_dies(
         assert refused.value.param == "grammar"
         assert code is None or refused.value.code == code
 
-    # The workers refuse it too, for a client that reaches them directly, and keep serving.
+    # Nothing but the router reaches a worker: each has its own key, which no client is given.
     worker = svc.status()["workers"]["gpu"]["base_url"]
     body = {"messages": CHAT, "max_tokens": 4, "grammar": "root ::= ("}
-    whole = httpx.post(f"{worker}/v1/chat/completions", json=body, timeout=60)
-    assert whole.status_code == 500 and "not valid GBNF" in whole.json()["error"]["message"]
-    streamed = {**body, "stream": True}
-    with httpx.stream("POST", f"{worker}/v1/chat/completions", json=streamed, timeout=60) as response:
-        events = [line for line in response.iter_lines() if line.startswith("data:")]
-    assert "not valid GBNF" in events[0] and events[-1] == "data: [DONE]"
+    assert httpx.post(f"{worker}/v1/chat/completions", json=body, timeout=60).status_code == 401
 
     # A grammar llama.cpp accepts constrains the answer, whole and streamed.
     yes_no = {"grammar": 'root ::= "yes" | "no"'}
@@ -429,22 +424,31 @@ def test_a_request_the_worker_refuses_is_the_clients_error_and_no_worker_restart
 ) -> None:
     svc.wait_workers_ready()
     before = _worker_pids(svc)
+    # A named tool_choice that names no tool in the list is refused up front.
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
-    # Passes the router's checks; llama-cpp-python raises on it inside the worker and answers 500.
-    missing_tool = {
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.chat.completions.create(
+            model="default",
+            messages=CHAT,
+            max_tokens=4,
+            tools=[tool],  # type: ignore[list-item]
+            tool_choice={"type": "function", "function": {"name": "subtract"}},
+        )
+    assert "subtract" in unknown.value.message and unknown.value.param == "tool_choice"
+    # Passes the router's checks; llama-server cannot read the tool list and answers 500 about it.
+    nameless = {
         "model": "default",
         "messages": CHAT,
         "max_tokens": 4,
-        "tools": [tool],
-        "tool_choice": {"type": "function", "function": {"name": "subtract"}},
+        "tools": [{"type": "function", "function": {"parameters": {"type": "object"}}}],
     }
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(**missing_tool)
-    assert "subtract" in refused.value.message
+        client.chat.completions.create(**nameless)
+    assert "Failed to parse tools" in refused.value.message
     assert refused.value.response.headers["x-failsoft-attempts"] == "1"
     # A stream has its status line already: the refusal is its error event.
-    with pytest.raises(openai.APIError, match="subtract") as streamed:
-        for _chunk in client.chat.completions.create(**missing_tool, stream=True):
+    with pytest.raises(openai.APIError, match="Failed to parse tools") as streamed:
+        for _chunk in client.chat.completions.create(**nameless, stream=True):
             pass
     assert streamed.value.body["code"] == "invalid_request"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as empty:

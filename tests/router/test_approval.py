@@ -67,7 +67,7 @@ def _ask_in_background(client: openai.OpenAI, deadline: str) -> tuple[threading.
 
 
 def test_approved_job_runs_on_the_cpu_while_the_client_waits(svc: ServiceHandle) -> None:
-    armed = arm(svc, "oom_decode", after_tokens=2)
+    armed = arm(svc, "abort", after_tokens=2)
     thread, outcome = _ask_in_background(client_for(svc), deadline="30")
     pending = wait_until(lambda: _awaiting(svc), what="a job awaiting approval")
     assert pending[0]["estimated_seconds"] >= 40
@@ -77,14 +77,14 @@ def test_approved_job_runs_on_the_cpu_while_the_client_waits(svc: ServiceHandle)
     thread.join(180)
     info = failsoft_of(outcome["answer"])
     assert (info["job_id"], info["worker"], info["attempts"]) == (pending[0]["id"], "cpu", 2)
-    assert info["fallback_reason"] == "oom_decode"
+    assert info["fallback_reason"] == "crash_abort"
     # Approving twice is refused: the job is no longer waiting.
     assert httpx.post(f"{svc.base_url}/api/jobs/{info['job_id']}/approve", timeout=10).status_code == 409
     wait_replaced(svc, armed["pid"])
 
 
 def test_rejected_job_ends_with_a_reason(svc: ServiceHandle) -> None:
-    armed = arm(svc, "oom_decode", after_tokens=2)
+    armed = arm(svc, "abort", after_tokens=2)
     thread, outcome = _ask_in_background(client_for(svc), deadline="30")
     pending = wait_until(lambda: _awaiting(svc), what="a job awaiting approval")
     assert httpx.post(f"{svc.base_url}/api/jobs/{pending[0]['id']}/reject", timeout=10).status_code == 200
@@ -96,7 +96,7 @@ def test_rejected_job_ends_with_a_reason(svc: ServiceHandle) -> None:
 
 
 def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(svc: ServiceHandle) -> None:
-    armed = arm(svc, "oom_decode", after_tokens=2)
+    armed = arm(svc, "abort", after_tokens=2)
     with pytest.raises(openai.InternalServerError) as raised:
         client_for(svc).chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "3"})
     error = raised.value
@@ -116,7 +116,7 @@ def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(svc
         "job_id": job_id,
         "worker": "cpu",
         "attempts": 2,
-        "fallback_reason": "oom_decode",
+        "fallback_reason": "crash_abort",
     }
     wait_replaced(svc, armed["pid"])
 
@@ -124,7 +124,7 @@ def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(svc
 def test_auto_approve_rule_runs_short_cpu_jobs_without_asking(svc: ServiceHandle) -> None:
     reload_settings(svc, base_settings(failover={"cpu_tokens_per_second": 1.0, "auto_approve_seconds": 120}))
     try:
-        armed = arm(svc, "oom_decode", after_tokens=2)
+        armed = arm(svc, "abort", after_tokens=2)
         completion = client_for(svc).chat.completions.create(
             **REQUEST, extra_headers={"X-Failsoft-Deadline": "3"}
         )
@@ -138,7 +138,7 @@ def test_auto_approve_rule_runs_short_cpu_jobs_without_asking(svc: ServiceHandle
 def test_approval_policy_asks_for_every_cpu_run(svc: ServiceHandle) -> None:
     reload_settings(svc, base_settings(failover={"cpu_tokens_per_second": 1000.0, "fallback": "approval"}))
     try:
-        armed = arm(svc, "oom_decode", after_tokens=2)
+        armed = arm(svc, "abort", after_tokens=2)
         with pytest.raises(openai.InternalServerError) as raised:
             client_for(svc).chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "2"})
         assert raised.value.code == "approval_required"

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.integration
 # The CPU speed is fixed so the routing does not depend on how busy the test machine is.
 SETTINGS = base_settings(
     server={"queue_max": 1},
-    budget={"max_ctx": 512},
-    cpu={"max_ctx": 2048},
+    # One slot per worker: the queue and the routing by context are what these tests are about.
+    budget={"max_ctx": 512, "n_parallel": 1},
+    cpu={"max_ctx": 2048, "n_parallel": 1},
     failover={"cpu_tokens_per_second": 1000.0},
 )
 LONG_PROMPT = [{"role": "user", "content": "Repeat these words: " + "ocean wave tide " * 200}]

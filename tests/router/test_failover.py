@@ -34,9 +34,7 @@ pytestmark = pytest.mark.integration
 
 # Replays here always go to the CPU, however slow a busy test machine makes it (the approval queue for slow
 # CPU runs has its own tests).
-SETTINGS = base_settings(
-    model={"chat_format": "chatml-function-calling"}, failover={"auto_approve_seconds": 3600}
-)
+SETTINGS = base_settings(failover={"auto_approve_seconds": 3600})
 REQUEST: dict[str, Any] = {
     "model": "default",
     "messages": CHAT,
@@ -73,7 +71,7 @@ def _gpu_pid(svc: ServiceHandle) -> int:
     return pid
 
 
-@pytest.mark.parametrize("kind", ["oom_decode", "abort"])
+@pytest.mark.parametrize("kind", ["abort", "kill"])
 def test_non_streamed_failure_replays_on_the_cpu_with_the_same_text(
     svc: ServiceHandle, client: openai.OpenAI, gpu_text: str, kind: str
 ) -> None:
@@ -82,8 +80,8 @@ def test_non_streamed_failure_replays_on_the_cpu_with_the_same_text(
     completion = raw.parse()
     info = failsoft_of(completion)
     assert info["worker"] == "cpu" and info["attempts"] == 2
-    # An abort drops the connection; the reason still names how the process ended, as its supervisor saw.
-    reason = "oom_decode" if kind == "oom_decode" else "crash_abort"
+    # The connection drops; the reason still names how the process ended, as its supervisor saw.
+    reason = "crash_abort" if kind == "abort" else "killed"
     assert info["fallback_reason"] == reason
     assert (raw.headers["x-failsoft-worker"], raw.headers["x-failsoft-attempts"]) == ("cpu", "2")
     assert completion.choices[0].message.content == gpu_text
@@ -139,19 +137,19 @@ def _stream_text(client: openai.OpenAI, request: dict[str, Any]) -> tuple[str, d
 def test_stream_failure_before_content_is_transparent(
     svc: ServiceHandle, client: openai.OpenAI, gpu_text: str
 ) -> None:
-    armed = arm(svc, "oom_decode", after_tokens=0)
+    armed = arm(svc, "abort", after_tokens=0)
     text, info = _stream_text(client, REQUEST)
     assert text == gpu_text
-    assert info["worker"] == "cpu" and info["attempts"] == 2 and info["fallback_reason"] == "oom_decode"
+    assert info["worker"] == "cpu" and info["attempts"] == 2 and info["fallback_reason"] == "crash_abort"
     wait_replaced(svc, armed["pid"])
 
 
 def test_stream_failure_after_content_resumes_on_the_cpu(
     svc: ServiceHandle, client: openai.OpenAI, gpu_text: str
 ) -> None:
-    armed = arm(svc, "oom_decode", after_tokens=6)
+    armed = arm(svc, "abort", after_tokens=6)
     text, info = _stream_text(client, REQUEST)
-    assert info["worker"] == "cpu" and info["fallback_reason"] == "oom_decode"
+    assert info["worker"] == "cpu" and info["fallback_reason"] == "crash_abort"
     # One uninterrupted stream: it starts with what the GPU sent and the CPU continued from there. (The
     # continuation is prompted with the model's own chat template; this module's workers use the
     # function-calling format, so the words after the hand-over may differ from the GPU's.)
@@ -166,12 +164,10 @@ def test_stream_failure_after_content_with_error_policy_ends_the_stream(
 ) -> None:
     reload_settings(
         svc,
-        base_settings(
-            model=SETTINGS["model"], failover={**SETTINGS["failover"], "stream_after_content": "error"}
-        ),
+        base_settings(failover={**SETTINGS["failover"], "stream_after_content": "error"}),
     )
     try:
-        armed = arm(svc, "oom_decode", after_tokens=6)
+        armed = arm(svc, "abort", after_tokens=6)
         received: list[str] = []
         with pytest.raises(openai.APIError) as error:
             for chunk in client.chat.completions.create(**REQUEST, stream=True):
@@ -223,7 +219,7 @@ def agent_turn(client: openai.OpenAI, tool: CountingTool, question: str) -> int:
 def test_tool_calls_run_exactly_once_under_faults(svc: ServiceHandle, client: openai.OpenAI) -> None:
     tool = CountingTool()
     intended = 0
-    for fault in ("oom_decode", "abort", None, "oom_decode"):
+    for fault in ("abort", "kill", None, "abort"):
         armed = arm(svc, fault, after_tokens=2) if fault else None
         intended += agent_turn(client, tool, "What is 2 plus 3? Use the add tool.")
         if armed:
@@ -233,7 +229,7 @@ def test_tool_calls_run_exactly_once_under_faults(svc: ServiceHandle, client: op
 
 
 def test_a_streamed_tool_call_is_never_replayed(svc: ServiceHandle, client: openai.OpenAI) -> None:
-    armed = arm(svc, "oom_decode", after_tokens=8)
+    armed = arm(svc, "abort", after_tokens=8)
     request = {**REQUEST, "tools": [ADD_TOOL], "tool_choice": FORCE_ADD, "max_tokens": 60}
     deltas = 0
     with pytest.raises(openai.APIError) as error:
@@ -284,7 +280,7 @@ def test_non_streamed_client_timeout_cancels_the_job(svc: ServiceHandle) -> None
 
 
 def test_failover_events_reach_the_tray(svc: ServiceHandle, client: openai.OpenAI) -> None:
-    armed = arm(svc, "oom_decode", after_tokens=2)
+    armed = arm(svc, "abort", after_tokens=2)
     job_id = failsoft_of(client.chat.completions.create(**REQUEST))["job_id"]
     seen: dict[str, dict[str, Any]] = {}
     with httpx.stream("GET", svc.base_url + "/api/events?history=1", timeout=10) as response:
@@ -297,7 +293,7 @@ def test_failover_events_reach_the_tray(svc: ServiceHandle, client: openai.OpenA
                 seen
             ):
                 break
-    assert seen["fallback_started"]["reason"] == "oom_decode"
+    assert seen["fallback_started"]["reason"] == "crash_abort"
     assert seen["fallback_completed"]["seconds"] > 0
     assert seen["worker_unhealthy"]["role"] == "gpu"
     wait_replaced(svc, armed["pid"])

@@ -23,7 +23,14 @@ def svc(module_root: Path) -> Iterator[ServiceHandle]:
 
 def test_overhead_measurement_reports_both_paths(svc: ServiceHandle) -> None:
     worker_url = svc.status()["workers"]["gpu"]["base_url"]
-    figures = measure_overhead(svc.base_url, worker_url, rounds=8, max_tokens=8, router_pid=svc.process.pid)
+    figures = measure_overhead(
+        svc.base_url,
+        worker_url,
+        rounds=8,
+        max_tokens=8,
+        headers=svc.worker_headers,
+        router_pid=svc.process.pid,
+    )
     print("\nrouter overhead:", json.dumps(figures, indent=1))
     for path in ("direct", "router"):
         assert set(figures[path]) == {"p50_ms", "p99_ms", "ttft_p50_ms", "stream_total_p50_ms", "gap_mean_ms"}

@@ -40,6 +40,11 @@ class ServiceHandle:
     log_dir: Path
     api_key: str = ""
     output_path: Path = field(default_factory=Path)
+    worker_key: str = ""  # what its workers take: lets a test ask a worker directly
+
+    @property
+    def worker_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.worker_key}"}
 
     @property
     def v1(self) -> str:
@@ -137,6 +142,7 @@ def running_service(
         log_dir=log_dir,
         api_key=api_key,
         output_path=output_path,
+        worker_key=serve.worker_key,
     )
     try:
         _wait_ready(handle, time.monotonic() + ready_timeout)

@@ -73,6 +73,8 @@ def make_status(
                 "cpu_percent": 1.0,
                 "restarts": 0,
                 "last_failure": None,
+                "in_flight": 1,
+                "slots": 4,
             },
         },
         "queue": {"depth": depth, "limit": 32},

@@ -103,14 +103,14 @@ def test_gpu_failure_mid_answer_shows_failed_over_badge(
     app = tray_app_for(service)
     app.show_chat()
     armed = httpx.post(
-        f"{service.base_url}/api/debug/faults", json={"kind": "oom_decode", "after_tokens": 4}, timeout=30
+        f"{service.base_url}/api/debug/faults", json={"kind": "abort", "after_tokens": 4}, timeout=30
     )
     assert armed.status_code == 200, armed.text
     kind, pieces = ask(qtbot, app.chat, "List the planets of the solar system.", max_tokens=40)
     answer = app.chat.answers[-1]
     assert kind == "failover", answer.badge.text()
-    assert answer.badge.text().startswith("Failed over to CPU: GPU out of memory · ")
-    assert "(oom_decode)" in answer.badge.toolTip()
+    assert answer.badge.text().startswith("Failed over to CPU: GPU worker crashed · ")
+    assert "(crash_abort)" in answer.badge.toolTip()
     assert answer.text.text() == "".join(pieces)
     # The tray saw it too: a "moved to the CPU" message, and the GPU worker comes back.
     qtbot.waitUntil(

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tray_app.config import SupervisorConfig
+from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE
 from tray_app.events import Event, EventBus
 from tray_app.supervisor import WorkerProfile, WorkerSupervisor
 
@@ -63,12 +64,20 @@ def gpu_profile(model_path: Path) -> WorkerProfile:
         n_threads=1,
         simulated_vram_bytes=SIMULATED_VRAM,
         enable_faults=True,
+        chat_format=str(CHATML_TOOLS_TEMPLATE),  # what the service picks for the bundled model
     )
 
 
 @pytest.fixture
 def cpu_profile(model_path: Path) -> WorkerProfile:
-    return WorkerProfile(role="cpu", model_path=model_path, n_ctx=TEST_CTX, n_gpu_layers=0, n_threads=1)
+    return WorkerProfile(
+        role="cpu",
+        model_path=model_path,
+        n_ctx=TEST_CTX,
+        n_gpu_layers=0,
+        n_threads=1,
+        chat_format=str(CHATML_TOOLS_TEMPLATE),
+    )
 
 
 SupervisorFactory = Callable[[WorkerProfile], WorkerSupervisor]

@@ -1,47 +1,44 @@
-"""Pure parts of the simulated GPU, fault injection and worker profiles."""
+"""Pure parts of the simulated GPU, fault arming, the llama-server command line and worker profiles."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 from pathlib import Path
 
 import pytest
 
 from tray_app import config
 from tray_app.budget import PlanSet, cpu_request, physical_cores, plan_from_config
+from tray_app.engine import simulated
+from tray_app.engine.argv import llama_server_argv
+from tray_app.engine.faults import check_fault
 from tray_app.llama_log import BufferSizes
 from tray_app.planner import plan_cpu
 from tray_app.supervisor import profiles_from_plans
-from tray_app.worker import simulated
-from tray_app.worker.args import parse_args
-from tray_app.worker.faults import FaultInjector
 
 MIB = 1024 * 1024
 BUFFERS = BufferSizes(model_bytes=90 * MIB, kv_bytes=12 * MIB, compute_bytes=98 * MIB, output_bytes=MIB // 4)
 
 
 @pytest.mark.parametrize(
-    ("free_mib", "message", "line"),
+    ("free_mib", "line"),
     [
-        (64, "Failed to load model from file", "unable to allocate CUDA0 buffer"),
-        (95, "Failed to create llama_context", "failed to allocate buffer for kv cache"),
-        (150, "Failed to create llama_context", "failed to allocate compute buffers"),
+        (64, "unable to allocate CUDA0 buffer"),
+        (95, "failed to allocate buffer for kv cache"),
+        (150, "failed to allocate compute buffers"),
     ],
 )
-def test_first_buffer_that_does_not_fit_fails_like_cuda(free_mib: int, message: str, line: str) -> None:
+def test_first_buffer_that_does_not_fit_fails_like_cuda(free_mib: int, line: str) -> None:
     allocation = simulated.device_share(BUFFERS, n_gpu_layers=-1, n_layers=31)
-    failure = simulated.failure_for(allocation, free_mib * MIB, Path("m.gguf"))
-    assert failure is not None
-    lines, error = failure
-    assert error.startswith(message)
+    lines = simulated.failure_lines(allocation, free_mib * MIB)
+    assert lines is not None
     assert "cudaMalloc failed: out of memory (simulated)" in lines[0]
-    assert any(line in text for text in lines)
+    assert line in lines[-1] and lines[-1].endswith("(simulated)")
 
 
 def test_everything_fits_in_a_large_simulated_gpu() -> None:
     allocation = simulated.device_share(BUFFERS, n_gpu_layers=-1, n_layers=31)
-    assert simulated.failure_for(allocation, 4096 * MIB, Path("m.gguf")) is None
+    assert simulated.failure_lines(allocation, 4096 * MIB) is None
 
 
 def test_layers_left_on_the_cpu_do_not_count_against_vram() -> None:
@@ -51,53 +48,18 @@ def test_layers_left_on_the_cpu_do_not_count_against_vram() -> None:
     assert half.model_bytes == 45 * MIB and half.kv_bytes == 6 * MIB
 
 
-def test_raise_out_of_memory_prints_the_lines_and_raises_the_plain_value_error() -> None:
-    stream = io.StringIO()
-    with pytest.raises(ValueError, match=r"^Failed to create llama_context$") as raised:
-        simulated.raise_out_of_memory(["line one (simulated)"], "Failed to create llama_context", stream)
-    assert type(raised.value) is ValueError
-    assert stream.getvalue() == "line one (simulated)\n"
+def test_memory_limit_leaves_room_for_the_simulated_vram_only() -> None:
+    four_gib = simulated.address_space_limit(4096 * MIB)
+    assert four_gib == simulated.BASELINE_BYTES + 4096 * MIB + simulated.MARGIN_BYTES
+    assert simulated.address_space_limit(4096 * MIB, load_fault=True) < simulated.BASELINE_BYTES
 
 
-class FakeLlama:
-    """Stands in for llama_cpp.Llama's two methods the injector wraps (pure logic test)."""
-
-    def __init__(self) -> None:
-        self.decoded: list[list[int]] = []
-
-    def eval(self, tokens: list[int]) -> None:
-        self.decoded.append(list(tokens))
-
-    def sample(self) -> int:
-        return 7
-
-
-def test_oom_decode_fires_once_after_n_generated_tokens() -> None:
-    injector = FaultInjector()
-    llama = FakeLlama()
-    injector.attach(llama)
-    injector.arm("oom_decode", after_tokens=2)
-    llama.eval([1, 2, 3])  # the prompt
-    llama.sample()
-    llama.eval([7])  # first token decoded
-    llama.sample()  # second token generated: the next decode fails
-    with pytest.raises(RuntimeError, match=r"^llama_decode returned -2$"):
-        llama.eval([7])
-    llama.eval([7])  # one-shot: the next decode works
-    assert injector.armed() is None
-    assert len(llama.decoded) == 3
-
-
-def test_unknown_fault_kind_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown fault kind"):
-        FaultInjector().arm("meltdown", 0)
-
-
-def test_worker_refuses_fault_flags_without_enable_faults(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        parse_args(["--model", "m.gguf", "--role", "gpu", "--port", "1", "--fault-load-oom"])
-    assert exited.value.code == 2
-    assert "--fault-load-oom needs --enable-faults" in capsys.readouterr().err
+def test_faults_are_checked_when_armed() -> None:
+    assert check_fault("abort", 3).to_dict() == {"kind": "abort", "after_tokens": 3}
+    with pytest.raises(ValueError, match="unknown fault kind 'oom_decode'"):
+        check_fault("oom_decode", 0)  # llama-server has no trigger for it (see tray_app.engine.faults)
+    with pytest.raises(ValueError, match=">= 0"):
+        check_fault("hang", -1)
 
 
 @pytest.fixture(scope="module")
@@ -120,12 +82,17 @@ def test_profiles_follow_the_plans(planned: tuple[config.Config, PlanSet]) -> No
     assert gpu.n_threads + cpu.n_threads == max(physical_cores(), 2)
     assert gpu.n_threads >= 1 and cpu.n_threads >= 1
     assert cpu.warm == plans.cpu.fits
-    assert not gpu.enable_faults and "--enable-faults" not in gpu.worker_args(port=1234, parent_pid=None)
-    args = gpu.worker_args(port=1234, parent_pid=42)
-    parsed = parse_args(args)
-    assert (parsed.port, parsed.parent_pid, parsed.n_ctx) == (1234, 42, gpu.n_ctx)
-    assert parsed.n_ubatch == plans.gpu.n_ubatch and parsed.n_gpu_layers == plans.gpu.n_gpu_layers
-    assert parsed.simulated_vram_bytes == plans.device.free_bytes
+    assert not gpu.enable_faults
+    argv = llama_server_argv(Path("/opt/llama-server"), gpu, port=1234)
+    flags = dict(zip(argv[1::2], argv[2::2], strict=False))
+    assert argv[0] == "/opt/llama-server" and "--no-webui" in argv and "--jinja" in argv
+    assert (flags["--port"], flags["--host"], flags["--fit"]) == ("1234", "127.0.0.1", "off")
+    # Every number the planner chose, passed explicitly: -c is the total over the slots.
+    assert flags["--ctx-size"] == str(plans.gpu.n_ctx) and flags["--parallel"] == str(plans.gpu.n_parallel)
+    assert flags["--ubatch-size"] == str(plans.gpu.n_ubatch)
+    assert flags["--n-gpu-layers"] == str(plans.gpu.n_gpu_layers)
+    assert "--load-mode" in argv  # a simulated device: weights in real allocations under the limit
+    assert "--load-mode" not in llama_server_argv(Path("/opt/llama-server"), cpu, port=1)
 
 
 def test_cpu_worker_is_on_demand_when_ram_does_not_allow_it(planned: tuple[config.Config, PlanSet]) -> None:
@@ -144,4 +111,4 @@ def test_faults_only_when_asked(planned: tuple[config.Config, PlanSet]) -> None:
     cfg, plans = planned
     profiles = profiles_from_plans(cfg, plans, enable_faults=True)
     assert profiles.gpu is not None and profiles.gpu.enable_faults and not profiles.gpu.fault_load_oom
-    assert "--enable-faults" in profiles.gpu.worker_args(port=1, parent_pid=None)
+    assert profiles.cpu is not None and profiles.cpu.enable_faults

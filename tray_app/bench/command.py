@@ -15,6 +15,8 @@ from tray_app import paths
 from tray_app.bench.measure import failover_figures, planner_figures, profile_figures
 from tray_app.bench.report import text
 from tray_app.bench.split import split_profile, split_worker
+from tray_app.bench.throughput import LEVELS as THROUGHPUT_LEVELS
+from tray_app.bench.throughput import throughput_figures
 from tray_app.cli import load_config
 from tray_app.config import Config
 from tray_app.drill.client import DrillError, ServiceClient
@@ -46,17 +48,17 @@ def sub_rounds(rounds: int) -> int:
     return max(rounds // 6, 2)
 
 
-async def _ready_status(url: str) -> dict[str, Any]:
-    client = ServiceClient(url)
+async def _ready_status(url: str, key: str) -> dict[str, Any]:
+    client = ServiceClient(url, api_key=key)
     try:
         return await client.wait_ready()
     finally:
         await client.aclose()
 
 
-async def _profiles(url: str, status: dict[str, Any], rounds: int) -> dict[str, Any]:
+async def _profiles(url: str, status: dict[str, Any], rounds: int, key: str) -> dict[str, Any]:
     workers = status["workers"]
-    client = ServiceClient(url)
+    client = ServiceClient(url, api_key=key)
     try:
         figures: dict[str, Any] = {}
         if status.get("simulated"):
@@ -86,17 +88,29 @@ async def _profiles(url: str, status: dict[str, Any], rounds: int) -> dict[str, 
         await client.aclose()
 
 
-async def _failover(url: str, rounds: int) -> dict[str, Any]:
-    client = ServiceClient(url)
+async def _failover(url: str, rounds: int, key: str) -> dict[str, Any]:
+    client = ServiceClient(url, api_key=key)
     try:
         return await failover_figures(client, rounds)
     finally:
         await client.aclose()
 
 
-def bench(url: str, rounds: int, progress: Any, router_pid: int | None = None) -> dict[str, Any]:
+def bench(
+    url: str,
+    rounds: int,
+    progress: Any,
+    router_pid: int | None = None,
+    worker_key: str = "",
+    clients: tuple[int, ...] = THROUGHPUT_LEVELS,
+    tokens: int = 64,
+) -> dict[str, Any]:
+    """`worker_key`: the key the service's workers take (a bench launches the service with one it knows);
+    sent on every request, it lets the bench ask the workers directly. The router here has no key of its
+    own, so it ignores it."""
     started = time.time()
-    status = asyncio.run(_ready_status(url))
+    status = asyncio.run(_ready_status(url, worker_key))
+    headers = {"Authorization": f"Bearer {worker_key}"} if worker_key else None
     results: dict[str, Any] = {
         "started_at": started,
         "rounds": rounds,
@@ -108,16 +122,23 @@ def bench(url: str, rounds: int, progress: Any, router_pid: int | None = None) -
     # noise; then a short answer for the per-chunk cost.
     progress(f"router overhead, 1 token ({rounds} rounds)")
     results["router_fixed_cost"] = measure_overhead(
-        url, worker_url, rounds=rounds, max_tokens=1, router_pid=router_pid
+        url, worker_url, rounds=rounds, max_tokens=1, headers=headers, router_pid=router_pid
     )
     progress(f"router overhead, {OVERHEAD_TOKENS} tokens ({rounds} rounds)")
     results["router_overhead"] = measure_overhead(
-        url, worker_url, rounds=rounds, max_tokens=OVERHEAD_TOKENS, router_pid=router_pid
+        url, worker_url, rounds=rounds, max_tokens=OVERHEAD_TOKENS, headers=headers, router_pid=router_pid
+    )
+    levels = ", ".join(str(level) for level in clients)
+    progress(f"throughput with {levels} concurrent clients, router vs direct")
+    results["throughput"] = asyncio.run(
+        throughput_figures(
+            url, worker_url, headers or {}, levels=clients, rounds=sub_rounds(rounds), max_tokens=tokens
+        )
     )
     progress(f"profiles ({sub_rounds(rounds)} rounds)")
-    results["profiles"] = asyncio.run(_profiles(url, status, sub_rounds(rounds)))
+    results["profiles"] = asyncio.run(_profiles(url, status, sub_rounds(rounds), worker_key))
     progress(f"failover overhead ({sub_rounds(rounds)} rounds)")
-    results["failover_overhead"] = asyncio.run(_failover(url, sub_rounds(rounds)))
+    results["failover_overhead"] = asyncio.run(_failover(url, sub_rounds(rounds), worker_key))
     results["seconds"] = round(time.time() - started, 1)
     return results
 
@@ -126,15 +147,22 @@ def run(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(f"failsoft bench: {message}", file=sys.stderr, flush=True)
 
-    if args.rounds < 1:
-        print("failsoft bench: --rounds must be at least 1", file=sys.stderr)
+    if args.rounds < 1 or args.tokens < 1:
+        print("failsoft bench: --rounds and --tokens must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        clients = tuple(int(part) for part in args.clients.split(","))
+    except ValueError:
+        clients = ()
+    if not clients or min(clients) < 1:
+        print("failsoft bench: --clients takes whole numbers >= 1, e.g. 1,4,8", file=sys.stderr)
         return 2
     cfg = load_config(args)
     settings = bench_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
     progress("starting `failsoft serve --enable-faults` for the bench (stopped at the end)")
     try:
         with launched_service(settings) as service:
-            results = bench(service.base_url, args.rounds, progress, service.process.pid)
+            results = bench(service.base_url, args.rounds, progress, service.process.pid, service.worker_key)
     except (DrillError, LaunchError, RuntimeError) as error:
         print(f"failsoft bench: {error}", file=sys.stderr)
         return 2

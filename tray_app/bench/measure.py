@@ -128,7 +128,7 @@ async def failover_figures(client: ServiceClient, rounds: int) -> dict[str, Any]
     """Failure-to-first-CPU-token through the router, minus the CPU worker's own time to first token.
 
     Each round: the CPU worker's own TTFT (asked directly), then a streamed request through the router with
-    an allocation failure armed at the GPU's first decode; the failure time is the failed attempt's end in
+    an abort armed before the GPU's first token; the failure time is the failed attempt's end in
     the journal, the first CPU token is when this client received it."""
 
     def body(index: int) -> dict[str, Any]:
@@ -142,7 +142,7 @@ async def failover_figures(client: ServiceClient, rounds: int) -> dict[str, Any]
         cpu_url = status["workers"]["cpu"]["base_url"]
         # Two different prompts of the same shape, so that neither finds the other's prompt in the cache.
         direct, _ = await timed_stream(client.http, cpu_url + "/v1/chat/completions", body(2 * index))
-        await client.arm("oom_decode", 0)
+        await client.arm("abort", 0)  # the GPU worker dies before its first token
         routed, job_id = await timed_stream(client.http, "/v1/chat/completions", body(2 * index + 1))
         if job_id is None or routed.first_token_at is None or direct.ttft is None:
             continue

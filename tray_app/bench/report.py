@@ -53,9 +53,25 @@ def router_lines(router: dict[str, Any]) -> list[str]:
     return lines
 
 
+def throughput_lines(throughput: dict[str, Any]) -> list[str]:
+    lines = [
+        f"throughput: concurrent clients, each {throughput['requests_per_client']} requests of "
+        f"{throughput['max_tokens']} tokens, direct to the GPU worker's llama-server vs through the router "
+        f"(median of {throughput['rounds']} interleaved rounds)"
+    ]
+    for row in throughput["levels"]:
+        lines.append(
+            f"  {row['clients']} client{'' if row['clients'] == 1 else 's':<2} "
+            f"{row['direct_tokens_per_second']:>8.1f} -> {row['router_tokens_per_second']:>8.1f} tokens/s  "
+            f"{_ratio(row['ratio'])}   TTFT p50 {_ms(row['direct_ttft_p50_ms'], 2)} -> "
+            f"{_ms(row['router_ttft_p50_ms'], 2)}"
+        )
+    return lines
+
+
 def failover_lines(failover: dict[str, Any]) -> list[str]:
     return [
-        f"failover overhead: allocation failure at the GPU's first decode, streamed "
+        f"failover overhead: the GPU worker aborts before its first token, streamed "
         f"({failover['measured']} of {failover['rounds']} rounds measured)",
         f"  failure -> first CPU token (p50)   {_ms(failover['failure_to_first_cpu_token_ms']):>10}",
         f"  CPU worker's own TTFT (p50)        {_ms(failover['cpu_ttft_ms']):>10}",
@@ -112,6 +128,8 @@ def text(results: dict[str, Any]) -> str:
         *router_lines(results["router_fixed_cost"]),
         "",
         *router_lines(results["router_overhead"]),
+        "",
+        *throughput_lines(results["throughput"]),
         "",
         *failover_lines(results["failover_overhead"]),
         "",

@@ -1,12 +1,11 @@
 """A third worker for the bench on a real GPU: the service's GPU profile with half its layers on the GPU,
-standing for a planned CPU/GPU split. Runs as `python -m tray_app.worker`, stopped (and gone) at the end."""
+standing for a planned CPU/GPU split. Runs the same llama-server as the service, stopped (and gone) at the
+end."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -15,8 +14,10 @@ from typing import Any
 
 import httpx
 
+from tray_app.engine import binary
+from tray_app.engine.argv import llama_server_argv
 from tray_app.service.launch import free_port, stop_process_tree
-from tray_app.supervisor.profile import WORKER_MODULE, WorkerProfile
+from tray_app.supervisor.profile import WorkerProfile
 
 READY_TIMEOUT = 180.0
 
@@ -32,7 +33,7 @@ def split_profile(gpu: dict[str, Any]) -> WorkerProfile:
 def split_worker(profile: WorkerProfile, log_path: Path) -> Iterator[str]:
     """Run a worker with `profile` on a free port; yields its base URL once /health says ready."""
     port = free_port()
-    command = [sys.executable, "-m", WORKER_MODULE, *profile.worker_args(port, os.getpid())]
+    command = llama_server_argv(binary.find("").path, profile, port)
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -41,8 +42,8 @@ def split_worker(profile: WorkerProfile, log_path: Path) -> Iterator[str]:
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"the split worker exited with {process.returncode}; see {log_path}")
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                if httpx.get(url + "/health", timeout=2).json().get("state") == "ready":
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(

@@ -57,6 +57,7 @@ def service_summary(url: str, status: dict[str, Any], launched: bool) -> dict[st
         "simulated": status.get("simulated"),
         "device": status.get("device"),
         "model": (status.get("model") or {}).get("id"),
+        "engine": status.get("engine"),
         "caps": status.get("caps"),
         "policy": status.get("policy"),
     }

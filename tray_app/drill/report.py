@@ -15,7 +15,7 @@ from tray_app.sizes import format_size
 @dataclass
 class DrillReport:
     started_at: float
-    service: dict[str, Any]  # url, launched, simulated, device, model, caps, policy
+    service: dict[str, Any]  # url, launched, simulated, device, model, engine, caps, policy
     scenarios: list[ScenarioRecord] = field(default_factory=list)
     pressure: dict[str, Any] | None = None
     seconds: float = 0.0
@@ -105,8 +105,10 @@ def _service_line(service: dict[str, Any]) -> str:
     label = " [SIMULATED]" if service.get("simulated") else ""
     caps = service.get("caps") or {}
     origin = "started by the drill" if service.get("launched") else "already running"
+    engine = service.get("engine") or {}
     return (
         f"service {service.get('url')} ({origin}); model {service.get('model')}; "
+        f"engine llama-server {engine.get('version')} (llama.cpp commit {engine.get('commit')}); "
         f"GPU {device.get('name')} {format_size(int(device.get('total_bytes') or 0))}{label}; "
         f"GPU profile {caps.get('n_ctx_per_seq')} tokens per sequence, CPU profile {caps.get('cpu_n_ctx')}"
     )

@@ -51,7 +51,7 @@ TITLES = {
     "d": "concurrent traffic while the GPU worker crashes",
     "e": "agent turn with a simulated tool under a GPU fault",
     "f": "GPU worker crash mid-generation (abort)",
-    "g": "GPU allocation failure mid-generation (oom_decode, streamed)",
+    "g": "GPU worker hangs mid-generation (SIGSTOP, streamed)",
 }
 
 
@@ -234,11 +234,9 @@ async def capacity_fallback(ctx: DrillContext, streamed: bool) -> ScenarioRecord
 # ------------------------------------------------------------------------------------------ c
 async def cancel_during_fallback(ctx: DrillContext) -> ScenarioRecord:
     record = ScenarioRecord("c", TITLES["c"], True)
-    await ctx.client.arm("oom_decode", 0)  # the GPU fails before any text: everything streamed is the CPU's
+    await ctx.client.arm("abort", 0)  # the GPU fails before any text: everything streamed is the CPU's
     body = {**BASE, "messages": STORY, "max_tokens": 300}
-    expectation = ctx.expect_replay(
-        streamed=True, content_delivered=False, remaining=300, kinds=("oom_decode",)
-    )
+    expectation = ctx.expect_replay(streamed=True, content_delivered=False, remaining=300, kinds=ABORT_KINDS)
     expectation = Expectation(expectation.route, expectation.reasons, "cancelled")
 
     async def on_cpu(answer: Answer) -> bool:
@@ -285,7 +283,7 @@ async def _seconds_until_cpu_idle(client: ServiceClient, since: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------ d
-async def concurrent_failover(ctx: DrillContext, count: int = 3) -> ScenarioRecord:
+async def concurrent_failover(ctx: DrillContext, count: int = 4) -> ScenarioRecord:
     record = ScenarioRecord("d", TITLES["d"], True)
     await ctx.client.arm("abort", MID_GENERATION_TOKENS)
     topics = ("the sea", "a mountain", "a forest", "the moon", "a river", "the desert")
@@ -360,12 +358,10 @@ class CountingTool:
 async def agent_turn(ctx: DrillContext) -> ScenarioRecord:
     record = ScenarioRecord("e", TITLES["e"], False)
     tool = CountingTool()
-    await ctx.client.arm("oom_decode", 2)  # fails while the tool call is being generated, before delivery
+    await ctx.client.arm("abort", 2)  # the GPU dies while the tool call is generated, before delivery
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 plus 3? Use the add tool."}]
     ask = {**BASE, "messages": messages, "tools": [ADD_TOOL], "tool_choice": FORCE_ADD, "max_tokens": 60}
-    expectation = ctx.expect_replay(
-        streamed=False, content_delivered=False, remaining=60, kinds=("oom_decode",)
-    )
+    expectation = ctx.expect_replay(streamed=False, content_delivered=False, remaining=60, kinds=ABORT_KINDS)
     start = time.time()
     first = await ctx.client.chat(ask)
     record.tool_calls_intended = 1  # one forced call: the agent means to run the tool once
@@ -403,11 +399,11 @@ async def agent_turn(ctx: DrillContext) -> ScenarioRecord:
 
 # ------------------------------------------------------------------------------------------ f, g
 async def mid_generation_fault(ctx: DrillContext, kind: str, streamed: bool) -> ScenarioRecord:
-    key = "g" if kind == "oom_decode" else "f"
+    key = "g" if kind == "hang" else "f"
     record = ScenarioRecord(key, TITLES[key], streamed)
     reference = await ctx.reference_text()
     await ctx.client.arm(kind, MID_GENERATION_TOKENS)
-    kinds = ("oom_decode",) if kind == "oom_decode" else ABORT_KINDS
+    kinds = ("hung",) if kind == "hang" else ABORT_KINDS
     expectation = ctx.expect_replay(
         streamed=streamed,
         content_delivered=streamed,
@@ -430,5 +426,5 @@ SCENARIOS: dict[str, Scenario] = {
     "d": concurrent_failover,
     "e": agent_turn,
     "f": lambda ctx: mid_generation_fault(ctx, "abort", streamed=False),
-    "g": lambda ctx: mid_generation_fault(ctx, "oom_decode", streamed=True),
+    "g": lambda ctx: mid_generation_fault(ctx, "hang", streamed=True),
 }

@@ -180,16 +180,8 @@ def job_headers(job: Job, complete: bool = True) -> dict[str, str]:
     return headers
 
 
-def _worker_response_format(response_format: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's structured outputs (`json_schema`) in the form llama-cpp-python takes: a JSON object with a
-    schema, which it turns into a grammar."""
-    if response_format.get("type") != "json_schema":
-        return response_format
-    return {"type": "json_object", "schema": response_format["json_schema"]["schema"]}
-
-
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as llama-cpp-python's schema and the model's chat template take it: content is a string
+    """A message as the model's chat template takes it: content is a string
     (OpenAI clients send null next to tool calls, and arrays of text parts), and `developer` (OpenAI's newer
     name for the system role) is `system`, the role chat templates know."""
     content = message.get("content")
@@ -279,8 +271,7 @@ class Router:
         body = dict(parsed.body)
         if parsed.kind == "chat":
             body["messages"] = [_worker_compatible(message) for message in body["messages"]]
-            if isinstance(body.get("response_format"), dict):
-                body["response_format"] = _worker_response_format(body["response_format"])
+            body = worker_tool_choice(body, self.svc.tool_call_opener)
         if body.get("model") is None:
             # Otherwise llama.cpp names the model by its file path in every chunk.
             body["model"] = self.svc.model_id
@@ -289,11 +280,11 @@ class Router:
             body["seed"] = secrets.randbelow(2**31)
         grammar = body.get("grammar")
         if grammar and (problem := self.svc.tokens.grammar_error(grammar)) is not None:
-            # Refused here: llama-cpp-python would crash the worker on it (see tray_app.grammar_check).
+            # Refused here with the parser's own words, before any worker sees it (tray_app.grammar_check).
             raise bad_request(f"'grammar' is not valid GBNF: {problem}", "grammar", code="invalid_grammar")
         prompt_tokens = self.svc.count_prompt(parsed.kind, body)
         if prompt_tokens == 0:
-            # llama-cpp-python fails an assertion on it; this model adds no start token to continue from.
+            # Nothing to continue from: this model adds no start token to an empty prompt.
             raise bad_request("the prompt is empty", "prompt", code="empty_prompt")
         n_ctx = self.svc.plan_set.gpu.n_ctx_per_seq
         max_tokens = requested_tokens(prompt_tokens, parsed.max_tokens, n_ctx)

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tray_app import config
+from tray_app.engine.faults import FAULT_KINDS
 from tray_app.events import Event
 from tray_app.service.errors import ApiError
 from tray_app.service.jobs import STATES
@@ -33,7 +34,6 @@ MAX_EVENT_SUBSCRIBERS = 16
 # can catch up with ?history=1), so a reader that stopped reading cannot grow the service's memory.
 SUBSCRIBER_QUEUE = 1000
 ROLES = ("gpu", "cpu")
-FAULT_KINDS = ("oom_decode", "abort", "hang", "kill")
 # Config sections a running service can take over without restarting its workers.
 LIVE_SECTIONS = ("failover", "journal")
 LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "max_body", "allowed_hosts", "allowed_origins")
@@ -301,7 +301,7 @@ class Control:
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
             return _error(400, "'after_tokens' must be an integer >= 0", "invalid_fault", "after_tokens")
         worker = self.svc.workers[role]
-        if kind == "kill":
+        if kind == "kill" and after == 0:
             pid = worker.pid
             if pid is None:
                 return _error(409, f"the {role} worker is not running", "worker_not_running")

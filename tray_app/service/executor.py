@@ -53,6 +53,9 @@ _SAMPLING_FIELDS = (
 )
 
 
+CAUSE_WAIT_SECONDS = 1.0  # how long a failed attempt waits for its worker's supervisor to name the cause
+
+
 def upstream_headers(request_id: str) -> dict[str, str]:
     """The request id travels to the worker on every attempt. Its server insists on a UUID there, so any
     other id goes as a UUID derived from it (stable), with the original alongside."""
@@ -85,9 +88,16 @@ class Worker(Protocol):
     @property
     def last_failure(self) -> dict[str, Any] | None: ...
 
+    @property
+    def request_headers(self) -> dict[str, str]: ...
+
     async def ensure_ready(self, timeout: float) -> bool: ...
 
     def mark_unhealthy(self, reason: str, kind: str) -> None: ...
+
+    async def failure_of(self, pid: int, timeout: float) -> dict[str, Any] | None: ...
+
+    def note_tokens(self, count: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -291,15 +301,16 @@ class Executor:
             url, body = self._upstream(job, worker, progress, resume)
             first_timeout = self.settings.stall_seconds + job.prompt_tokens / 100
             convert = resume and job.kind == "chat"
-            stream = self.relay.stream(
-                url, body, upstream_headers(job.request_id), first_timeout, self.settings.stall_seconds
-            )
+            headers = {**upstream_headers(job.request_id), **worker.request_headers}
+            worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
+            stream = self.relay.stream(url, body, headers, first_timeout, self.settings.stall_seconds)
             async with aclosing(stream) as chunks:
                 async for chunk in chunks:
                     if job.final:
                         return  # cancelled meanwhile: whatever this attempt still says is dropped
                     obj = self._resumed_chat_chunk(progress, chunk.obj) if convert else chunk.obj
                     progress.assembler.feed(obj)
+                    worker.note_tokens(1)
                     if deliver:
                         out = self._deliverable(progress, obj, chunk.raw if not convert else None)
                         if out is not None:
@@ -397,6 +408,12 @@ class Executor:
         gpu = self.workers("gpu")
         if gpu is not None and failure.kind not in NOT_WORKER_FAULTS:
             self._report(gpu, progress.worker_pid, failure)
+            if failure.kind == "exited" and progress.worker_pid is not None:
+                # A dropped connection only says the worker went away; its supervisor names how the
+                # process ended (an abort, a kill) a moment later, and that names the fallback.
+                ended = await gpu.failure_of(progress.worker_pid, CAUSE_WAIT_SECONDS)
+                if ended and ended.get("kind") not in (None, "exited"):
+                    failure.kind = str(ended["kind"])
         context = policy.FailureContext(
             streaming=deliver,
             content_delivered=bool(progress.delivered_text),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from tray_app.engine import WORKER_KEY_ENV
 
 STOP_TIMEOUT = 20.0
 
@@ -33,6 +36,13 @@ class ServeProcess:
     process: subprocess.Popen[bytes]
     port: int
     output_path: Path
+    worker_key: str = (
+        ""  # the key its workers take (FAILSOFT_WORKER_KEY), for a harness that asks them directly
+    )
+
+    @property
+    def worker_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.worker_key}"}
 
     @property
     def base_url(self) -> str:
@@ -56,8 +66,10 @@ def spawn_serve(
 ) -> ServeProcess:
     """Start `failsoft serve` on loopback (a free port unless given); its files live under `root`."""
     port = port or free_port()
+    worker_key = secrets.token_urlsafe(24)
     env = {
         **os.environ,
+        WORKER_KEY_ENV: worker_key,
         "FAILSOFT_CONFIG": str(config_path),
         "FAILSOFT_DATA_DIR": str(data_dir or root / "data"),
         "FAILSOFT_LOG_DIR": str(root / "logs"),
@@ -68,7 +80,7 @@ def spawn_serve(
     output_path.parent.mkdir(parents=True, exist_ok=True)
     with output_path.open("wb") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-    return ServeProcess(process, port, output_path)
+    return ServeProcess(process, port, output_path, worker_key)
 
 
 def workers_ready(status: dict[str, Any] | None) -> bool:

@@ -6,14 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from tray_app.grammar_check import INVALID_GRAMMAR
 from tray_app.loopback_http import (
     ConnectionFailed,
     ConnectTimeout,
@@ -22,28 +18,10 @@ from tray_app.loopback_http import (
     UpstreamPool,
 )
 
-# Messages llama.cpp (and llama-cpp-python around it) produce when memory runs out at decode time.
-_OOM_SIGNATURES = (
-    "llama_decode returned -2",
-    "llama_decode returned -3",
-    "out of memory",
-    "failed to allocate",
-    "cudamalloc",
-    "memoryerror",  # Python's own, named by the worker when it has no message
-    "unable to allocate",  # numpy's MemoryError
-)
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-# Errors that say the model or its backend failed, not the request.
-_WORKER_FAULT_SIGNATURES = (
-    "llama_decode returned",
-    "failed to decode",
-    "ggml",
-    "cuda",
-    "metal",
-    "vulkan",
-    "vk::",
-    "device lost",
-)
+# What llama-server sends every active slot, word for word, when llama_decode fails: -2 (an allocation
+# failed) or -3 (the compute failed), and 1 at a batch of one token (no room left in the KV cache). Nothing of
+# the failed batch was kept: a replay elsewhere is safe.
+DECODE_FAILURES = ("Compute error.", "Context size has been exceeded.")
 
 
 @dataclass
@@ -70,26 +48,19 @@ class UpstreamError(Exception):
         return self.kind == "client_error"
 
 
-def classify_error(status: int | None, message: str) -> str:
-    """The failure kind of an error the worker answered with (an error status, or an error event)."""
+def classify_error(status: int | None, message: str, error_type: str = "") -> str:
+    """The failure kind of an error the worker answered with (an error status, or an error event).
+
+    Structured signals only: the HTTP status and llama-server's own fixed message for a failed decode. A
+    worker that answered anything else is up and refused this request (llama-server answers a request it
+    cannot take, a bad tool list or a template that cannot render it, with 400 or 500): its text may quote
+    the request, so it is never searched for words like "out of memory"."""
     if status is not None and 400 <= status < 500:
         return "client_error"
-    lowered = message.lower()
-    if "validation error" in lowered or INVALID_GRAMMAR in lowered:
-        # llama-cpp-python answers a request its schema rejects with a 500; it is still the request's fault.
-        return "client_error"
-    # What the request itself said comes back quoted ("Tool with name 'x' not found"); a tool named "CUDA
-    # error" must not make its refusal look like a failing GPU.
-    lowered = _QUOTED.sub("''", lowered)
-    if any(signature in lowered for signature in _OOM_SIGNATURES):
+    if message.strip() in DECODE_FAILURES:
         return "oom_decode"
-    if "abort" in lowered:
-        return "crash_abort"
-    if (status is not None and status != 500) or any(s in lowered for s in _WORKER_FAULT_SIGNATURES):
-        return "exited"  # not ready (503), or the model or its backend failed
-    # The worker is up and answered: llama-cpp-python turns what the request made it raise (an unknown tool,
-    # a template that cannot take a message) into a 500. The CPU worker runs the same code and would answer
-    # the same, so this is neither a reason to restart a worker nor to fail over.
+    if status == 503 or error_type == "unavailable_error":
+        return "exited"  # loading or shutting down: the worker is not serving
     return "client_error"
 
 
@@ -104,23 +75,13 @@ def _error_message(body: Any, fallback: str) -> str:
 
 
 class Relay:
-    """Streams from the workers over `UpstreamPool` (the hot path); `get_json` (control calls) uses httpx."""
+    """Streams from the workers over `UpstreamPool` (the hot path)."""
 
     def __init__(self, connect_timeout: float = 5.0) -> None:
         self._pool = UpstreamPool(connect_timeout)
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=connect_timeout, read=None, write=30.0, pool=30.0),
-            trust_env=False,  # a proxy from the environment must never sit between us and 127.0.0.1
-        )
 
     async def aclose(self) -> None:
         await self._pool.aclose()
-        await self._client.aclose()
-
-    async def get_json(self, url: str, timeout: float = 5.0) -> Any:
-        response = await self._client.get(url, timeout=timeout)
-        response.raise_for_status()
-        return response.json()
 
     async def stream(
         self,
@@ -132,8 +93,8 @@ class Relay:
     ) -> AsyncGenerator[Chunk, None]:
         """The worker's SSE chunks, parsed. Raises UpstreamError when the attempt fails in any way: an error
         status, an error event, a dropped connection, a stall past the timeout, or an end without [DONE].
-        `first_timeout` covers everything up to the first event (llama-cpp-python answers a stream only once
-        the prompt is read); `chunk_timeout` each event after that."""
+        `first_timeout` covers everything up to the first event (llama-server sends the first one after the
+        prompt is read); `chunk_timeout` each event after that."""
         loop = asyncio.get_running_loop()
         timeout = first_timeout
         deadline = loop.time() + timeout
@@ -191,30 +152,9 @@ def _status_error(status: int, raw: bytes) -> UpstreamError:
 
 
 def _answered_error(status: int | None, message: str, body: Any) -> UpstreamError:
-    kind = classify_error(status, message)
-    if kind == "client_error":
-        message = readable_validation_error(message)
-    return UpstreamError(kind, message, status, body)
-
-
-# One error in the text llama-cpp-python makes of pydantic's errors: "{'type': ..., 'loc': ('body',
-# 'top_k'), 'msg': 'Input should be ...', ...}", followed by a stack trace.
-_VALIDATION_ITEM = re.compile(r"""'loc': \(([^)]*)\), 'msg': (['"])(.*?)\2""")
-_TRACE = re.compile(r"\s*File \"")
-
-
-def readable_validation_error(message: str) -> str:
-    """The fields and complaints of a llama-cpp-python validation error, without its stack trace (which
-    names files on this machine); other messages only lose a trace."""
-    items = _VALIDATION_ITEM.findall(message)
-    if not items:
-        return _TRACE.split(message, maxsplit=1)[0].strip()
-    complaints = []
-    for location, _quote, complaint in items:
-        names = [name.strip().strip("'\"") for name in location.split(",")]
-        field = ".".join(name for name in names if name and name != "body")
-        complaints.append(f"'{field}': {complaint}" if field else complaint)
-    return "the model server refused the request: " + "; ".join(complaints)
+    error = body.get("error") if isinstance(body, dict) else None
+    error_type = str(error.get("type", "")) if isinstance(error, dict) else ""
+    return UpstreamError(classify_error(status, message, error_type), message, status, body)
 
 
 async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:

@@ -126,6 +126,19 @@ def _check_tools(body: dict[str, Any]) -> None:
     choice = body.get("tool_choice")
     if choice is not None and not isinstance(choice, str | dict):
         raise bad_request("'tool_choice' must be a string or an object", "tool_choice")
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        raise bad_request("'tool_choice' must be 'none', 'auto', 'required' or an object", "tool_choice")
+    if (choice == "required" or isinstance(choice, dict)) and not tools:
+        raise bad_request("'tool_choice' asks for a tool call but 'tools' is empty", "tool_choice")
+    if isinstance(choice, dict):
+        name = (
+            (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        )
+        names = {(tool.get("function") or {}).get("name") for tool in tools or []}
+        if name not in names:
+            raise bad_request(
+                f"'tool_choice' names a function that is not in 'tools': {name!r}", "tool_choice"
+            )
     response_format = body.get("response_format")
     if response_format is not None and not isinstance(response_format, dict):
         raise bad_request("'response_format' must be an object", "response_format")

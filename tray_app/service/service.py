@@ -12,9 +12,11 @@ import psutil
 
 from tray_app import __version__, paths, sd_notify
 from tray_app.budget import PlanSet, plan_from_config
-from tray_app.config import Config
+from tray_app.config import Config, ConfigError
 from tray_app.device import SimulatedDevice, probe_gpu
+from tray_app.engine import binary, tools
 from tray_app.events import BudgetUpdated, EventBus, QueueChanged
+from tray_app.model_info import inspect_model
 from tray_app.service import policy
 from tray_app.service.admission import SlotPool, TokenCounter
 from tray_app.service.executor import Executor, ExecutorSettings, Worker
@@ -38,7 +40,13 @@ class Service:
         self.device = probe_gpu(cfg.device)
         self.plan_set: PlanSet = plan_from_config(cfg, gpu=self.device)
         self.model_path = cfg.model_path()
+        try:
+            self.engine = binary.find(cfg.engine.llama_server)
+        except binary.EngineError as error:
+            raise ConfigError(str(error)) from None
         self.model_id = self.model_path.name
+        chat_format = tools.template_for(inspect_model(self.model_path).chat_template, cfg.model.chat_format)
+        self.tool_call_opener = tools.tool_call_opener(chat_format)
         self.model_names = {self.model_id, self.model_path.stem, str(self.model_path), "default"}
         self.metrics = Metrics()
         self.bus.add_listener(self.metrics.on_event)
@@ -107,7 +115,9 @@ class Service:
         for role in ("gpu", "cpu"):
             profile = getattr(profiles, role)
             if profile is not None:
-                self.workers[role] = WorkerSupervisor(profile, self.bus, self.cfg.supervisor)
+                self.workers[role] = WorkerSupervisor(
+                    profile, self.bus, self.cfg.supervisor, engine=self.engine
+                )
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
         for worker in self.workers.values():
             if worker.profile.warm:
@@ -229,7 +239,8 @@ class Service:
         started = time.monotonic()
         tokens = 0
         try:
-            async for _ in self.relay.stream(worker.base_url + "/v1/completions", body, {}, 30.0, 30.0):
+            url, headers = worker.base_url + "/v1/completions", worker.request_headers
+            async for _ in self.relay.stream(url, body, headers, 30.0, 30.0):
                 tokens += 1
         except UpstreamError as error:  # best effort: the estimate stays unknown (treated as too slow)
             log.warning("could not measure the CPU worker's speed: %s", error)
@@ -271,6 +282,7 @@ class Service:
             "simulated": self.plan_set.device.simulated,
             "faults_enabled": self.enable_faults,
             "model": {"id": self.model_id, "path": str(self.model_path)},
+            "engine": self.engine.to_dict(),
             "device": self.plan_set.device.to_dict(),
             "plan": self.plan_set.gpu.to_dict(),
             "cpu_plan": self.plan_set.cpu.to_dict(),

@@ -25,23 +25,22 @@ FAILURE_KINDS: tuple[FailureKind, ...] = (
 # Signals that mean the process crashed (llama.cpp's GGML_ABORT and CUDA errors end in SIGABRT).
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
-# (kind, pattern) checked against each output line, newest line first: the last thing the worker said wins,
-# so an old decode error earlier in the log does not explain a later load failure.
-_LINE_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
-    ("oom_decode", re.compile(r"llama_decode returned -[23]\b")),
+# llama-server's load log, read only up to its "model loaded" line (later lines may quote requests). It exits
+# with status 1 after any load failure; these say which. Bad configuration first: a missing file also makes
+# "failed to load model" lines, which are not about memory.
+_LOAD_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     (
         "bad_config",
         re.compile(
-            r"Model path does not exist|No such file or directory|invalid magic|unknown model architecture"
+            r"failed to open GGUF file|No such file or directory|invalid magic|unknown model architecture"
+            r"|^error: invalid argument|^error while handling argument|error: unknown value"
         ),
     ),
-    # argparse: "prog: error: ..." is the last line, after the usage lines.
-    ("bad_config", re.compile(r"^python -m tray_app\.worker: error: |^usage: ")),
     (
         "oom_load",
         re.compile(
-            r"failed to allocate|cudaMalloc failed|out of memory|Failed to create llama_context"
-            r"|Failed to load model|unable to allocate|MemoryError|std::bad_alloc"
+            r"failed to allocate|unable to allocate|insufficient memory|out of memory|cudaMalloc failed"
+            r"|hipMalloc failed|ErrorOutOfDeviceMemory|Requested buffer size exceeds|std::bad_alloc"
         ),
     ),
 )
@@ -60,37 +59,38 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+# llama.cpp's log prefix: elapsed time and level ("0.00.075.895 E ").
+_LOG_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [A-Z] ")
+
+
 def _matching_line(lines: list[str]) -> tuple[FailureKind, str] | None:
-    for line in reversed(lines):
-        text = line.strip()
-        if not text:
-            continue
-        for kind, pattern in _LINE_PATTERNS:
+    """The first kind whose pattern any load line matches, with the first such line."""
+    for kind, pattern in _LOAD_PATTERNS:
+        for line in lines:
+            text = _LOG_PREFIX.sub("", line.strip())
             if pattern.search(text):
                 return kind, text
     return None
 
 
-def classify_exit(returncode: int | None, output_tail: list[str]) -> Failure:
-    """The failure a worker process ended with (`returncode` as subprocess reports it: -N for signal N)."""
+def classify_exit(returncode: int | None, load_log: list[str]) -> Failure:
+    """The failure a worker process ended with: first how it ended (`returncode` as subprocess reports it,
+    -N for signal N), then, for an exit status, what its load log said (never what it printed later, which
+    can quote a request's own text)."""
     if returncode is not None and returncode < 0:
         number = -returncode
         name = _signal_name(number)
         if number in _CRASH_SIGNALS:
-            found = _matching_line(output_tail)
-            detail = f": {found[1]}" if found else ""
-            return Failure("crash_abort", f"worker crashed ({name}){detail}")
+            return Failure("crash_abort", f"worker crashed ({name})")
         if number == signal.SIGKILL:
             return Failure(
                 "killed", "worker was killed (SIGKILL), e.g. by the kernel's out-of-memory killer or a user"
             )
         return Failure("exited", f"worker ended by {name}")
-    found = _matching_line(output_tail)
+    found = _matching_line(load_log)
     if found is not None:
         kind, line = found
         return Failure(kind, line)
-    if returncode == 2:
-        return Failure("bad_config", "worker rejected its arguments (exit status 2)")
     return Failure("exited", f"worker exited with status {returncode}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import IO
@@ -24,6 +25,8 @@ from typing import IO
 LOG_MAX_BYTES = 5 * 1024 * 1024
 LOG_BACKUPS = 3
 TAIL_LINES = 200
+LOAD_LINES = 4000  # the load log is kept whole (llama.cpp prints its buffer sizes there), up to this many
+LOADED_MARKER = "model loaded"  # llama-server's line once loading ended; later lines may quote requests
 _DRAIN_TIMEOUT = 2.0  # seconds to wait for the pipe to close after the process ended
 
 
@@ -39,6 +42,8 @@ class WorkerProcess:
     ) -> None:
         self._popen = popen
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._load_lines: list[str] = []
+        self._loaded = False
         self._tail_lock = threading.Lock()
         self._handler = RotatingFileHandler(log_file, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS)
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
@@ -55,17 +60,31 @@ class WorkerProcess:
         threading.Thread(target=self._watch_exit, name=f"worker-exit-{popen.pid}", daemon=True).start()
 
     @classmethod
-    def spawn(cls, argv: Sequence[str], log_file: Path) -> WorkerProcess:
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        log_file: Path,
+        *,
+        env: dict[str, str] | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> WorkerProcess:
+        """Start `argv`; `env` is added to this process's environment, `preexec` runs in the child."""
         loop = asyncio.get_running_loop()
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+        def in_child() -> None:
+            _die_with_parent()
+            if preexec is not None:
+                preexec()
+
         popen = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=env,
+            env={**os.environ, **(env or {})},
             start_new_session=True,  # its own process group: stop signals the group, grandchildren included
+            preexec_fn=in_child,
         )
         process = cls(popen, log_file, loop)
         process._logger.info("--- worker started, pid %d: %s", popen.pid, " ".join(argv))
@@ -82,6 +101,20 @@ class WorkerProcess:
     def tail(self) -> list[str]:
         with self._tail_lock:
             return list(self._tail)
+
+    def load_log(self) -> list[str]:
+        """What the worker printed while loading (up to llama-server's "model loaded"), nothing after it."""
+        with self._tail_lock:
+            return list(self._load_lines)
+
+    @property
+    def loaded(self) -> bool:
+        with self._tail_lock:
+            return self._loaded
+
+    def log_line(self, text: str) -> None:
+        """A line of the supervisor's own in the worker's log file (not in the tail it is classified by)."""
+        self._logger.info("%s", text)
 
     def signal_group(self, sig: int) -> None:
         """Send `sig` to the worker's process group (a no-op when the group is gone)."""
@@ -119,6 +152,9 @@ class WorkerProcess:
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
                 with self._tail_lock:
                     self._tail.append(line)
+                    if not self._loaded and len(self._load_lines) < LOAD_LINES:
+                        self._load_lines.append(line)
+                        self._loaded = LOADED_MARKER in line
                 self._logger.info("%s", line)
         finally:
             stream.close()
@@ -137,6 +173,13 @@ class WorkerProcess:
             self.exited.set_result(returncode)
 
 
-def python_module_argv(module: str, args: Sequence[str]) -> list[str]:
-    """`python -m module args...` with this interpreter (the same virtualenv as the service)."""
-    return [sys.executable, "-m", module, *args]
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the process that started it dies (Linux), so no worker outlives a crashed
+    service."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1

@@ -8,10 +8,11 @@ from typing import Any, Literal
 
 from tray_app.budget import PlanSet, physical_cores
 from tray_app.config import Config
+from tray_app.engine.tools import template_for
+from tray_app.model_info import inspect_model
 from tray_app.planner import Plan
 
 Role = Literal["gpu", "cpu"]
-WORKER_MODULE = "tray_app.worker"
 
 
 @dataclass(frozen=True)
@@ -26,55 +27,13 @@ class WorkerProfile:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn: bool = False
-    chat_format: str = ""  # empty: the worker picks from the model's template
+    chat_format: str = ""  # empty: the model's own template (llama-server --jinja)
     simulated_vram_bytes: int | None = None  # free VRAM of the simulated device; None on a real one
     enable_faults: bool = False
-    fault_load_oom: bool = False
-    log_requests: bool = False  # llama.cpp's per-request timings in the worker log
+    fault_load_oom: bool = False  # drills: the load fails in a real allocation (a memory limit too small)
+    log_requests: bool = False  # llama-server's per-request lines in the worker log
     warm: bool = True  # start with the service; False: start on first use
     warm_reason: str = ""  # why it is (not) started with the service, in words
-
-    def worker_args(self, port: int, parent_pid: int | None) -> list[str]:
-        """The `python -m tray_app.worker` arguments for this profile on `port`."""
-        args = [
-            "--model",
-            str(self.model_path),
-            "--role",
-            self.role,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--n-ctx",
-            str(self.n_ctx),
-            "--n-gpu-layers",
-            str(self.n_gpu_layers),
-            "--threads",
-            str(self.n_threads),
-            "--n-parallel",
-            str(self.n_parallel),
-            "--n-ubatch",
-            str(self.n_ubatch),
-            "--cache-type-k",
-            self.cache_type_k,
-            "--cache-type-v",
-            self.cache_type_v,
-        ]
-        if self.flash_attn:
-            args.append("--flash-attn")
-        if self.chat_format:
-            args += ["--chat-format", self.chat_format]
-        if self.log_requests:
-            args.append("--log-requests")
-        if self.simulated_vram_bytes is not None:
-            args += ["--simulated-vram-bytes", str(self.simulated_vram_bytes)]
-        if self.enable_faults:
-            args.append("--enable-faults")
-            if self.fault_load_oom:
-                args.append("--fault-load-oom")
-        if parent_pid is not None:
-            args += ["--parent-pid", str(parent_pid)]
-        return args
 
     def with_faults(self, *, load_oom: bool = False) -> WorkerProfile:
         return replace(self, enable_faults=True, fault_load_oom=load_oom)
@@ -117,7 +76,7 @@ def _from_plan(cfg: Config, plan: Plan, model_path: Path, threads: int) -> dict[
         "cache_type_k": plan.cache_type_k,
         "cache_type_v": plan.cache_type_v,
         "flash_attn": plan.flash_attn,
-        "chat_format": cfg.model.chat_format,
+        "chat_format": template_for(inspect_model(model_path).chat_template, cfg.model.chat_format),
         "log_requests": cfg.supervisor.log_requests,
     }
 

@@ -5,9 +5,13 @@ public methods, the process's exit, health-probe results. Nobody else writes the
 "read the state, then act on it" race; callers ask (`ensure_ready`) instead of peeking. Every transition is
 published as an event with a reason.
 
+The worker is llama.cpp's own `llama-server` (tray_app.engine), started with explicit arguments from the
+plan. It is ready once `/health` answers 200 (503 while it loads), its load passed the simulated device's
+check where there is one, and one warm-up token came back: the first real request then costs no more than
+the next one.
+
 The interface the router and the service use is deliberately narrow (start, stop, restart, ensure_ready,
-base_url, status, mark_unhealthy, arm_fault), so a worker of another kind (an external llama-server) can be
-supervised the same way later.
+base_url, request_headers, status, mark_unhealthy, arm_fault, note_tokens).
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import re
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -26,19 +33,27 @@ from typing import Any, Literal, cast
 import httpx
 import psutil
 
-from tray_app import paths
+from tray_app import calibration, paths
 from tray_app.config import SupervisorConfig
+from tray_app.engine import WORKER_KEY_ENV, binary, simulated
+from tray_app.engine.argv import llama_server_argv
+from tray_app.engine.faults import SIGNALS, ArmedFault, check_fault
 from tray_app.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
+from tray_app.llama_log import BufferSizes, parse_buffer_sizes
 from tray_app.loopback_http import ConnectionFailed, ConnectTimeout, Response, UpstreamPool
+from tray_app.planner import ComputeSettings
 from tray_app.supervisor.backoff import Backoff
 from tray_app.supervisor.classify import FAILURE_KINDS, Failure, FailureKind, classify_exit, hung_failure
-from tray_app.supervisor.process import WorkerProcess, python_module_argv, worker_log_path
-from tray_app.supervisor.profile import WORKER_MODULE, WorkerProfile
+from tray_app.supervisor.process import WorkerProcess, worker_log_path
+from tray_app.supervisor.profile import WorkerProfile
 
 State = Literal["stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed"]
+log = logging.getLogger(__name__)
 STATES: tuple[State, ...] = ("stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed")
 
 STARTUP_POLL_SECONDS = 0.1  # /health polling while a worker loads: load takes well under a second
+_N_LAYER = re.compile(r"print_info: n_layer\s*=\s*(\d+)")
+WARM_UP_SECONDS = 60.0  # the first token after load (a cold page cache or a slow device can take a while)
 DEATH_GRACE_SECONDS = 0.5  # how long a reported failure waits for a dying process to be reaped
 
 
@@ -94,6 +109,8 @@ class _Attempt:
     unanswered_since: float | None = None
     outcome: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     psutil_process: psutil.Process | None = None
+    load_seconds: float | None = None
+    memory_limit: int | None = None  # RLIMIT_AS of a worker on a simulated device
 
 
 class WorkerSupervisor:
@@ -105,6 +122,7 @@ class WorkerSupervisor:
         *,
         log_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        engine: binary.EngineInfo | None = None,
     ) -> None:
         self._profile = profile
         self._bus = bus
@@ -128,6 +146,11 @@ class WorkerSupervisor:
         self._probe_pool: UpstreamPool | None = None
         self._changed: asyncio.Event | None = None
         self._probes: set[asyncio.Task[None]] = set()  # kept until done: never collected mid-flight
+        self._engine = engine
+        # Each worker accepts only the router: llama-server answers any origin (CORS *) on its own port.
+        # A harness that starts the service (bench, tests) may set the key to ask the workers directly.
+        self._key = os.environ.get(WORKER_KEY_ENV) or secrets.token_urlsafe(24)
+        self._armed: ArmedFault | None = None
 
     # ------------------------------------------------------------------------------------ public interface
 
@@ -220,24 +243,52 @@ class WorkerSupervisor:
         """The latest failure: kind, message, when (wall clock) and the pid of the process that failed."""
         return self._last_failure
 
+    async def failure_of(self, pid: int, timeout: float) -> dict[str, Any] | None:
+        """How the process `pid` failed, once this supervisor has classified it (None if it has not within
+        `timeout` seconds): a request that saw its connection drop asks this to name what happened."""
+
+        def known() -> bool:
+            return self._last_failure is not None and self._last_failure.get("pid") == pid
+
+        await self._wait_for(known, timeout)
+        return self._last_failure if known() else None
+
     def mark_unhealthy(self, reason: str, kind: str) -> None:
         """A request saw this worker fail (e.g. `oom_decode`): restart it in the background. Thread-safe."""
         self._post(_Command("mark_unhealthy", reason=reason, kind=kind))
 
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """Headers every request to this worker carries (its API key)."""
+        return {"Authorization": f"Bearer {self._key}"}
+
     async def arm_fault(self, kind: str, after_tokens: int) -> dict[str, Any]:
-        """Arm a one-shot fault in the worker (it must run with faults enabled); returns what it armed."""
-        url = self.base_url
-        if url is None or self._state != "ready":
+        """Arm a one-shot fault (tray_app.engine.faults) in a worker started with faults enabled."""
+        if not self._profile.enable_faults:
+            raise SupervisorError(f"fault injection is off for the {self.role} worker")
+        if self.base_url is None or self._state != "ready":
             raise SupervisorError(f"the {self.role} worker is {self._state}: no fault can be armed")
-        client = self._http()
-        response = await client.post(
-            f"{url}/debug/faults", json={"kind": kind, "after_tokens": after_tokens}, timeout=5.0
-        )
-        body: dict[str, Any] = response.json()
-        if response.status_code != 200:
-            message = body.get("error", {}).get("message", response.text)
-            raise SupervisorError(f"the {self.role} worker refused the fault: {message}")
-        return body
+        try:
+            self._armed = check_fault(kind, after_tokens)
+        except ValueError as error:
+            raise SupervisorError(f"the {self.role} worker refused the fault: {error}") from None
+        return {"armed": self._armed.to_dict(), "pid": self.pid}
+
+    def note_tokens(self, count: int) -> None:
+        """The router relayed `count` more tokens from this worker (0: a request is about to be sent). Fires
+        an armed fault once it is due. Runs on the service's loop, like every other call here."""
+        fault = self._armed
+        if fault is None:
+            return
+        fault.seen_tokens += count
+        if fault.seen_tokens < fault.after_tokens:
+            return
+        self._armed = None  # one-shot
+        attempt = self._attempt
+        if attempt is None or attempt.process.exited.done():
+            return
+        attempt.process.log_line(f"--- fault injected: {fault.kind} after {fault.seen_tokens} tokens (drill)")
+        attempt.process.signal_group(SIGNALS[fault.kind])
 
     def status(self) -> dict[str, Any]:
         attempt = self._attempt
@@ -263,6 +314,7 @@ class WorkerSupervisor:
             "warm_reason": self._profile.warm_reason,
             "log_file": str(self._log_file()),
             "profile": self._profile.to_dict(),
+            "engine": self._engine.to_dict() if self._engine else None,
             "health": dict(self._health),
         }
 
@@ -348,7 +400,10 @@ class WorkerSupervisor:
             return
         if not attempt.probe_in_flight and now >= attempt.probe_due:
             attempt.probe_in_flight = True
-            probe = asyncio.get_running_loop().create_task(self._probe(attempt.generation, attempt.port))
+            warm_up = self._state == "starting"
+            probe = asyncio.get_running_loop().create_task(
+                self._probe(attempt.generation, attempt.port, warm_up)
+            )
             self._probes.add(probe)
             probe.add_done_callback(self._probes.discard)
 
@@ -419,7 +474,7 @@ class WorkerSupervisor:
             or self._state not in ("starting", "ready")
         ):
             return  # an old process, or one we stopped on purpose
-        await self._fail(classify_exit(message.returncode, attempt.process.tail()))
+        await self._fail(classify_exit(message.returncode, attempt.process.load_log()))
 
     async def _on_health(self, result: _HealthResult) -> None:
         attempt = self._attempt
@@ -433,9 +488,15 @@ class WorkerSupervisor:
             return
         if result.body is not None:
             attempt.unanswered_since = None
-            self._health = result.body
             if self._state == "starting" and result.body.get("state") == "ready":
+                failure = self._check_load(attempt)
+                if failure is not None:
+                    await self._fail(failure)
+                    return
                 attempt.ready_at = now
+                attempt.load_seconds = now - attempt.started_at
+                self._health = self._worker_health(attempt, result.body)
+                record_calibration(self._profile, parse_buffer_sizes("\n".join(attempt.process.load_log())))
                 self._backoff.note_ready(now)
                 self._retry_at = self._next_retry_wall = None
                 self._set_state("ready", f"answered /health in {now - attempt.started_at:.2f} s")
@@ -456,19 +517,28 @@ class WorkerSupervisor:
                 )
             )
 
-    async def _probe(self, generation: int, port: int) -> None:
+    async def _probe(self, generation: int, port: int, warm_up: bool) -> None:
         # The lean loopback client, not httpx: this runs every `health_interval` for as long as the service
         # does, and httpx cost about 2 ms of CPU per check, most of an idle service's CPU.
         timeout = self._settings.health_timeout
         if self._probe_pool is None:
             self._probe_pool = UpstreamPool(connect_timeout=timeout)
+        pool = self._probe_pool
         response: Response | None = None
         try:
             async with asyncio.timeout(timeout):
-                response = await self._probe_pool.send("GET", f"http://127.0.0.1:{port}/health", b"", {})
+                response = await pool.send("GET", f"http://127.0.0.1:{port}/health", b"", {})
                 raw = await response.read()
-            body = json.loads(raw) if response.status == 200 else None
-            message = _HealthResult(generation, body, error=f"HTTP {response.status}" if body is None else "")
+            if response.status == 503:
+                message = _HealthResult(generation, {"state": "loading"})  # llama-server: "Loading model"
+            elif response.status != 200:
+                message = _HealthResult(generation, None, error=f"HTTP {response.status}")
+            else:
+                body = json.loads(raw)
+                if warm_up:
+                    async with asyncio.timeout(WARM_UP_SECONDS):
+                        await self._warm_up(pool, port)
+                message = _HealthResult(generation, {**body, "state": "ready"})
         except (TimeoutError, ConnectTimeout):
             if response is not None:
                 response.abort()  # a stopped worker never answers: its connection must not linger
@@ -477,6 +547,15 @@ class WorkerSupervisor:
             message = _HealthResult(generation, None, error=f"{type(error).__name__}: {error}")
         self._post(message)
 
+    async def _warm_up(self, pool: UpstreamPool, port: int) -> None:
+        """One token through the whole path, so the first real request finds everything paged in."""
+        body = json.dumps({"prompt": "Hi", "n_predict": 1, "cache_prompt": False}).encode()
+        headers = {"Content-Type": "application/json", **self.request_headers}
+        response = await pool.send("POST", f"http://127.0.0.1:{port}/completion", body, headers)
+        await response.read()
+        if response.status != 200:
+            raise ConnectionFailed(f"warm-up answered HTTP {response.status}")
+
     # ------------------------------------------------------------------------------------------ effects
 
     async def _spawn(self, reason: str, counts_as_restart: bool) -> _Attempt | None:
@@ -484,14 +563,40 @@ class WorkerSupervisor:
         self._generation += 1
         generation = self._generation
         port = free_port()
-        argv = python_module_argv(WORKER_MODULE, self._profile.worker_args(port, parent_pid=os.getpid()))
+        profile = self._profile
         try:
-            process = WorkerProcess.spawn(argv, self._log_file())
+            if self._engine is None:
+                self._engine = binary.find("")
+            argv = llama_server_argv(self._engine.path, profile, port)
+        except binary.EngineError as error:
+            self._attempt = None
+            await self._fail(Failure("bad_config", str(error)), never_ready=True)
+            return None
+        # Level 4 ("trace"): the load log then has the buffer sizes, what the simulated check reads.
+        argv += ["--log-verbosity", "4"]
+        limit = None
+        if profile.simulated_vram_bytes is not None:
+            limit = simulated.address_space_limit(
+                profile.simulated_vram_bytes, load_fault=profile.fault_load_oom
+            )
+        env = {
+            "LLAMA_API_KEY": self._key,  # in the environment, not on the command line that `ps` shows
+            "MALLOC_ARENA_MAX": "2",  # glibc's 64 MiB arena per thread would eat a memory limit for nothing
+        }
+        try:
+            process = WorkerProcess.spawn(
+                argv,
+                self._log_file(),
+                env=env,
+                preexec=simulated.limit_in_child(limit) if limit is not None else None,
+            )
         except OSError as error:
             self._attempt = None
             await self._fail(Failure("bad_config", f"could not start the worker: {error}"), never_ready=True)
             return None
         attempt = _Attempt(generation=generation, process=process, port=port, started_at=self._clock())
+        attempt.memory_limit = limit
+        self._armed = None  # a fault armed for the previous process does not carry over
         with contextlib.suppress(psutil.Error):
             attempt.psutil_process = psutil.Process(process.pid)
             attempt.psutil_process.cpu_percent(interval=None)  # the first call only sets the baseline
@@ -511,6 +616,51 @@ class WorkerSupervisor:
                 )
             )
         return attempt
+
+    def _check_load(self, attempt: _Attempt) -> Failure | None:
+        """On a simulated device: does what llama.cpp allocated fit the simulated VRAM? (See
+        tray_app.engine.simulated.) None on a real device, whose own allocator already answered."""
+        free = self._profile.simulated_vram_bytes
+        if free is None:
+            return None
+        buffers = parse_buffer_sizes("\n".join(attempt.process.load_log()))
+        share = simulated.device_share(buffers, self._profile.n_gpu_layers, self._n_layers(attempt))
+        lines = simulated.failure_lines(share, free)
+        if lines is None:
+            return None
+        for line in lines:
+            attempt.process.log_line(line)
+        return Failure("oom_load", lines[-1])
+
+    def _n_layers(self, attempt: _Attempt) -> int:
+        for line in attempt.process.load_log():
+            found = _N_LAYER.search(line)
+            if found:
+                return int(found.group(1))
+        return 0
+
+    def _worker_health(self, attempt: _Attempt, answer: dict[str, Any]) -> dict[str, Any]:
+        """What status shows of a ready worker: its /health answer, the plan it runs and what it allocated."""
+        profile = self._profile
+        buffers: BufferSizes = parse_buffer_sizes("\n".join(attempt.process.load_log()))
+        return {
+            **answer,
+            "role": profile.role,
+            "pid": attempt.process.pid,
+            "engine": self._engine.describe() if self._engine else "",
+            "model_path": str(profile.model_path),
+            "n_ctx": profile.n_ctx,
+            "n_ctx_per_slot": profile.n_ctx // max(profile.n_parallel, 1),
+            "n_parallel": profile.n_parallel,
+            "n_gpu_layers": profile.n_gpu_layers,
+            "n_threads": profile.n_threads,
+            "simulated": profile.simulated_vram_bytes is not None,
+            "simulated_vram_bytes": profile.simulated_vram_bytes,
+            "memory_limit": {"limit_bytes": attempt.memory_limit} if attempt.memory_limit else None,
+            "faults_enabled": profile.enable_faults,
+            "buffers": buffers.to_dict(),
+            "load_seconds": attempt.load_seconds,
+        }
 
     async def _stop_process(self, final_state: State, reason: str) -> None:
         attempt = self._attempt
@@ -536,15 +686,22 @@ class WorkerSupervisor:
         }
         self._set_state("unhealthy", f"{failure.kind}: {failure.message}")
         self._bus.publish(WorkerUnhealthy(role=self.role, kind=failure.kind, reason=failure.message))
-        if attempt is not None:
-            if not attempt.outcome.done():
+        try:
+            await self._end_failed(attempt, failure, now, never_ready)
+        finally:
+            # Resolved last, so a caller of start() sees the state the failure led to (e.g. restarting).
+            if attempt is not None and not attempt.outcome.done():
                 attempt.outcome.set_result(False)
-            if not attempt.process.exited.done():
-                # A hung process gets no grace: it would not use it.
-                if failure.kind == "hung":
-                    await attempt.process.kill()
-                else:
-                    await attempt.process.stop(self._settings.stop_grace)
+
+    async def _end_failed(
+        self, attempt: _Attempt | None, failure: Failure, now: float, never_ready: bool
+    ) -> None:
+        if attempt is not None and not attempt.process.exited.done():
+            # A hung process gets no grace: it would not use it.
+            if failure.kind == "hung":
+                await attempt.process.kill()
+            else:
+                await attempt.process.stop(self._settings.stop_grace)
         if failure.kind == "bad_config":
             self._set_state(
                 "failed", f"{failure.message} (not retried: fix the configuration, then start it)"
@@ -571,6 +728,35 @@ class WorkerSupervisor:
 
     def _last_failure_kind(self) -> str:
         return str(self._last_failure["kind"]) if self._last_failure else "failure"
+
+
+def record_calibration(profile: WorkerProfile, buffers: BufferSizes) -> None:
+    """Keep what llama.cpp allocated for this profile: the planner's compute estimate is checked against it
+    and replaced by it (tray_app.calibration)."""
+    if buffers.total_bytes == 0:
+        log.warning("llama-server printed no buffer sizes: nothing to record for calibration")
+        return
+    if profile.role == "cpu" and gpu_offload_build():
+        return  # with a GPU build the CPU worker's compute buffer is not the one the VRAM plan needs
+    settings = ComputeSettings(
+        n_ctx=profile.n_ctx,
+        n_parallel=profile.n_parallel,
+        cache_type_k=profile.cache_type_k,
+        cache_type_v=profile.cache_type_v,
+        flash_attn=profile.flash_attn,
+        n_ubatch=profile.n_ubatch,
+    )
+    try:
+        calibration.record_measurement(profile.model_path, settings, buffers)
+    except OSError as error:
+        log.warning("could not record the measured buffers: %s", error)
+
+
+def gpu_offload_build() -> bool:
+    """Whether the installed llama.cpp (the binding, built with the server) has a GPU backend."""
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def _chain(source: asyncio.Future[bool], target: asyncio.Future[Any]) -> None:

@@ -40,8 +40,10 @@ MESSAGE_MS = 8000
 
 
 def worker_line(role: str, worker: dict[str, Any]) -> str:
-    """ "GPU worker: ready · pid 4242 · 180.00 MiB"."""
+    """ "GPU worker: ready · 1/4 slots busy · pid 4242 · 180.00 MiB"."""
     parts = [f"{role.upper()} worker: {worker.get('state') or 'unknown'}"]
+    if worker.get("slots"):
+        parts.append(f"{worker.get('in_flight') or 0}/{worker['slots']} slots busy")
     if worker.get("pid"):
         parts.append(f"pid {worker['pid']}")
     if worker.get("rss_bytes"):

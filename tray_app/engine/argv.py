@@ -1,0 +1,54 @@
+"""The `llama-server` command line for a worker profile: every number the planner chose, passed explicitly.
+
+The planner stays authoritative: `--fit off` (llama.cpp's own auto-fit would otherwise move layers or shrink
+the context behind the plan's back), explicit `-ngl`, `-c`, `-np`, cache types, flash attention and threads.
+`-c` is the total over all slots; without `--kv-unified` each slot gets `-c / -np`, which is exactly the
+planner's per-sequence context, and the router never admits a request that would not fit its slot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tray_app.engine.cpu_quirks import amx_in_a_virtual_machine
+from tray_app.engine.tools import is_template_file
+
+if TYPE_CHECKING:
+    from tray_app.supervisor.profile import WorkerProfile
+
+ALL_LAYERS = 999  # llama-server takes a number (or auto/all); more than any model has means all of them
+
+
+def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[str]:
+    layers = ALL_LAYERS if profile.n_gpu_layers < 0 else profile.n_gpu_layers
+    argv = [
+        str(binary),
+        "--model", str(profile.model_path),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--ctx-size", str(profile.n_ctx),
+        "--parallel", str(max(profile.n_parallel, 1)),
+        "--n-gpu-layers", str(layers),
+        "--threads", str(profile.n_threads),
+        "--threads-batch", str(profile.n_threads),
+        "--ubatch-size", str(profile.n_ubatch),
+        "--cache-type-k", profile.cache_type_k,
+        "--cache-type-v", profile.cache_type_v,
+        "--flash-attn", "on" if profile.flash_attn else "off",
+        "--fit", "off",
+        "--no-webui",
+        "--metrics",
+        "--jinja",
+    ]  # fmt: skip
+    if is_template_file(profile.chat_format):
+        argv += ["--chat-template-file", profile.chat_format]
+    elif profile.chat_format:
+        argv += ["--chat-template", profile.chat_format]
+    if profile.simulated_vram_bytes is not None:
+        # On a simulated device the weights must be a real allocation under the worker's memory limit, as
+        # they are in VRAM, not pages of the model file that the kernel maps in and out.
+        argv += ["--load-mode", "none"]
+    if amx_in_a_virtual_machine():
+        argv.append("--no-repack")
+    return argv
