@@ -66,7 +66,9 @@ class CpuConfig:
     reserve_min: str = "1GiB"
     threads: int = 0  # 0: physical cores
     n_ctx: int = 0
-    max_ctx: int = 8192
+    # Total over the slots: the CPU worker is also where requests too long for the GPU's slots go, so it
+    # plans four times the GPU's default (8192 per slot with 4 slots), as far as RAM allows.
+    max_ctx: int = 32768
     n_parallel: int = 0  # slots; 0: two per physical core, at most 4 (batching pays off even on 2 cores)
 
 

@@ -162,7 +162,15 @@ def run(args: argparse.Namespace) -> int:
     progress("starting `failsoft serve --enable-faults` for the bench (stopped at the end)")
     try:
         with launched_service(settings) as service:
-            results = bench(service.base_url, args.rounds, progress, service.process.pid, service.worker_key)
+            results = bench(
+                service.base_url,
+                args.rounds,
+                progress,
+                service.process.pid,
+                service.worker_key,
+                clients,
+                args.tokens,
+            )
     except (DrillError, LaunchError, RuntimeError) as error:
         print(f"failsoft bench: {error}", file=sys.stderr)
         return 2

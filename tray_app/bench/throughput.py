@@ -37,7 +37,17 @@ class Run:
 async def _one(
     http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], run: Run
 ) -> None:
-    """One streamed answer: its tokens, and its time to the first one, added to `run`."""
+    """One streamed answer: its tokens, and its time to the first one, added to `run`. A kept-alive
+    connection the server closed meanwhile is retried once, as the router's own pool does."""
+    try:
+        await _stream(http, url, body, headers, run)
+    except httpx.RemoteProtocolError:
+        await _stream(http, url, body, headers, run)
+
+
+async def _stream(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], run: Run
+) -> None:
     started = time.perf_counter()
     first = True
     async with http.stream("POST", url, json=body, headers=headers) as response:
@@ -98,7 +108,8 @@ async def throughput_figures(
     max_tokens: int = 64,
 ) -> dict[str, Any]:
     """Aggregate tokens per second at each number of concurrent clients, router vs direct, as ratios."""
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    # llama-server closes a connection idle for 5 s; drop ours first rather than reuse a closed one.
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, trust_env=False, limits=limits) as http:
         warm = {"messages": prompt(0), "max_tokens": 4, "stream": True}
         await _one(http, worker_url + PATH, dict(warm), worker_headers, Run())

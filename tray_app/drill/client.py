@@ -104,7 +104,8 @@ class ServiceClient:
             base_url=self.base_url,
             headers=headers,
             timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=10.0),
-            limits=httpx.Limits(max_connections=32),
+            # Shorter than llama-server's 5 s keep-alive (the bench asks workers directly with it too).
+            limits=httpx.Limits(max_connections=32, keepalive_expiry=2.0),
         )
 
     async def aclose(self) -> None:

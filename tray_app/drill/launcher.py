@@ -22,10 +22,11 @@ from tray_app.config import Config, from_dict
 from tray_app.service.launch import ServeProcess, spawn_serve, stop_process_tree, workers_ready
 
 READY_TIMEOUT = 180.0
-# The drill's GPU profile gets a small context and the CPU a larger one, so that a request can exceed the GPU
-# profile while still fitting in RAM (scenarios a and b).
-DRILL_GPU_MAX_CTX = 512
-DRILL_CPU_MAX_CTX = 2048
+# The drill's GPU slots get a small context and the CPU's larger ones, so that a request can exceed the GPU
+# profile while still fitting in RAM (scenarios a and b): 4 slots of 512 tokens, 4 of 2048.
+DRILL_SLOTS = 4
+DRILL_GPU_MAX_CTX = 512 * DRILL_SLOTS
+DRILL_CPU_MAX_CTX = 2048 * DRILL_SLOTS
 # Quick failure detection, so a hung or crashed GPU worker is found within about a second.
 DRILL_SUPERVISOR = {
     "health_interval": 0.5,
@@ -45,8 +46,8 @@ def drill_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
     data = cfg.to_dict()
     if simulate_vram:
         data["device"]["simulate_vram"] = simulate_vram
-    data["budget"].update(n_ctx=0, max_ctx=DRILL_GPU_MAX_CTX, n_parallel=1)
-    data["cpu"].update(enabled=True, warm=True, n_ctx=0, max_ctx=DRILL_CPU_MAX_CTX)
+    data["budget"].update(n_ctx=0, max_ctx=DRILL_GPU_MAX_CTX, n_parallel=DRILL_SLOTS)
+    data["cpu"].update(enabled=True, warm=True, n_ctx=0, max_ctx=DRILL_CPU_MAX_CTX, n_parallel=DRILL_SLOTS)
     data["server"].update(host="127.0.0.1", api_key="", queue_timeout=120.0)
     data["failover"].update(fallback="auto", stream_after_content="resume", deadline=120.0)
     data["supervisor"].update(DRILL_SUPERVISOR)

@@ -60,11 +60,13 @@ def worker_tool_choice(body: dict[str, Any], opener: str) -> dict[str, Any]:
         name = (choice.get("function") or {}).get("name")
         body["tools"] = [tool for tool in tools if (tool.get("function") or {}).get("name") == name]
         body["tool_choice"] = "required"
-        body["parallel_tool_calls"] = False
-    if body.get("tool_choice") == "required" and opener:
+    single = body.get("parallel_tool_calls") is not True
+    if single:
+        body["parallel_tool_calls"] = False  # one call per block in the grammar
+    if opener:
         body["messages"] = [*body["messages"], {"role": "assistant", "content": opener}]
-        if body.get("parallel_tool_calls") is not True:
+        if single:
             stop = body.get("stop")
             stops = [stop] if isinstance(stop, str) else list(stop or [])
-            body["stop"] = [*stops, CHATML_TOOL_CALL_CLOSER]
+            body["stop"] = [*stops, CHATML_TOOL_CALL_CLOSER]  # and one block
     return body

@@ -102,7 +102,9 @@ def measure_overhead(
     path = "/v1/chat/completions"
     router_process = psutil.Process(router_pid) if router_pid else None
     router_cpu = 0.0
-    with httpx.Client(timeout=120, trust_env=False, headers=headers or {}) as client:
+    # keepalive_expiry: shorter than llama-server's 5 s, so a connection it closed is never reused.
+    limits = httpx.Limits(keepalive_expiry=2.0)
+    with httpx.Client(timeout=120, trust_env=False, headers=headers or {}, limits=limits) as client:
         for url in (worker_url, router_url):  # warm both paths (connections, caches) before measuring
             _plain(client, url + path, body, Samples())
             _streamed(client, url + path, body, Samples())
