@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Debian packages the GUI tests need: a virtual X server, an XEmbed tray host and a screenshot tool.
-SYSTEM_PACKAGES := xvfb trayer xdotool x11-utils imagemagick libxcb-cursor0 libegl1 libxkbcommon-x11-0 libxcb-icccm4 \
+# Debian packages: a compiler, CMake and Ninja for llama.cpp (built once, see packaging/build_engine.py), and
+# for the GUI tests a virtual X server, an XEmbed tray host and a screenshot tool.
+SYSTEM_PACKAGES := g++ cmake ninja-build xvfb trayer xdotool x11-utils imagemagick libxcb-cursor0 libegl1 libxkbcommon-x11-0 libxcb-icccm4 \
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 
@@ -38,7 +39,7 @@ plan: $(STAMP)
 system-deps:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
-		echo "Installing system packages for the GUI tests:$$missing"; \
+		echo "Installing system packages for the engine build and the GUI tests:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
 	fi
