@@ -53,7 +53,7 @@ COMMON_CMAKE_ARGS = (
 )
 BACKEND_CMAKE_ARGS = {
     "cpu": (),
-    "cuda": ("-DGGML_CUDA=ON",),
+    "cuda": ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=native"),  # the local cards' architectures only
     "vulkan": ("-DGGML_VULKAN=ON",),
     "hip": ("-DGGML_HIP=ON",),
 }
@@ -87,19 +87,41 @@ def cache_root() -> Path:
     return Path(xdg) / "failsoft" / "engine"
 
 
+def _nvidia_gpus() -> bool:
+    """An NVIDIA card this machine can use: the driver's device nodes, or nvidia-smi listing one."""
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listed.returncode == 0 and "GPU " in listed.stdout
+
+
+def _amd_gpus() -> bool:
+    return Path("/dev/kfd").exists()
+
+
 def detect_backend() -> str:
-    """The backend the machine can build: GPU_BACKEND when set, else CUDA, Vulkan, HIP, CPU in that order."""
+    """The backend to build: GPU_BACKEND when set, else the GPU this machine has and can build for (CUDA with
+    an NVIDIA card and nvcc, HIP with an AMD card and hipcc, Vulkan with a render device, glslc and the
+    headers), else the CPU. A toolkit alone is not enough: a CUDA build with no card to run it on takes an
+    hour to compile and then cannot start."""
     chosen = os.environ.get("GPU_BACKEND", "").strip().lower()
     if chosen and chosen != "auto":
         if chosen not in BACKENDS:
             raise BuildError(f"GPU_BACKEND={chosen!r} is not one of {', '.join(BACKENDS)} or auto")
         return chosen
-    if shutil.which("nvcc"):
+    if shutil.which("nvcc") and _nvidia_gpus():
         return "cuda"
-    if shutil.which("glslc") and Path("/usr/include/vulkan/vulkan.h").exists():
-        return "vulkan"
-    if shutil.which("hipcc"):
+    if shutil.which("hipcc") and _amd_gpus():
         return "hip"
+    vulkan_headers = Path("/usr/include/vulkan/vulkan.h").exists()
+    if shutil.which("glslc") and vulkan_headers and any(Path("/dev/dri").glob("renderD*")):
+        return "vulkan"
     return "cpu"
 
 
@@ -166,10 +188,24 @@ def build_wheel(python: str, version: str, backend: str, folder: Path) -> Path:
     say(f"compiling llama.cpp {backend} (binding + llama-server) from {sdist.name}; log: {log_path}")
     say("this takes 10 to 20 minutes on 2 cores, once per version and backend")
     started = time.monotonic()
-    command = [python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v", "-w", str(staging), str(sdist)]
-    with log_path.open("w") as log, subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    ) as process:
+    command = [
+        python,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-cache-dir",
+        "-v",
+        "-w",
+        str(staging),
+        str(sdist),
+    ]
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        ) as process,
+    ):
         assert process.stdout is not None
         last_shown = 0.0
         for line in process.stdout:
@@ -208,14 +244,14 @@ def install(venv: Path, wheel: Path, variant: str) -> None:
         return
     say(f"installing {wheel.name} into {venv}")
     python = str(venv / "bin" / "python")
-    subprocess.run(
-        [python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)], check=True
-    )
+    subprocess.run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)], check=True)
     marker.write_text(variant + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--venv", type=Path, help="install the wheel into this virtual environment")
     parser.add_argument("--version", default=LLAMA_CPP_PYTHON_VERSION, help="llama-cpp-python version")
     parser.add_argument("--print-dir", action="store_true", help="print the variant's cache folder and exit")
