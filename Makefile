@@ -45,8 +45,8 @@ system-deps:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check tray_app tests
-	$(BIN)/ruff format --check tray_app tests
+	$(BIN)/ruff check tray_app tests packaging
+	$(BIN)/ruff format --check tray_app tests packaging
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -186,7 +186,7 @@ def build_wheel(python: str, version: str, backend: str, folder: Path) -> Path:
     env = dict(os.environ, CMAKE_ARGS=" ".join(cmake_args(backend)))
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     say(f"compiling llama.cpp {backend} (binding + llama-server) from {sdist.name}; log: {log_path}")
-    say("this takes 10 to 20 minutes on 2 cores, once per version and backend")
+    say("about 5 minutes on 2 cores for the CPU build (a GPU backend takes longer), once per variant")
     started = time.monotonic()
     command = [
         python,

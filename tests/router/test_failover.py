@@ -297,3 +297,57 @@ def test_failover_events_reach_the_tray(svc: ServiceHandle, client: openai.OpenA
     assert seen["fallback_completed"]["seconds"] > 0
     assert seen["worker_unhealthy"]["role"] == "gpu"
     wait_replaced(svc, armed["pid"])
+
+
+@pytest.mark.parametrize("kind", ["abort", "kill"])
+def test_a_crash_with_four_streams_in_flight_decides_each_job_once(
+    svc: ServiceHandle, client: openai.OpenAI, kind: str
+) -> None:
+    """Four streams share the GPU worker's slots when it dies: each job fails over on its own, exactly once,
+    and every stream ends with a whole answer from the CPU."""
+    assert svc.wait_workers_ready()["workers"]["gpu"]["slots"] >= 4
+    topics = ("the sea", "a mountain", "a forest", "the moon")
+    started = threading.Barrier(len(topics) + 1)
+    results: dict[int, dict[str, Any]] = {}
+
+    def stream(index: int) -> None:
+        request = {
+            "model": "default",
+            "messages": [{"role": "user", "content": f"Write a long story about {topics[index]}."}],
+            "max_tokens": 48,
+            "temperature": 0,
+        }
+        text, info, waited = "", {}, False
+        for chunk in client.chat.completions.create(**request, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+                if not waited:
+                    waited = True
+                    started.wait(timeout=60)  # every stream has text before the fault is armed
+            info = (chunk.model_extra or {}).get("failsoft") or info
+        results[index] = {"text": text, "info": info}
+
+    threads = [threading.Thread(target=stream, args=(index,)) for index in range(len(topics))]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=60)
+    in_flight = svc.status()["workers"]["gpu"]["in_flight"]
+    armed = arm(svc, kind, after_tokens=1)  # the next token the router relays from the GPU
+    for thread in threads:
+        thread.join(timeout=120)
+    assert in_flight == len(topics)  # all four were on the GPU worker when it died
+    assert sorted(results) == list(range(len(topics)))
+    job_ids = [result["info"]["job_id"] for result in results.values()]
+    assert len(set(job_ids)) == len(topics)
+    reason = "crash_abort" if kind == "abort" else "killed"
+    for result in results.values():
+        info = result["info"]
+        assert (info["worker"], info["attempts"], info["fallback_reason"]) == ("cpu", 2, reason), info
+        stored = job_state(svc, info["job_id"])
+        assert stored["state"] == "completed"
+        assert [(a["worker"], a["outcome"]) for a in stored["attempt_log"]] == [
+            ("gpu", "failed"),
+            ("cpu", "completed"),
+        ]
+        assert result["text"]
+    wait_replaced(svc, armed["pid"])

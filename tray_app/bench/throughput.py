@@ -1,9 +1,10 @@
 """Throughput under concurrent clients: through Failsoft's router against the same llama-server process
 asked directly, interleaved in one run so both see the same machine.
 
-Each client sends its requests one after another (distinct prompts, so no prompt cache is shared), every
-answer exactly `max_tokens` long (`ignore_eos`); a level's figure is all tokens received over the wall time
-from the first request to the last answer. Rounds alternate which path goes first.
+Each client sends its requests one after another (distinct prompts, the same ones on both paths of a round,
+with the prompt cache off), every answer exactly `max_tokens` long (`ignore_eos`); a level's figure is all
+tokens received over the wall time from the first request to the last answer. Rounds alternate which path
+goes first.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ async def _level(
                 "seed": number,
                 "stream": True,
                 "ignore_eos": True,
+                "cache_prompt": False,  # both paths read their prompts whole: neither finds the other's
             }
             await _one(http, url, body, headers, run)
 
@@ -121,13 +123,13 @@ async def throughput_figures(
             routed_runs: list[Run] = []
             for number in range(rounds):
                 order = ("direct", "router") if number % 2 == 0 else ("router", "direct")
-                for path in order:
+                for path in order:  # the same prompts on both paths, so their lengths do not differ
                     url = (worker_url if path == "direct" else router_url) + PATH
                     run = await _level(
                         http, url, worker_headers, clients, requests_per_client, max_tokens, offset
                     )
-                    offset += clients * requests_per_client
                     (direct_runs if path == "direct" else routed_runs).append(run)
+                offset += clients * requests_per_client
             direct_tps = statistics.median(r.tokens_per_second for r in direct_runs)
             routed_tps = statistics.median(r.tokens_per_second for r in routed_runs)
             results.append(
