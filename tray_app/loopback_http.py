@@ -129,7 +129,10 @@ class Response:
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
-        self.keep_alive = self.parser.should_keep_alive()
+        # llama-server (cpp-httplib) ends the connection after a chunked event stream although it announces
+        # keep-alive: reusing it would cost a failed write and a retry on a new connection every request.
+        event_stream = self.headers.get("content-type", "").startswith("text/event-stream")
+        self.keep_alive = self.parser.should_keep_alive() and not event_stream
         if not self.headers_ready.done():
             self.headers_ready.set_result(None)
 

@@ -208,6 +208,7 @@ class WorkerProcess:
                 if not loaded:
                     *lines, pending = (pending + chunk).split(b"\n")
                     self._take_load_lines(lines)
+
             if pending:
                 self._take_load_lines([pending])  # the last words, without a line end
         finally:

@@ -1,0 +1,36 @@
+"""The worker log: bytes appended as they come, rotated by size, the supervisor's own lines stamped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tray_app.supervisor.process import RotatingLog
+
+
+def test_rotates_by_size_and_keeps_the_newest(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-worker.log"
+    log = RotatingLog(path, max_bytes=100, backups=2)
+    for number in range(7):
+        log.write(f"line {number} ".encode() + b"x" * 30 + b"\n")  # 38 bytes each: two fit in 100
+    log.line("worker 42 ended with status -6")
+    log.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "gpu-worker.log",
+        "gpu-worker.log.1",
+        "gpu-worker.log.2",
+    ]
+    newest = path.read_text()
+    assert "line 6" in newest and newest.rstrip().endswith("worker 42 ended with status -6")
+    assert newest.splitlines()[-1].startswith("--- ")
+    assert "line 4" in (tmp_path / "gpu-worker.log.1").read_text()
+    assert "line 0" not in "".join(p.read_text() for p in tmp_path.iterdir())  # older than the backups
+
+
+def test_appends_to_what_an_earlier_run_left(tmp_path: Path) -> None:
+    path = tmp_path / "cpu-worker.log"
+    path.write_bytes(b"earlier run\n")
+    log = RotatingLog(path, max_bytes=1000)
+    log.write(b"this run\n")
+    log.close()
+    log.write(b"after close: dropped\n")
+    assert path.read_text() == "earlier run\nthis run\n"
