@@ -72,6 +72,7 @@ async def test_a_connection_that_breaks_as_it_is_reused_is_retried_once() -> Non
 async def test_an_event_stream_connection_is_not_reused() -> None:
     """llama-server ends the connection after an event stream although it announces keep-alive: the pool
     opens a new one for the next request instead of writing into one being closed."""
+
     async def stream_slow_end(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
         writer.write(STREAM_HEAD + chunk(b"data: [DONE]\n\n"))
         await writer.drain()
