@@ -13,18 +13,11 @@ import pytest
 
 from tests.router.conftest import base_settings, client_for
 from tests.support.service import ServiceHandle, running_service
+from tests.support.tools import WEATHER_TOOL
 from tray_app.drill.scenarios import ADD_TOOL
 
 pytestmark = pytest.mark.integration
 
-WEATHER_TOOL: Any = {
-    "type": "function",
-    "function": {
-        "name": "lookup_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 QUESTION = [{"role": "user", "content": "What is 2 plus 3? Use the add tool."}]
 
 

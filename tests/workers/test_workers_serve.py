@@ -6,11 +6,11 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Any
 
 import httpx
 import pytest
 
+from tests.support.tools import WEATHER_TOOL
 from tests.workers.conftest import Recorder, SupervisorFactory
 from tests.workers.helpers import HELLO, client_for, wait_until
 from tray_app import calibration
@@ -20,15 +20,6 @@ from tray_app.planner import ComputeSettings, PlanRequest, kv_cache_bytes
 from tray_app.supervisor import WorkerProfile
 
 pytestmark = pytest.mark.integration
-
-LOOKUP_TOOL: Any = {
-    "type": "function",
-    "function": {
-        "name": "lookup_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 async def test_both_workers_start_and_answer(
@@ -77,7 +68,7 @@ async def test_both_workers_start_and_answer(
     body = worker_tool_choice(
         {
             "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-            "tools": [LOOKUP_TOOL],
+            "tools": [WEATHER_TOOL],
             "tool_choice": {"type": "function", "function": {"name": "lookup_weather"}},
         },
         tool_call_opener(gpu.profile.chat_format),
