@@ -27,7 +27,8 @@ from tests.support.service import ServiceHandle, running_service
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REQUESTS = 200
-CLIENTS = 4
+CLIENTS = 6  # more than the GPU worker's 4 slots: they are full most of the time
+GPU_STREAMS = 4  # requests streaming from the GPU worker when a fault is armed
 SETTINGS = base_settings(
     server={"queue_max": 64},
     failover={"auto_approve_seconds": 3600},
@@ -134,11 +135,22 @@ def _run_one(client: openai.OpenAI, tally: Tally, kind: str) -> None:
                 tally.lost.append(f"{kind}: {error!r}")
 
 
-def _chaos(svc: ServiceHandle, stop: threading.Event, injected: Counter[str]) -> None:
+def _chaos(svc: ServiceHandle, stop: threading.Event, injected: Counter[str], in_flight: list[int]) -> None:
+    """Every few seconds, once at least GPU_STREAMS requests stream from the GPU worker at once, a fault that
+    fires within a few tokens: each one hits several requests in flight, not one."""
     chooser = random.Random(5)
     while not stop.wait(chooser.uniform(1.5, 3.0)):
         action = chooser.choice(["kill", "abort", "hang", "abort"])
-        after = chooser.randint(0, 5)
+        after = chooser.randint(0, 3)
+        deadline = time.monotonic() + 5
+        busy = 0
+        while time.monotonic() < deadline and not stop.is_set():
+            busy = int(svc.status()["workers"]["gpu"].get("in_flight") or 0)
+            if busy >= GPU_STREAMS:
+                break
+            time.sleep(0.01)
+        if busy < GPU_STREAMS:
+            continue
         try:
             response = httpx.post(
                 svc.base_url + "/api/debug/faults", json={"kind": action, "after_tokens": after}, timeout=10
@@ -147,6 +159,7 @@ def _chaos(svc: ServiceHandle, stop: threading.Event, injected: Counter[str]) ->
             continue
         if response.status_code == 200:
             injected[action] += 1
+            in_flight.append(busy)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +186,8 @@ def test_chaos(svc: ServiceHandle) -> None:
 
     stop = threading.Event()
     injected: Counter[str] = Counter()
-    chaos = threading.Thread(target=_chaos, args=(svc, stop, injected))
+    in_flight: list[int] = []  # requests on the GPU worker when each fault was armed
+    chaos = threading.Thread(target=_chaos, args=(svc, stop, injected, in_flight))
     started = time.monotonic()
     chaos.start()
     clients = [threading.Thread(target=client_loop) for _ in range(CLIENTS)]
@@ -192,7 +206,7 @@ def test_chaos(svc: ServiceHandle) -> None:
     duplicated_tools = tally.tool_executions - tally.intended_tool_calls
     print(
         f"\nchaos: {REQUESTS} requests in {elapsed:.0f}s by {CLIENTS} clients; injected {dict(injected)}; "
-        f"GPU restarts {status['workers']['gpu']['restarts']}\n"
+        f"GPU restarts {status['workers']['gpu']['restarts']}; in flight at each fault {in_flight}\n"
         f"outcomes {dict(tally.outcomes)}; controlled errors by reason {dict(tally.reasons)}; "
         f"answered on the CPU after a GPU failure {tally.fallbacks}\n"
         f"lost {lost}, answered twice {answered_twice}, duplicated tool executions {duplicated_tools}"
@@ -203,6 +217,7 @@ def test_chaos(svc: ServiceHandle) -> None:
     assert duplicated_tools == 0
     assert not tally.non_streamed_failures, tally.non_streamed_failures[:5]
     assert sum(injected.values()) >= 10, "the chaos must actually have hit the GPU worker"
+    assert len(in_flight) == sum(injected.values()) and min(in_flight) >= GPU_STREAMS
     assert tally.fallbacks > 0
     # The service's own books agree: every answered job completed exactly once, and every stream its
     # client closed early ended cancelled (or had just completed), never replayed after the close.
