@@ -114,6 +114,14 @@ class ApprovalNeeded(Event):
     preview: str
 
 
+@dataclass(frozen=True)
+class JournalFailed(Event):
+    """The journal lost a write: the service is degraded and takes no background job until it restarts."""
+
+    type: ClassVar[str] = "journal_failed"
+    reason: str
+
+
 Listener = Callable[[Event], None]
 
 

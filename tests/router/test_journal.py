@@ -135,8 +135,9 @@ def test_a_bad_write_does_not_lose_the_batch(tmp_path: Path) -> None:
         store.add_job(_job("x"))
         store.add_job(_job("x"))  # duplicate primary key: fails alone
         store.add_job(_job("y"))
-        assert store.flush()
-        assert store.job("x") is not None and store.job("y") is not None
+        assert store.flush() is False  # a lost write is reported: the service is degraded from now on
+        assert store.job("x") is not None and store.job("y") is not None  # the rest of the batch was kept
+        assert store.failure is not None and "IntegrityError" in store.failure
     finally:
         store.close()
 

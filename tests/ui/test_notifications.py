@@ -110,3 +110,12 @@ def test_clicking_an_approval_message_asks_for_the_approvals_window(qtbot: QtBot
     center.flush()
     with qtbot.waitSignal(center.approvals_requested, timeout=1000):
         center.message_clicked()
+
+
+def test_a_journal_failure_is_a_critical_notice() -> None:
+    event = {"type": "journal_failed", "at": 100.0, "reason": "the journal could not commit: disk I/O error"}
+    notice = coalesce([event])
+    assert notice is not None and notice.level == "critical"
+    assert notice.title == "Failsoft cannot store jobs" and "disk I/O error" in notice.body
+    both = coalesce([fallback("job-1"), event])
+    assert both is not None and both.title == "Failsoft cannot store jobs" and both.level == "critical"

@@ -180,6 +180,16 @@ def job_headers(job: Job, complete: bool = True) -> dict[str, str]:
     return headers
 
 
+def _journal_unavailable(failure: str | None) -> ApiError:
+    return ApiError(
+        503,
+        f"background jobs are not taken: {failure or 'the journal did not confirm the write in time'}",
+        type="service_unavailable",
+        code="journal_unavailable",
+        headers={"Retry-After": "60"},
+    )
+
+
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:
     """A message as the model's chat template takes it: content is a string
     (OpenAI clients send null next to tool calls, and arrays of text parts), and `developer` (OpenAI's newer
@@ -476,6 +486,8 @@ class Router:
     # ------------------------------------------------------------------------------ background jobs
     async def create_job(self, request: Request) -> Response:
         try:
+            if self.svc.journal.failure is not None:
+                raise _journal_unavailable(self.svc.journal.failure)
             raw = await read_body(request, self.max_body)
             body = parse_json_object(raw)
             kind: Kind = "completion" if "prompt" in body and "messages" not in body else "chat"
@@ -499,8 +511,14 @@ class Router:
         else:
             job.route = decision.action
             self.svc.spawn(job)
-        # Accepted work is durable before the client hears it was accepted.
-        await asyncio.to_thread(self.svc.journal.flush)
+        # Accepted work is durable before the client hears it was accepted; if it cannot be, it is not.
+        if not await asyncio.to_thread(self.svc.journal.flush):
+            self.svc.registry.fail(
+                job, "failed", {"message": "the journal could not store it", "code": "journal_failed"}, ""
+            )
+            if job.task is not None and not job.task.done():
+                job.task.cancel()
+            return error_response(_journal_unavailable(self.svc.journal.failure))
         summary = {"object": "job", **job.summary()}
         return JSONResponse(summary, status_code=202, headers=job_headers(job, False))
 

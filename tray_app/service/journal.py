@@ -188,8 +188,18 @@ Operation = Callable[[sqlite3.Connection], Any]
 class Journal:
     """The writer thread and the read helpers over one journal file."""
 
-    def __init__(self, path: Path, retention_days: float = RETENTION_DAYS, max_jobs: int = MAX_JOBS) -> None:
+    def __init__(
+        self,
+        path: Path,
+        retention_days: float = RETENTION_DAYS,
+        max_jobs: int = MAX_JOBS,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         self.path = path
+        # Written by the writer thread only: the first write or commit that failed. Sticky: a journal that
+        # lost a write cannot promise durability again until the service restarts.
+        self._failure: str | None = None
+        self._on_failure = on_failure
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         make_private(path)
         self.retention_days = retention_days
@@ -287,11 +297,17 @@ class Journal:
             log.info("journal: deleted %d finished jobs past retention", len(ids))
         return len(ids)
 
+    @property
+    def failure(self) -> str | None:
+        """Why the journal can no longer keep what it is given (None while it can)."""
+        return self._failure
+
     def flush(self, timeout: float = 10.0) -> bool:
-        """Block until everything queued before this call is committed."""
+        """Block until everything queued before this call is committed; False if that did not happen (a
+        timeout, or a write or commit that failed)."""
         done = threading.Event()
         self._queue.put(done)
-        return done.wait(timeout)
+        return done.wait(timeout) and self._failure is None
 
     def close(self) -> None:
         self._queue.put(None)
@@ -352,22 +368,31 @@ class Journal:
                 except queue.Empty:
                     break
             waiters: list[threading.Event] = []
-            self._write.execute("BEGIN")
-            for item in batch:
-                if item is None:
-                    stop = True
-                elif isinstance(item, threading.Event):
-                    waiters.append(item)
-                else:
-                    try:
-                        item(self._write)
-                    except sqlite3.Error as error:
-                        # One bad write must not lose the batch; the journal keeps the rest.
-                        _log_write_error(error)
-            self._write.execute("COMMIT")
+            try:
+                self._write.execute("BEGIN")
+                for item in batch:
+                    if item is None:
+                        stop = True
+                    elif isinstance(item, threading.Event):
+                        waiters.append(item)
+                    else:
+                        try:
+                            item(self._write)
+                        except Exception as error:  # any error here would end the writer thread
+                            # One bad write must not lose the batch, nor stop the writer thread for good;
+                            # the journal keeps the rest and reports itself degraded.
+                            self._failed(f"a journal write failed: {type(error).__name__}: {error}")
+                self._write.execute("COMMIT")
+            except sqlite3.Error as error:  # a full disk, a lost file, a lock held elsewhere
+                self._failed(f"the journal could not commit: {error}")
+                with contextlib.suppress(sqlite3.Error):
+                    self._write.execute("ROLLBACK")
             for waiter in waiters:
                 waiter.set()
 
-
-def _log_write_error(error: sqlite3.Error) -> None:
-    log.error("journal write failed: %s", error)
+    def _failed(self, reason: str) -> None:
+        log.error("%s", reason)
+        if self._failure is None:
+            self._failure = reason
+            if self._on_failure is not None:
+                self._on_failure(reason)

@@ -15,7 +15,7 @@ from tray_app.budget import PlanSet, plan_from_config
 from tray_app.config import Config, ConfigError
 from tray_app.device import SimulatedDevice, probe_gpu
 from tray_app.engine import binary, tools
-from tray_app.events import BudgetUpdated, EventBus, QueueChanged
+from tray_app.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
 from tray_app.model_info import inspect_model
 from tray_app.service import policy
 from tray_app.service.admission import SlotPool, TokenCounter
@@ -54,7 +54,10 @@ class Service:
         self.started_at = time.time()
         self.tokens = TokenCounter(self.model_path)
         self.relay = Relay()
-        self.journal = Journal(paths.data_dir() / JOURNAL_FILE)
+        self.journal = Journal(
+            paths.data_dir() / JOURNAL_FILE,
+            on_failure=lambda reason: self.bus.publish(JournalFailed(reason=reason)),  # the writer's thread
+        )
         self.registry = JobRegistry(self.journal, self.bus)
         self.slots = SlotPool(self._capacities(), cfg.server.queue_max, self._queue_changed)
         self.executor = Executor(
@@ -283,6 +286,8 @@ class Service:
             "faults_enabled": self.enable_faults,
             "model": {"id": self.model_id, "path": str(self.model_path)},
             "engine": self.engine.to_dict(),
+            # Degraded: accepted work can no longer be kept durably (new background jobs get 503).
+            "journal": {"ok": self.journal.failure is None, "failure": self.journal.failure},
             "device": self.plan_set.device.to_dict(),
             "plan": self.plan_set.gpu.to_dict(),
             "cpu_plan": self.plan_set.cpu.to_dict(),

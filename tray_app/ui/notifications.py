@@ -12,7 +12,13 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-NOTIFIED_TYPES = ("approval_needed", "fallback_refused", "fallback_started", "worker_restarted")
+NOTIFIED_TYPES = (
+    "journal_failed",
+    "approval_needed",
+    "fallback_refused",
+    "fallback_started",
+    "worker_restarted",
+)
 GATHER_MS = 800
 COOLDOWN_MS = 4_000
 STALE_AFTER_S = 60.0  # an event replayed after a reconnect is history, not news
@@ -54,6 +60,11 @@ class Notice:
 def _single(event: dict[str, Any]) -> Notice:
     kind = event["type"]
     job = str(event.get("job_id") or "")[:12]
+    if kind == "journal_failed":
+        body = (
+            f"Background jobs are refused until Failsoft restarts: {event.get('reason') or 'a write failed'}"
+        )
+        return Notice("Failsoft cannot store jobs", body, "critical", False)
     if kind == "approval_needed":
         seconds = float(event.get("estimated_seconds") or 0)
         preview = str(event.get("preview") or "").strip()
@@ -87,6 +98,8 @@ def coalesce(events: list[dict[str, Any]]) -> Notice | None:
         return _single(events[0])
     counts = Counter(e["type"] for e in events)
     lines = []
+    if counts["journal_failed"]:
+        lines.append("the journal cannot store jobs: background jobs are refused")
     if counts["approval_needed"]:
         lines.append(
             _plural(counts["approval_needed"], "1 job waits for approval", "{} jobs wait for approval")
@@ -112,7 +125,7 @@ def coalesce(events: list[dict[str, Any]]) -> Notice | None:
         if counts[kind]:
             lead = _single(next(e for e in events if e["type"] == kind))
             break
-    level = "critical" if counts["fallback_refused"] else lead.level
+    level = "critical" if counts["fallback_refused"] or counts["journal_failed"] else lead.level
     return Notice(lead.title, "\n".join(lines), level, bool(counts["approval_needed"]))
 
 
