@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tray_app.supervisor.process import RotatingLog
+from tray_app.supervisor.process import RotatingLog, notable_lines
 
 
 def test_rotates_by_size_and_keeps_the_newest(tmp_path: Path) -> None:
@@ -34,3 +34,19 @@ def test_appends_to_what_an_earlier_run_left(tmp_path: Path) -> None:
     log.close()
     log.write(b"after close: dropped\n")
     assert path.read_text() == "earlier run\nthis run\n"
+
+
+def test_without_request_logging_only_warnings_errors_and_unprefixed_lines_stay() -> None:
+    block = (
+        b"0.02.017.644 I slot get_availabl: id  3 | task -1 | selected slot by LRU\n"
+        b"\trepeat_last_n = 64, repeat_penalty = 1.000\n"
+        b"0.02.508.320 W srv  update_slots: failed to find free space in the KV cache\n"
+        b"0.02.508.321 E srv  update_slots: Compute error. off = 0, n_batch = 1, ret = -3\n"
+        b"CUDA error: out of memory\n"
+        b"  current device: 0, in function ggml_cuda_pool_malloc\n"
+    )
+    assert notable_lines(block) == (
+        b"0.02.508.320 W srv  update_slots: failed to find free space in the KV cache\n"
+        b"0.02.508.321 E srv  update_slots: Compute error. off = 0, n_batch = 1, ret = -3\n"
+        b"CUDA error: out of memory\n"
+    )

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,9 +91,14 @@ class WorkerProcess:
     """A running (or ended) worker subprocess. Create it with `spawn` from inside a running asyncio loop."""
 
     def __init__(
-        self, popen: subprocess.Popen[bytes], log_file: Path, loop: asyncio.AbstractEventLoop
+        self,
+        popen: subprocess.Popen[bytes],
+        log_file: Path,
+        loop: asyncio.AbstractEventLoop,
+        log_requests: bool = True,
     ) -> None:
         self._popen = popen
+        self._log_requests = log_requests
         self._recent = b""  # the last TAIL_BYTES of output
         self._load_lines: list[str] = []
         self._loaded = False
@@ -114,8 +120,10 @@ class WorkerProcess:
         *,
         env: dict[str, str] | None = None,
         preexec: Callable[[], None] | None = None,
+        log_requests: bool = True,
     ) -> WorkerProcess:
-        """Start `argv`; `env` is added to this process's environment, `preexec` runs in the child."""
+        """Start `argv`; `env` is added to this process's environment, `preexec` runs in the child. Without
+        `log_requests`, the log file keeps the whole load log and after it only warnings and errors."""
         loop = asyncio.get_running_loop()
         log_file.parent.mkdir(parents=True, exist_ok=True)
 
@@ -133,7 +141,7 @@ class WorkerProcess:
             start_new_session=True,  # its own process group: stop signals the group, grandchildren included
             preexec_fn=in_child,
         )
-        process = cls(popen, log_file, loop)
+        process = cls(popen, log_file, loop, log_requests)
         process.log_line(f"worker started, pid {popen.pid}: {' '.join(argv)}")
         return process
 
@@ -201,13 +209,17 @@ class WorkerProcess:
         try:
             fd = stream.fileno()
             while chunk := os.read(fd, READ_BYTES):
-                self._log.write(chunk)
                 with self._tail_lock:
                     self._recent = (self._recent + chunk)[-TAIL_BYTES:]
                     loaded = self._loaded
                 if not loaded:
+                    self._log.write(chunk)
                     *lines, pending = (pending + chunk).split(b"\n")
                     self._take_load_lines(lines)
+                elif self._log_requests:
+                    self._log.write(chunk)
+                else:
+                    self._log.write(notable_lines(chunk))
 
             if pending:
                 self._take_load_lines([pending])  # the last words, without a line end
@@ -235,6 +247,16 @@ class WorkerProcess:
     def _report_exit(self, returncode: int) -> None:
         if not self.exited.done():
             self.exited.set_result(returncode)
+
+
+# llama.cpp's log prefix (elapsed time, then the level letter): the levels kept when requests are not logged.
+_NOTABLE = re.compile(rb"^\d+\.\d+\.\d+\.\d+ [WE] |^[^\s\d]", re.MULTILINE)
+
+
+def notable_lines(chunk: bytes) -> bytes:
+    """The warnings and errors of a block of llama.cpp's output, and lines it printed without its prefix
+    (an abort's message); not the per-request lines (about 30 of them for each request)."""
+    return b"".join(line for line in chunk.splitlines(keepends=True) if _NOTABLE.match(line))
 
 
 def _die_with_parent() -> None:

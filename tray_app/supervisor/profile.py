@@ -31,7 +31,7 @@ class WorkerProfile:
     simulated_vram_bytes: int | None = None  # free VRAM of the simulated device; None on a real one
     enable_faults: bool = False
     fault_load_oom: bool = False  # drills: the load fails in a real allocation (a memory limit too small)
-    log_requests: bool = False  # llama-server's per-request lines in the worker log
+    log_requests: bool = False  # llama-server's ~30 lines per request in the worker log (else errors only)
     warm: bool = True  # start with the service; False: start on first use
     warm_reason: str = ""  # why it is (not) started with the service, in words
 

@@ -589,6 +589,7 @@ class WorkerSupervisor:
                 self._log_file(),
                 env=env,
                 preexec=simulated.limit_in_child(limit) if limit is not None else None,
+                log_requests=profile.log_requests,
             )
         except OSError as error:
             self._attempt = None
