@@ -181,13 +181,8 @@ def job_headers(job: Job, complete: bool = True) -> dict[str, str]:
 
 
 def _journal_unavailable(failure: str | None) -> ApiError:
-    return ApiError(
-        503,
-        f"background jobs are not taken: {failure or 'the journal did not confirm the write in time'}",
-        type="service_unavailable",
-        code="journal_unavailable",
-        headers={"Retry-After": "60"},
-    )
+    reason = failure or "the journal did not confirm the write in time"
+    return unavailable(f"background jobs are not taken: {reason}", "journal_unavailable", retry_after=60)
 
 
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from tray_app.config import Config, ConfigError
 from tray_app.device import SimulatedDevice, probe_gpu
 from tray_app.engine import binary, tools
 from tray_app.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
-from tray_app.model_info import inspect_model
 from tray_app.service import policy
 from tray_app.service.admission import SlotPool, TokenCounter
 from tray_app.service.executor import Executor, ExecutorSettings, Worker
@@ -45,8 +44,8 @@ class Service:
         except binary.EngineError as error:
             raise ConfigError(str(error)) from None
         self.model_id = self.model_path.name
-        chat_format = tools.template_for(inspect_model(self.model_path).chat_template, cfg.model.chat_format)
-        self.tool_call_opener = tools.tool_call_opener(chat_format)
+        # How the workers' chat template opens a tool call: taken from the profiles they start with.
+        self.tool_call_opener = ""
         self.model_names = {self.model_id, self.model_path.stem, str(self.model_path), "default"}
         self.metrics = Metrics()
         self.bus.add_listener(self.metrics.on_event)
@@ -121,6 +120,7 @@ class Service:
                 self.workers[role] = WorkerSupervisor(
                     profile, self.bus, self.cfg.supervisor, engine=self.engine
                 )
+                self.tool_call_opener = tools.tool_call_opener(profile.chat_format)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
         for worker in self.workers.values():
             if worker.profile.warm:

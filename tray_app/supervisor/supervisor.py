@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import secrets
 import socket
 import time
@@ -41,6 +40,7 @@ from tray_app.engine.faults import SIGNALS, ArmedFault, check_fault
 from tray_app.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
 from tray_app.llama_log import BufferSizes, parse_buffer_sizes
 from tray_app.loopback_http import ConnectionFailed, ConnectTimeout, Response, UpstreamPool
+from tray_app.model_info import inspect_model
 from tray_app.planner import ComputeSettings
 from tray_app.supervisor.backoff import Backoff
 from tray_app.supervisor.classify import FAILURE_KINDS, Failure, FailureKind, classify_exit, hung_failure
@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 STATES: tuple[State, ...] = ("stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed")
 
 STARTUP_POLL_SECONDS = 0.1  # /health polling while a worker loads: load takes well under a second
-_N_LAYER = re.compile(r"print_info: n_layer\s*=\s*(\d+)")
 WARM_UP_SECONDS = 60.0  # the first token after load (a cold page cache or a slow device can take a while)
 DEATH_GRACE_SECONDS = 0.5  # how long a reported failure waits for a dying process to be reaped
 
@@ -489,14 +488,16 @@ class WorkerSupervisor:
         if result.body is not None:
             attempt.unanswered_since = None
             if self._state == "starting" and result.body.get("state") == "ready":
-                failure = self._check_load(attempt)
+                # What llama.cpp allocated, read once from the load log: checked, shown, recorded.
+                buffers = parse_buffer_sizes("\n".join(attempt.process.load_log()))
+                failure = self._check_load(attempt, buffers)
                 if failure is not None:
                     await self._fail(failure)
                     return
                 attempt.ready_at = now
                 attempt.load_seconds = now - attempt.started_at
-                self._health = self._worker_health(attempt, result.body)
-                record_calibration(self._profile, parse_buffer_sizes("\n".join(attempt.process.load_log())))
+                self._health = self._worker_health(attempt, result.body, buffers)
+                record_calibration(self._profile, buffers)
                 self._backoff.note_ready(now)
                 self._retry_at = self._next_retry_wall = None
                 self._set_state("ready", f"answered /health in {now - attempt.started_at:.2f} s")
@@ -618,14 +619,14 @@ class WorkerSupervisor:
             )
         return attempt
 
-    def _check_load(self, attempt: _Attempt) -> Failure | None:
+    def _check_load(self, attempt: _Attempt, buffers: BufferSizes) -> Failure | None:
         """On a simulated device: does what llama.cpp allocated fit the simulated VRAM? (See
         tray_app.engine.simulated.) None on a real device, whose own allocator already answered."""
         free = self._profile.simulated_vram_bytes
         if free is None:
             return None
-        buffers = parse_buffer_sizes("\n".join(attempt.process.load_log()))
-        share = simulated.device_share(buffers, self._profile.n_gpu_layers, self._n_layers(attempt))
+        n_layers = inspect_model(self._profile.model_path).n_layers  # read once per model file, then cached
+        share = simulated.device_share(buffers, self._profile.n_gpu_layers, n_layers)
         lines = simulated.failure_lines(share, free)
         if lines is None:
             return None
@@ -633,17 +634,11 @@ class WorkerSupervisor:
             attempt.process.log_line(line)
         return Failure("oom_load", lines[-1])
 
-    def _n_layers(self, attempt: _Attempt) -> int:
-        for line in attempt.process.load_log():
-            found = _N_LAYER.search(line)
-            if found:
-                return int(found.group(1))
-        return 0
-
-    def _worker_health(self, attempt: _Attempt, answer: dict[str, Any]) -> dict[str, Any]:
+    def _worker_health(
+        self, attempt: _Attempt, answer: dict[str, Any], buffers: BufferSizes
+    ) -> dict[str, Any]:
         """What status shows of a ready worker: its /health answer, the plan it runs and what it allocated."""
         profile = self._profile
-        buffers: BufferSizes = parse_buffer_sizes("\n".join(attempt.process.load_log()))
         return {
             **answer,
             "role": profile.role,
