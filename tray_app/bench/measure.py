@@ -97,6 +97,12 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000.0, 2)
 
 
+# llama-server closes its side after every streamed answer; a client that reused the connection could
+# send its next request into a socket the server is closing. Asking for a new connection each time is
+# what the server does anyway, minus the race.
+WORKER_STREAM_HEADERS = {"Connection": "close"}
+
+
 # ------------------------------------------------------------------------------------------ profiles
 async def profile_figures(
     http: httpx.AsyncClient, worker_url: str, rounds: int, max_tokens: int
@@ -106,11 +112,12 @@ async def profile_figures(
     def body(index: int, tokens: int = max_tokens) -> dict[str, Any]:
         return {"messages": prompt(index), "max_tokens": tokens, "temperature": 0, "seed": 1}
 
-    await timed_stream(http, worker_url + "/v1/chat/completions", body(len(TOPICS) - 1, 4))  # warm-up
+    url = worker_url + "/v1/chat/completions"
+    await timed_stream(http, url, body(len(TOPICS) - 1, 4), WORKER_STREAM_HEADERS)  # warm-up
     speeds: list[float] = []
     ttfts: list[float] = []
     for index in range(rounds):
-        timing, _ = await timed_stream(http, worker_url + "/v1/chat/completions", body(index))
+        timing, _ = await timed_stream(http, url, body(index), WORKER_STREAM_HEADERS)
         if timing.tokens_per_second is not None:
             speeds.append(timing.tokens_per_second)
         if timing.ttft is not None:
@@ -141,7 +148,9 @@ async def failover_figures(client: ServiceClient, rounds: int) -> dict[str, Any]
         status = await client.wait_ready()
         cpu_url = status["workers"]["cpu"]["base_url"]
         # Two different prompts of the same shape, so that neither finds the other's prompt in the cache.
-        direct, _ = await timed_stream(client.http, cpu_url + "/v1/chat/completions", body(2 * index))
+        direct, _ = await timed_stream(
+            client.http, cpu_url + "/v1/chat/completions", body(2 * index), WORKER_STREAM_HEADERS
+        )
         await client.arm("abort", 0)  # the GPU worker dies before its first token
         routed, job_id = await timed_stream(client.http, "/v1/chat/completions", body(2 * index + 1))
         if job_id is None or routed.first_token_at is None or direct.ttft is None:

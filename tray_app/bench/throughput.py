@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from tray_app.bench.measure import prompt
+from tray_app.bench.measure import WORKER_STREAM_HEADERS, prompt
 
 LEVELS = (1, 4, 8)
 PATH = "/v1/chat/completions"
@@ -36,17 +36,6 @@ class Run:
 
 
 async def _one(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], run: Run
-) -> None:
-    """One streamed answer: its tokens, and its time to the first one, added to `run`. A kept-alive
-    connection the server closed meanwhile is retried once, as the router's own pool does."""
-    try:
-        await _stream(http, url, body, headers, run)
-    except httpx.RemoteProtocolError:
-        await _stream(http, url, body, headers, run)
-
-
-async def _stream(
     http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], run: Run
 ) -> None:
     started = time.perf_counter()
@@ -114,7 +103,8 @@ async def throughput_figures(
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, trust_env=False, limits=limits) as http:
         warm = {"messages": prompt(0), "max_tokens": 4, "stream": True}
-        await _one(http, worker_url + PATH, dict(warm), worker_headers, Run())
+        direct_headers = {**worker_headers, **WORKER_STREAM_HEADERS}
+        await _one(http, worker_url + PATH, dict(warm), direct_headers, Run())
         await _one(http, router_url + PATH, dict(warm), worker_headers, Run())
         results = []
         offset = 1
@@ -125,9 +115,8 @@ async def throughput_figures(
                 order = ("direct", "router") if number % 2 == 0 else ("router", "direct")
                 for path in order:  # the same prompts on both paths, so their lengths do not differ
                     url = (worker_url if path == "direct" else router_url) + PATH
-                    run = await _level(
-                        http, url, worker_headers, clients, requests_per_client, max_tokens, offset
-                    )
+                    headers = direct_headers if path == "direct" else worker_headers
+                    run = await _level(http, url, headers, clients, requests_per_client, max_tokens, offset)
                     (direct_runs if path == "direct" else routed_runs).append(run)
                 offset += clients * requests_per_client
             direct_tps = statistics.median(r.tokens_per_second for r in direct_runs)
