@@ -99,6 +99,8 @@ class FailoverConfig:
     stream_after_content: StreamFailurePolicy = "resume"
     auto_approve_seconds: float = 0.0  # approve slow CPU jobs estimated at most this long
     cpu_tokens_per_second: float = 0.0  # 0: measure it; otherwise a fixed estimate
+    # Jobs waiting for the user's approval or, approved, for the CPU; beyond it new ones are refused (503).
+    max_pending_approvals: int = 32
 
 
 @dataclass
@@ -221,6 +223,8 @@ def _check_relations(config: Config) -> None:
         )
     if config.budget.n_parallel < 1:
         raise ConfigError(f"{source}: budget.n_parallel must be at least 1")
+    if config.failover.max_pending_approvals < 1:
+        raise ConfigError(f"{source}: failover.max_pending_approvals must be at least 1")
     if config.budget.cache_type != "f16" and not config.budget.flash_attn:
         # llama.cpp refuses a quantised V cache without flash attention.
         raise ConfigError(

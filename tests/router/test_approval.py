@@ -148,3 +148,40 @@ def test_approval_policy_asks_for_every_cpu_run(svc: ServiceHandle) -> None:
         wait_replaced(svc, armed["pid"])
     finally:
         reload_settings(svc, SETTINGS)
+
+
+def test_the_approval_backlog_is_bounded_and_refusals_say_why(svc: ServiceHandle) -> None:
+    """Issue 14: the approval backlog had no limit. With the GPU worker stopped every request needs an
+    approved CPU run; beyond `failover.max_pending_approvals` the next one is refused at once, and a
+    rejection makes room again."""
+    reload_settings(svc, base_settings(failover={"cpu_tokens_per_second": 1.0, "max_pending_approvals": 2}))
+    client = client_for(svc)
+    stopped = httpx.post(f"{svc.base_url}/api/workers/gpu/stop", timeout=60)
+    assert stopped.status_code == 200, stopped.text
+    try:
+        waiting = []
+        for _ in range(2):
+            with pytest.raises(openai.InternalServerError) as raised:
+                client.chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "1"})
+            assert raised.value.code == "cpu_too_slow"  # the client stops waiting; the job stays pending
+            waiting.append(raised.value.body["job_id"])  # type: ignore[index]
+        assert sorted(job["id"] for job in _awaiting(svc)) == sorted(waiting)
+        with pytest.raises(openai.InternalServerError) as full:
+            client.chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "1"})
+        assert full.value.code == "approval_backlog_full"
+        assert "max_pending_approvals" in full.value.message
+        refused = full.value.body["job_id"]  # type: ignore[index]
+        assert job_state(svc, refused)["state"] == "failed"  # ended with its reason, not left pending
+        background = httpx.post(f"{svc.base_url}/v1/jobs", json={**REQUEST, "max_tokens": 300}, timeout=10)
+        assert background.status_code == 202  # a background job has all the time it needs: no approval
+        httpx.delete(f"{svc.base_url}/v1/jobs/{background.json()['id']}", timeout=10)
+        httpx.post(f"{svc.base_url}/api/jobs/{waiting[0]}/reject", timeout=10)
+        with pytest.raises(openai.InternalServerError) as again:
+            client.chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "1"})
+        assert again.value.code == "cpu_too_slow"  # room again: it waits for approval
+        for job in _awaiting(svc):
+            httpx.post(f"{svc.base_url}/api/jobs/{job['id']}/reject", timeout=10)
+    finally:
+        httpx.post(f"{svc.base_url}/api/workers/gpu/start", timeout=120)
+        reload_settings(svc, SETTINGS)
+        svc.wait_workers_ready()

@@ -229,15 +229,38 @@ def test_tool_calls_run_exactly_once_under_faults(svc: ServiceHandle, client: op
 
 
 def test_a_streamed_tool_call_is_never_replayed(svc: ServiceHandle, client: openai.OpenAI) -> None:
+    """Not by the router, and not by a client retrying under the same Idempotency-Key (issue 14)."""
     armed = arm(svc, "abort", after_tokens=8)
     request = {**REQUEST, "tools": [ADD_TOOL], "tool_choice": FORCE_ADD, "max_tokens": 60}
+    key = {"Idempotency-Key": f"tool-{time.monotonic_ns()}"}
     deltas = 0
     with pytest.raises(openai.APIError) as error:
-        for chunk in client.chat.completions.create(**request, stream=True):
+        for chunk in client.chat.completions.create(**request, stream=True, extra_headers=key):
             if chunk.choices and chunk.choices[0].delta.tool_calls:
                 deltas += 1
     assert deltas > 0
     assert "effects_delivered" in str(error.value.body) or "effects_delivered" in str(error.value)
+    wait_replaced(svc, armed["pid"])
+    with pytest.raises(openai.ConflictError) as retried:
+        client.chat.completions.create(**request, stream=True, extra_headers=key)
+    assert retried.value.code == "idempotency_key_effects_delivered"
+
+
+def test_a_stream_bound_to_a_json_format_is_not_resumed_without_it(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
+    """A continuation on the CPU is a plain completion: it could not keep the format (issue 14)."""
+    armed = arm(svc, "abort", after_tokens=6)
+    request = {**REQUEST, "response_format": {"type": "json_object"}, "max_tokens": 40}
+    received: list[str] = []
+    with pytest.raises(openai.APIError) as error:
+        for chunk in client.chat.completions.create(**request, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                received.append(chunk.choices[0].delta.content)
+    assert "".join(received).lstrip().startswith("{")
+    assert "constrained_stream_started" in str(error.value.body) or "constrained_stream_started" in str(
+        error.value
+    )
     wait_replaced(svc, armed["pid"])
 
 

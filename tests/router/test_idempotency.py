@@ -22,6 +22,9 @@ NOW = 1_000_000.0
         (KeyRecord("job-1", "h1", NOW - RETENTION_SECONDS - 1, "completed"), "h2", "new"),
         (KeyRecord("job-1", "h1", NOW - 10, "failed"), "h1", "new"),
         (KeyRecord("job-1", "h1", NOW - 10, "cancelled"), "h1", "new"),
+        (KeyRecord("job-1", "h1", NOW - 10, "failed", effects_delivered=True), "h1", "effects_delivered"),
+        (KeyRecord("job-1", "h1", NOW - 10, "cancelled", effects_delivered=True), "h1", "effects_delivered"),
+        (KeyRecord("job-1", "h1", NOW - 10, "failed", effects_delivered=True), "h2", "mismatch"),
     ],
 )
 def test_decide(record: KeyRecord | None, body_hash: str, expected: str) -> None:

@@ -70,6 +70,44 @@ async def test_keepalive_comments_do_not_hide_a_stall() -> None:
     assert failure.value.kind == "hung"
 
 
+def progress_event(processed: int) -> bytes:
+    """llama-server's prompt-progress event (`return_progress`), as its chat stream sends it."""
+    obj = {
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+        "prompt_progress": {"total": 4096, "cache": 0, "processed": processed, "time_ms": 40.0},
+    }
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+async def test_a_long_prompt_read_batch_by_batch_is_not_a_hang() -> None:
+    """A prompt that takes three times the first-token timeout, with progress events in between (issue
+    14: a slow prompt was taken for a hung worker, and the worker was killed)."""
+
+    async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD)
+        for batch in range(1, 10):
+            await asyncio.sleep(0.1)
+            writer.write(chunk(progress_event(batch * 512)))
+            await writer.drain()
+        writer.write(chunk(EVENT + b"data: [DONE]\n\n") + LAST_CHUNK)
+        return True
+
+    chunks = await collect(script, first=0.3, every=0.05)
+    assert [json.loads(raw) for raw in chunks] == [CHUNK]  # progress is liveness, not a chunk to relay
+
+
+async def test_progress_that_stops_is_still_a_hang() -> None:
+    async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD + chunk(progress_event(512)))
+        await writer.drain()
+        await asyncio.sleep(10)
+        return False
+
+    with pytest.raises(UpstreamError) as failure:
+        await collect(script, first=0.3)
+    assert failure.value.kind == "hung"
+
+
 async def test_no_answer_at_all_is_a_hang() -> None:
     async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
         await asyncio.sleep(10)

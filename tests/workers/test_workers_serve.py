@@ -17,6 +17,8 @@ from tray_app import calibration
 from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE, tool_call_opener, worker_tool_choice
 from tray_app.model_info import inspect_model
 from tray_app.planner import ComputeSettings, PlanRequest, kv_cache_bytes
+from tray_app.service.jobs import UPSTREAM_STREAM
+from tray_app.service.relay import Relay
 from tray_app.supervisor import WorkerProfile
 
 pytestmark = pytest.mark.integration
@@ -185,3 +187,39 @@ async def test_a_stream_the_client_leaves_stops_generating(
         answer = await client.chat.completions.create(model="m", messages=HELLO, max_tokens=4)
         assert answer.choices[0].message.content
         assert (await http.get("/health")).status_code == 200
+
+
+async def test_a_worker_reports_prompt_progress_that_the_relay_takes_as_liveness(
+    make_supervisor: SupervisorFactory, cpu_profile: WorkerProfile
+) -> None:
+    """The body every attempt sends asks llama-server for prompt-progress events; the real worker sends
+    them while it reads a long prompt, and the relay keeps them from the client (issue 14: a slow prompt
+    was taken for a hung worker)."""
+    supervisor = make_supervisor(dataclasses.replace(cpu_profile, n_parallel=1))
+    assert await supervisor.start()
+    prompt = " ".join(f"word{index}" for index in range(100))  # about 300 of the profile's 512 tokens
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 3, "cache_prompt": False}
+    upstream = json.loads(json.dumps({**body, **UPSTREAM_STREAM}))
+    url = f"{supervisor.base_url}/v1/chat/completions"
+    async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
+        progress = 0
+        async with http.stream("POST", url, json=upstream, headers=supervisor.request_headers) as response:
+            assert response.status_code == 200, await response.aread()
+            async for line in response.aiter_lines():
+                if line.startswith("data: {") and "prompt_progress" in json.loads(line[6:]):
+                    progress += 1
+    assert progress >= 1, "llama-server sent no prompt-progress events"
+    relay = Relay()
+    try:
+        chunks = [
+            chunk.obj
+            async for chunk in relay.stream(
+                url, json.dumps(upstream).encode(), supervisor.request_headers, 60, 60
+            )
+        ]
+    finally:
+        await relay.aclose()
+    deltas = [(chunk["choices"] or [{}])[0].get("delta") or {} for chunk in chunks]
+    assert not any("prompt_progress" in chunk for chunk in chunks)
+    assert [delta.get("role") for delta in deltas].count("assistant") == 1  # announced once, as without
+    assert any(delta.get("content") for delta in deltas)

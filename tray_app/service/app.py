@@ -185,6 +185,17 @@ def _journal_unavailable(failure: str | None) -> ApiError:
     return unavailable(f"background jobs are not taken: {reason}", "journal_unavailable", retry_after=60)
 
 
+def _effects_delivered(key: str, job_id: str) -> ApiError:
+    return ApiError(
+        409,
+        f"the request with Idempotency-Key {key!r} (job {job_id}) failed after its tool call reached the "
+        "client, so the tool's action may have run; it is not run again under this key. Send a new "
+        "Idempotency-Key to run it again.",
+        code="idempotency_key_effects_delivered",
+        param="Idempotency-Key",
+    )
+
+
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:
     """A message as the model's chat template takes it: content is a string
     (OpenAI clients send null next to tool calls, and arrays of text parts), and `developer` (OpenAI's newer
@@ -234,16 +245,22 @@ class Router:
         record: idempotency.KeyRecord | None = None
         stored_result: dict[str, Any] | None = None
         if live is not None:
-            record = idempotency.KeyRecord(live.id, live.body_hash, live.created_at, live.state)
+            record = idempotency.KeyRecord(
+                live.id, live.body_hash, live.created_at, live.state, live.effects_delivered
+            )
             stored_result = live.result
         else:
             stored = self.svc.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
             if stored is not None:
-                record = idempotency.KeyRecord(stored.id, stored.body_hash, stored.created_at, stored.state)
+                record = idempotency.KeyRecord(
+                    stored.id, stored.body_hash, stored.created_at, stored.state, stored.effects_delivered
+                )
                 stored_result = stored.result
         verdict = idempotency.decide(record, parsed.body_hash, time.time())
         if verdict == "new" or record is None:
             return None
+        if verdict == "effects_delivered":
+            raise _effects_delivered(key, record.job_id)
         if verdict == "mismatch":
             raise ApiError(
                 422,
@@ -397,7 +414,9 @@ class Router:
                 raise self._refusal(job, decision)
             if decision.action == "approval":
                 job.fallback_reason = decision.reason
-                self.svc.executor.request_approval(job, decision)
+                backlog_full = self.svc.executor.request_approval(job, decision)
+                if backlog_full is not None:
+                    raise self._refusal(job, backlog_full)
                 return await self._answer(request, job, None, approval=decision.reason)
             job.route = decision.action
             if decision.reason:
@@ -499,13 +518,15 @@ class Router:
             decision = await self._route(job, BACKGROUND_DEADLINE)
             if decision.refused:
                 raise self._refusal(job, decision)
+            if decision.action == "approval":
+                backlog_full = self.svc.executor.request_approval(job, decision)
+                if backlog_full is not None:
+                    raise self._refusal(job, backlog_full)
+            else:
+                job.route = decision.action
+                self.svc.spawn(job)
         except ApiError as error:
             return error_response(error)
-        if decision.action == "approval":
-            self.svc.executor.request_approval(job, decision)
-        else:
-            job.route = decision.action
-            self.svc.spawn(job)
         # Accepted work is durable before the client hears it was accepted; if it cannot be, it is not.
         if not await asyncio.to_thread(self.svc.journal.flush):
             self.svc.registry.fail(
@@ -527,18 +548,24 @@ class Router:
         background = True
         summary: dict[str, Any] = {}
         if live is not None:
-            record = idempotency.KeyRecord(live.id, live.body_hash, live.created_at, live.state)
+            record = idempotency.KeyRecord(
+                live.id, live.body_hash, live.created_at, live.state, live.effects_delivered
+            )
             background = live.background
             summary = live.summary()
         else:
             stored = self.svc.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
             if stored is not None:
-                record = idempotency.KeyRecord(stored.id, stored.body_hash, stored.created_at, stored.state)
+                record = idempotency.KeyRecord(
+                    stored.id, stored.body_hash, stored.created_at, stored.state, stored.effects_delivered
+                )
                 background = stored.background
                 summary = stored_summary(stored, self.svc.journal.attempts(stored.id))
         verdict = idempotency.decide(record, parsed.body_hash, time.time())
         if verdict == "new" or record is None:
             return None
+        if verdict == "effects_delivered":
+            raise _effects_delivered(key, record.job_id)
         if verdict == "mismatch" or not background:
             raise ApiError(
                 422,

@@ -32,7 +32,7 @@ from tray_app.service.assemble import (
     sse,
 )
 from tray_app.service.errors import ApiError, unavailable
-from tray_app.service.jobs import Job, JobRegistry
+from tray_app.service.jobs import UPSTREAM_STREAM, Job, JobRegistry
 from tray_app.service.relay import Relay, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,13 @@ _SAMPLING_FIELDS = (
     "frequency_penalty",
     "repeat_penalty",
 )
+
+
+def constrained_output(body: dict[str, Any]) -> bool:
+    """Whether something beyond the model shapes the answer: a grammar, a JSON schema or format, tools."""
+    response_format = body.get("response_format")
+    shaped = isinstance(response_format, dict) and response_format.get("type", "text") != "text"
+    return bool(body.get("grammar") or body.get("json_schema") or body.get("tools") or shaped)
 
 
 CAUSE_WAIT_SECONDS = 1.0  # how long a failed attempt waits for its worker's supervisor to name the cause
@@ -118,6 +125,7 @@ class ExecutorSettings:
     cpu_tokens_per_second: float  # fixed estimate from the config; 0: measured
     worker_ready_wait: float = 30.0
     model_id: str = ""  # the name clients know the model by (workers report their file path instead)
+    max_pending_approvals: int = 32  # awaiting the user's approval, or approved and waiting for the CPU
 
 
 @dataclass
@@ -229,7 +237,11 @@ class Executor:
                         continue
                     job.fallback_reason = job.fallback_reason or failure.kind
                     if decision.action == "approval":
-                        self.request_approval(job, decision)
+                        refused = self.request_approval(job, decision)
+                        if refused is not None:
+                            for piece in self._refuse(job, refused, deliver):
+                                yield piece
+                            return
                         async with aclosing(self.wait_for_final(job, deliver, decision.reason)) as waiting:
                             async for piece in waiting:
                                 yield piece
@@ -274,6 +286,20 @@ class Executor:
                     "client_disconnected",
                 )
             raise
+        except Exception as error:
+            # A fault in the router itself must not leave the job running forever: it ends, with a reason.
+            log.exception("job %s: internal error", job.id)
+            internal = ApiError(
+                500,
+                f"internal error in the router ({type(error).__name__}); the job was stopped",
+                type="server_error",
+                code="internal_error",
+            )
+            self.registry.fail(
+                job, "failed", {**internal.body()["error"], "status": internal.status}, "internal_error"
+            )
+            if deliver:
+                yield sse(internal.body()) + DONE
 
     async def drain(self, job: Job, held_slot: float | None = None) -> None:
         """Run a job nobody streams (non-streamed requests, background jobs, approved CPU runs)."""
@@ -314,6 +340,8 @@ class Executor:
                     if deliver:
                         out = self._deliverable(progress, obj, chunk.raw if not convert else None)
                         if out is not None:
+                            if progress.tool_call_delivered:
+                                self.registry.note_effects_delivered(job)  # before the bytes leave
                             yield out
             self.registry.end_attempt(job, number, "completed")
             if role == "cpu":
@@ -354,13 +382,12 @@ class Executor:
             user_stop = job.body.get("stop")
             stops = stops + ([user_stop] if isinstance(user_stop, str) else list(user_stop or []))
             body: dict[str, Any] = {name: job.body[name] for name in _SAMPLING_FIELDS if name in job.body}
-            body.update(
-                prompt=prompt + progress.delivered_text, max_tokens=remaining, stream=True, stop=stops
-            )
+            body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining, stop=stops)
         else:
             body = dict(job.body)
             prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
-            body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining, stream=True)
+            body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining)
+        body.update(UPSTREAM_STREAM)
         return base + "/v1/completions", json.dumps(body).encode()
 
     @staticmethod
@@ -421,6 +448,7 @@ class Executor:
             prompt_tokens=job.prompt_tokens,
             remaining_tokens=max(job.max_tokens - progress.delivered_tokens, 1),
             time_left=job.time_left(),
+            constrained=constrained_output(job.body),
         )
         cpu = await self._cpu_state(job.time_left())
         decision = policy.decide_replay(context, cpu, self.settings.policy)
@@ -436,9 +464,20 @@ class Executor:
         self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason or failure.kind))
         return decision
 
-    def request_approval(self, job: Job, decision: policy.Decision) -> None:
+    def approval_backlog(self) -> int:
+        """Jobs in the user's hands, plus approved ones still in line for the CPU."""
+        return self.registry.count("awaiting_approval") + self.approvals.queue.qsize()
+
+    def request_approval(self, job: Job, decision: policy.Decision) -> policy.Decision | None:
+        """Put `job` in the user's hands; a refusal instead when the backlog is full (checked and taken
+        in one step, with no await between, so two requests cannot both take the last place)."""
+        limit = self.settings.max_pending_approvals
+        if self.approval_backlog() >= limit:
+            detail = f"{limit} jobs already wait for approval or for the CPU (failover.max_pending_approvals)"
+            return policy.Decision("refuse", policy.APPROVAL_BACKLOG_FULL, decision.estimated_seconds, detail)
         job.route = "cpu"
         self.registry.await_approval(job, decision.estimated_seconds, decision.reason)
+        return None
 
     def approve(self, job: Job) -> bool:
         if job.state != "awaiting_approval":

@@ -10,7 +10,7 @@ from typing import Literal
 RETENTION_SECONDS = 24 * 3600
 FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
 
-Verdict = Literal["new", "replay", "in_progress", "mismatch"]
+Verdict = Literal["new", "replay", "in_progress", "mismatch", "effects_delivered"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class KeyRecord:
     body_hash: str
     created_at: float
     state: str
+    effects_delivered: bool = False  # a tool call reached the client before the job ended
 
 
 def decide(
@@ -32,6 +33,7 @@ def decide(
     if record.state not in FINAL_STATES:
         return "in_progress"
     if record.state in ("failed", "cancelled", "rejected"):
-        # A request that ended without an answer may be tried again under the same key.
-        return "new"
+        # A request that ended without an answer may be tried again under the same key, unless its tool
+        # call already reached the client: running it again could repeat the tool's action.
+        return "effects_delivered" if record.effects_delivered else "new"
     return "replay"

@@ -27,6 +27,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "awaiting_approval": frozenset({"queued", *_ENDED}),  # approved (queued for the CPU), or ended
     **{state: frozenset() for state in FINAL_STATES},
 }
+# Every attempt streams, with llama-server's prompt-progress events: a long prompt on a slow worker then
+# shows progress batch by batch instead of looking like a hung worker (see relay).
+UPSTREAM_STREAM = {"stream": True, "return_progress": True}
 KEEP_FINISHED = 2000  # finished jobs kept in memory; older ones are read from the journal
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class Job:
     error: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
     estimated_seconds: float | None = None
+    effects_delivered: bool = False  # a tool call reached the client: its action may have run
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[Any] | None = None
     _upstream: bytes | None = None
@@ -70,7 +74,7 @@ class Job:
         """The body every attempt sends: always streamed (see relay), seed already pinned; encoded once."""
         if self._upstream is None:
             body = {key: value for key, value in self.body.items() if key != "stream_options"}
-            body["stream"] = True
+            body.update(UPSTREAM_STREAM)
             self._upstream = json.dumps(body).encode()
         return self._upstream
 
@@ -178,6 +182,10 @@ class JobRegistry:
     def live(self) -> list[Job]:
         return list(self._live.values())
 
+    def count(self, state: str) -> int:
+        """Live jobs in `state` (an unfinished state)."""
+        return sum(1 for job in self._live.values() if job.state == state)
+
     def by_state(self, state: str | None) -> list[Job]:
         jobs = [*self._live.values(), *self._finished.values()]
         return [job for job in jobs if state is None or job.state == state]
@@ -214,6 +222,12 @@ class JobRegistry:
 
     def end_attempt(self, job: Job, number: int, outcome: str, error: str | None = None) -> None:
         self.journal.end_attempt(job.id, number, outcome, error)
+
+    def note_effects_delivered(self, job: Job) -> None:
+        """A tool call of this job reached its client; once set, it stays set (journaled)."""
+        if not job.effects_delivered:
+            job.effects_delivered = True
+            self.journal.update_job(job.id, effects_delivered=1)
 
     def set_attempt_error(self, job: Job, number: int, error: str) -> None:
         self.journal.set_attempt_error(job.id, number, error)

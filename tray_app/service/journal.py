@@ -64,6 +64,8 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN estimated_seconds REAL;
     ALTER TABLE jobs ADD COLUMN seed INTEGER;
     """,
+    # A tool call reached the client before the job ended: a retry under its Idempotency-Key is refused.
+    "ALTER TABLE jobs ADD COLUMN effects_delivered INTEGER NOT NULL DEFAULT 0;",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 UNFINISHED = ("queued", "running", "awaiting_approval")
@@ -74,6 +76,7 @@ COMPANIONS = ("", "-wal", "-shm", "-journal")
 log = logging.getLogger(__name__)
 
 _JOB_FIELDS = (
+    "effects_delivered",
     "route",
     "state",
     "worker",
@@ -158,6 +161,7 @@ class StoredJob:
     created_at: float
     estimated_seconds: float | None
     seed: int | None
+    effects_delivered: bool = False
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> StoredJob:
@@ -179,6 +183,7 @@ class StoredJob:
             created_at=row["created_at"],
             estimated_seconds=row["estimated_seconds"],
             seed=row["seed"],
+            effects_delivered=bool(row["effects_delivered"]),
         )
 
 

@@ -23,6 +23,8 @@ EFFECTS_DELIVERED = "effects_delivered"
 STREAM_STARTED = "stream_started"
 FALLBACK_DISABLED = "fallback_disabled"
 CONTEXT_EXCEEDED = "context_length_exceeded"
+CONSTRAINED_STREAM_STARTED = "constrained_stream_started"
+APPROVAL_BACKLOG_FULL = "approval_backlog_full"
 
 # Prompt processing runs much faster than generation; this keeps the estimate honest for long prompts
 # without a second measurement.
@@ -153,6 +155,7 @@ class FailureContext:
     prompt_tokens: int
     remaining_tokens: int  # max_tokens minus what the client already has
     time_left: float  # seconds until the client's deadline
+    constrained: bool = False  # a grammar, JSON schema or tool list shapes the answer
 
 
 def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) -> Decision:
@@ -162,6 +165,15 @@ def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) ->
     resume = failure.streaming and failure.content_delivered
     if resume and settings.stream_after_content == "error":
         return Decision("refuse", STREAM_STARTED, detail="content was already streamed to the client")
+    if resume and failure.constrained:
+        # A continuation is a plain completion of the text so far: no grammar can pick up mid-answer, and
+        # a tool call in it would arrive as text. Better a clear error than an answer outside its shape.
+        return Decision(
+            "refuse",
+            CONSTRAINED_STREAM_STARTED,
+            detail="the streamed answer follows a grammar, JSON schema or tool list, which a "
+            "continuation on the CPU cannot keep",
+        )
     unusable = _cpu_unusable(cpu, failure.prompt_tokens + failure.remaining_tokens)
     if unusable is not None:
         return unusable

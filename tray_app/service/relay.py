@@ -93,8 +93,8 @@ class Relay:
     ) -> AsyncGenerator[Chunk, None]:
         """The worker's SSE chunks, parsed. Raises UpstreamError when the attempt fails in any way: an error
         status, an error event, a dropped connection, a stall past the timeout, or an end without [DONE].
-        `first_timeout` covers everything up to the first event (llama-server sends the first one after the
-        prompt is read); `chunk_timeout` each event after that."""
+        `first_timeout` covers the wait for the first event and each wait between the prompt-progress
+        events llama-server sends while it reads the prompt; `chunk_timeout` each event after that."""
         loop = asyncio.get_running_loop()
         timeout = first_timeout
         deadline = loop.time() + timeout
@@ -129,6 +129,13 @@ class Relay:
                         ) from None
                     if isinstance(obj, dict) and "error" in obj:
                         raise _answered_error(None, _error_message(obj, data.decode(errors="replace")), obj)
+                    if isinstance(obj, dict) and "prompt_progress" in obj:
+                        # The worker is reading the prompt (one event per batch, see Job.upstream_body): it
+                        # is alive however long the prompt takes. Nothing in it for the client (a chat's
+                        # role is announced again with the first token).
+                        timeout = first_timeout
+                        response.set_deadline(loop.time() + timeout)
+                        continue
                     timeout = chunk_timeout
                     response.set_deadline(loop.time() + timeout)
                     yield Chunk(data.decode(), obj)

@@ -93,6 +93,7 @@ class Service:
             queue_timeout=self.cfg.server.queue_timeout,
             cpu_tokens_per_second=failover.cpu_tokens_per_second,
             worker_ready_wait=sup.start_timeout,
+            max_pending_approvals=failover.max_pending_approvals,
             model_id=self.model_path.name,
         )
 
@@ -130,6 +131,8 @@ class Service:
         self._tasks.append(asyncio.create_task(self._tell_systemd(), name="systemd-notify"))
         self._speed_task = asyncio.create_task(self._measure_cpu_speed(), name="cpu-speed")
         self._tasks.append(self._speed_task)
+        for task in self._tasks:
+            task.add_done_callback(_log_failure)
         self.resume_unfinished()
 
     async def _tell_systemd(self) -> None:
@@ -347,3 +350,10 @@ class Service:
     @property
     def simulated_device(self) -> SimulatedDevice | None:
         return self.device if isinstance(self.device, SimulatedDevice) else None
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """A service task that ends with an error says so in the log (an asyncio task's error is otherwise
+    seen only when someone awaits it, and nobody awaits these until shutdown)."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("task %s failed", task.get_name(), exc_info=error)

@@ -40,6 +40,8 @@ REASONS = {
     "no_cpu_worker": "no CPU worker is available",
     "effects_delivered": "a tool call was already delivered",
     "stream_started": "part of the answer was already sent",
+    "constrained_stream_started": "part of an answer bound to a grammar, schema or tools was already sent",
+    "approval_backlog_full": "too many jobs already wait for approval",
 }
 
 

@@ -1,0 +1,241 @@
+"""The executor over stand-ins for its effects (fast tier): the real job registry, journal, event bus and
+slot pool, a scripted relay and stand-in workers. Each case here is also covered through real worker
+processes elsewhere; these pin the decisions the executor makes at each step (issue 14)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tray_app.events import EventBus
+from tray_app.service import policy
+from tray_app.service.admission import SlotPool
+from tray_app.service.executor import Executor, ExecutorSettings
+from tray_app.service.jobs import Job, JobRegistry, new_id
+from tray_app.service.journal import Journal
+from tray_app.service.relay import Chunk, UpstreamError
+
+Step = dict[str, Any] | Exception
+
+
+@dataclass
+class StandInWorker:
+    role: str
+    state: str = "ready"
+    base_url: str | None = "http://127.0.0.1:9"
+    pid: int | None = 4242
+    last_failure: dict[str, Any] | None = None
+    request_headers: dict[str, str] = field(default_factory=dict)
+    unhealthy: list[str] = field(default_factory=list)
+
+    async def ensure_ready(self, timeout: float) -> bool:
+        return self.state == "ready"
+
+    def mark_unhealthy(self, reason: str, kind: str) -> None:
+        self.unhealthy.append(kind)
+
+    async def failure_of(self, pid: int, timeout: float) -> dict[str, Any] | None:
+        return None
+
+    def note_tokens(self, count: int) -> None:
+        pass
+
+
+class ScriptedRelay:
+    """Answers the n-th attempt with the n-th script: chunks, then optionally an exception."""
+
+    def __init__(self, *scripts: list[Step]) -> None:
+        self.scripts = list(scripts)
+        self.bodies: list[dict[str, Any]] = []
+
+    async def stream(
+        self, url: str, body: bytes, headers: dict[str, str], first: float, every: float
+    ) -> AsyncGenerator[Chunk, None]:
+        self.bodies.append(json.loads(body))
+        for step in self.scripts.pop(0):
+            if isinstance(step, Exception):
+                raise step
+            yield Chunk(json.dumps(step), step)
+
+
+def chat_chunk(content: str | None = None, tool: bool = False, finish: str | None = None) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if content is not None:
+        delta["content"] = content
+    if tool:
+        call = {"index": 0, "id": "call_1", "type": "function"}
+        delta["tool_calls"] = [{**call, "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]
+    return {
+        "id": "c1",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+CPU_FAST = policy.CpuState(
+    enabled=True, ready=True, ram_ok=True, tokens_per_second=1000.0, n_ctx_per_seq=4096
+)
+CPU_SLOW = policy.CpuState(enabled=True, ready=True, ram_ok=True, tokens_per_second=0.01, n_ctx_per_seq=4096)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    opened = Journal(tmp_path / "journal.sqlite3")
+    yield opened
+    opened.close()
+
+
+Factory = Callable[..., tuple[Executor, JobRegistry, dict[str, StandInWorker]]]
+
+
+@pytest.fixture
+def make_executor(journal: Journal) -> Factory:
+    def make(
+        relay: ScriptedRelay, cpu: policy.CpuState = CPU_FAST, **settings: Any
+    ) -> tuple[Executor, JobRegistry, dict[str, StandInWorker]]:
+        bus = EventBus()
+        registry = JobRegistry(journal, bus)
+        workers = {"gpu": StandInWorker("gpu"), "cpu": StandInWorker("cpu", pid=4343)}
+
+        async def cpu_state(time_left: float) -> policy.CpuState:
+            return cpu
+
+        executor = Executor(
+            ExecutorSettings(
+                policy=policy.Settings(**settings.pop("policy", {})),
+                stall_seconds=5.0,
+                queue_timeout=5.0,
+                cpu_tokens_per_second=0.0,
+                **settings,
+            ),
+            workers.get,  # type: ignore[arg-type]
+            SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8),
+            relay,  # type: ignore[arg-type]
+            registry,
+            bus,
+            cpu_state,
+            lambda messages: ("<prompt>", []),
+        )
+        return executor, registry, workers
+
+    return make
+
+
+def new_job(registry: JobRegistry, *, stream: bool = True, **body: Any) -> Job:
+    job = Job(
+        id=new_id("job"),
+        request_id="req-1",
+        kind="chat",
+        body={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "seed": 1, **body},
+        stream=stream,
+        background=False,
+        body_hash="h",
+        idempotency_key=None,
+        prompt_tokens=5,
+        max_tokens=16,
+        deadline=1e12,
+    )
+    registry.add(job)
+    return job
+
+
+async def run(executor: Executor, job: Job, deliver: bool = True) -> list[bytes]:
+    return [piece async for piece in executor.run(job, deliver=deliver)]
+
+
+def events(pieces: list[bytes]) -> list[dict[str, Any]]:
+    text = b"".join(pieces).decode()
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+async def test_an_error_inside_the_router_ends_the_job_instead_of_leaving_it_running(
+    make_executor: Factory,
+) -> None:
+    executor, registry, _ = make_executor(ScriptedRelay([chat_chunk("Hel"), RuntimeError("a bug")]))
+    job = new_job(registry)
+    pieces = await run(executor, job)
+    assert job.state == "failed" and job.final
+    assert job.error is not None and job.error["code"] == "internal_error"
+    assert events(pieces)[-1]["error"]["code"] == "internal_error"  # the client is told, not left hanging
+    assert b"".join(pieces).endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_background_job_with_an_internal_error_is_failed_too(make_executor: Factory) -> None:
+    executor, registry, _ = make_executor(ScriptedRelay([KeyError("a bug")]))
+    job = new_job(registry, stream=False)
+    await executor.drain(job)
+    assert (job.state, (job.error or {}).get("code")) == ("failed", "internal_error")
+    assert job.finished.is_set()
+
+
+async def test_a_delivered_tool_call_is_recorded_on_the_job_and_in_the_journal(
+    make_executor: Factory, journal: Journal
+) -> None:
+    crash = UpstreamError("exited", "connection dropped")
+    executor, registry, _ = make_executor(ScriptedRelay([chat_chunk(tool=True), crash]))
+    job = new_job(registry, tools=[{"type": "function", "function": {"name": "get_weather"}}])
+    pieces = await run(executor, job)
+    assert job.state == "failed" and job.effects_delivered
+    assert events(pieces)[-1]["error"]["code"] == policy.EFFECTS_DELIVERED
+    journal.flush()
+    stored = journal.job(job.id)
+    assert stored is not None and stored.effects_delivered
+
+
+async def test_a_stream_bound_to_a_schema_is_not_resumed_without_it(make_executor: Factory) -> None:
+    crash = UpstreamError("exited", "connection dropped")
+    relay = ScriptedRelay([chat_chunk('{"a"'), crash], [chat_chunk(": 1}", finish="stop")])
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry, response_format={"type": "json_object"})
+    pieces = await run(executor, job)
+    assert job.state == "failed" and len(relay.bodies) == 1  # no second attempt without the format
+    assert events(pieces)[-1]["error"]["code"] == policy.CONSTRAINED_STREAM_STARTED
+
+
+async def test_a_plain_stream_is_still_resumed_on_the_cpu(make_executor: Factory) -> None:
+    crash = UpstreamError("exited", "connection dropped")
+    resumed = {"id": "c2", "choices": [{"index": 0, "text": " is blue.", "finish_reason": "stop"}]}
+    relay = ScriptedRelay([chat_chunk("The sea"), crash], [resumed])  # a completion continues the text
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    pieces = await run(executor, job)
+    assert (job.state, job.worker, len(relay.bodies)) == ("completed", "cpu", 2)
+    assert relay.bodies[1]["prompt"].endswith("The sea") and relay.bodies[1]["return_progress"] is True
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events(pieces)[:-1]) == (
+        "The sea is blue."
+    )
+
+
+async def test_the_approval_backlog_is_bounded(make_executor: Factory) -> None:
+    executor, registry, _ = make_executor(ScriptedRelay(), CPU_SLOW, max_pending_approvals=2)
+    decision = policy.Decision("approval", policy.CPU_TOO_SLOW, 120.0)
+    first, second, third = (new_job(registry, stream=False) for _ in range(3))
+    assert executor.request_approval(first, decision) is None
+    assert executor.request_approval(second, decision) is None
+    refused = executor.request_approval(third, decision)
+    assert refused is not None and refused.reason == policy.APPROVAL_BACKLOG_FULL
+    assert third.state == "queued"  # untouched: the caller refuses it with the reason
+    assert executor.approve(first)  # approved but still in line for the CPU: it still takes a place
+    assert executor.request_approval(third, decision) is not None
+    registry.fail(second, "rejected", {"message": "rejected by the user", "code": "rejected"})
+    assert executor.request_approval(third, decision) is None
+    assert registry.count("awaiting_approval") == 1 and executor.approval_backlog() == 2
+
+
+async def test_a_failure_that_needs_approval_beyond_the_backlog_is_refused_with_the_reason(
+    make_executor: Factory,
+) -> None:
+    crash = UpstreamError("exited", "connection dropped")
+    executor, registry, _ = make_executor(ScriptedRelay([crash]), CPU_SLOW, max_pending_approvals=1)
+    waiting = new_job(registry, stream=False)
+    assert executor.request_approval(waiting, policy.Decision("approval", policy.CPU_TOO_SLOW, 99.0)) is None
+    job = new_job(registry, stream=False)
+    job.deadline = 0.0  # the client cannot wait: the CPU run would need approval
+    await executor.drain(job)
+    assert (job.state, (job.error or {}).get("code")) == ("failed", policy.APPROVAL_BACKLOG_FULL)
