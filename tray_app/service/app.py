@@ -31,6 +31,7 @@ from tray_app.service.errors import ApiError, bad_request, unavailable
 from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.service.executor import retry_after_seconds
 from tray_app.service.jobs import Job, new_id, stored_summary
+from tray_app.service.ollama.paths import is_ollama_path
 from tray_app.service.origin_guard import OriginGuard
 from tray_app.service.requests import Kind, ParsedRequest, check_model, parse_json_object, parse_request
 from tray_app.service.service import BACKGROUND_DEADLINE, Service
@@ -44,9 +45,11 @@ def _size(text: str) -> int:
     return parse_size(text)
 
 
-def error_response(error: ApiError, headers: dict[str, str] | None = None) -> Response:
+def error_response(error: ApiError, headers: dict[str, str] | None = None, ollama: bool = False) -> Response:
+    """The error in the OpenAI format, or with `ollama` in Ollama's (`{"error": "message"}`)."""
+    body = json.dumps({"error": error.message}).encode() if ollama else error.body_bytes()
     return Response(
-        error.body_bytes(),
+        body,
         status_code=error.status,
         media_type="application/json",
         headers={**error.headers, **(headers or {})},
@@ -85,8 +88,9 @@ class AuthAndErrors:
             await self.app(scope, receive, send)
             return
         verdict = self.guard.check(scope)
+        ollama = is_ollama_path(scope["path"])  # refused in the shape the caller's API uses
         if verdict.error is not None:
-            await error_response(verdict.error)(scope, receive, send)
+            await error_response(verdict.error, ollama=ollama)(scope, receive, send)
             return
         if verdict.preflight:
             await Response(status_code=204, headers=_headers(verdict.cors_headers))(scope, receive, send)
@@ -97,11 +101,11 @@ class AuthAndErrors:
             error = ApiError(
                 401, "Incorrect or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key"
             )
-            await error_response(error, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            await error_response(error, {"WWW-Authenticate": "Bearer"}, ollama)(scope, receive, send)
             return
         refused = OriginGuard.check_control_body(scope)
         if refused is not None:
-            await error_response(refused)(scope, receive, send)
+            await error_response(refused, ollama=ollama)(scope, receive, send)
             return
         started = False
 
@@ -122,7 +126,7 @@ class AuthAndErrors:
             log.exception("unhandled error on %s", scope.get("path"))
             if started:
                 raise
-            await error_response(INTERNAL_ERROR)(scope, receive, send)
+            await error_response(INTERNAL_ERROR, ollama=ollama)(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
         for name, value in scope.get("headers", []):
@@ -400,7 +404,16 @@ class Router:
 
     async def _openai(self, request: Request, kind: Kind) -> ASGIApp:
         try:
-            parsed = parse_request(kind, await read_body(request, self.max_body))
+            raw = await read_body(request, self.max_body)
+        except ApiError as error:
+            return error_response(error)
+        return await self.generate(request, kind, raw)
+
+    async def generate(self, request: Request, kind: Kind, raw: bytes) -> ASGIApp:
+        """Serve an OpenAI request whose body was already read (`raw`): the OpenAI routes, and the Ollama
+        routes with the body they translated into OpenAI's. Headers and disconnects come from `request`."""
+        try:
+            parsed = parse_request(kind, raw)
             check_model(parsed, self.svc.model_names)
             deadline = self._deadline_seconds(request)
             key = request.headers.get("idempotency-key")
@@ -615,12 +628,16 @@ async def not_found(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-    return error_response(ApiError(status, f"{request.method} {request.url.path}: {detail}", code=code))
+    error = ApiError(status, f"{request.method} {request.url.path}: {detail}", code=code)
+    return error_response(error, ollama=is_ollama_path(request.url.path))
 
 
 def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     """The ASGI app. With `manage_lifecycle`, starting the app starts the service (workers and all)."""
+    from tray_app.service.ollama.routes import OllamaRoutes  # it builds on Router: imported once both exist
+
     router = Router(service)
+    ollama = OllamaRoutes(service, router)
     ctl = control.Control(service)
     retention = service.cfg.journal
     if (retention.retention_days, retention.max_jobs) != (
@@ -631,6 +648,7 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     generation: dict[str, Handler] = {
         "/v1/chat/completions": router.chat,
         "/v1/completions": router.completions,
+        **ollama.direct(),
     }
 
     async def post_only(request: Request) -> Response:  # never called: POST goes to `generation` directly
@@ -645,6 +663,7 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
         Route("/v1/jobs/{job_id}", router.get_job, methods=["GET"]),
         Route("/v1/jobs/{job_id}", router.delete_job, methods=["DELETE"]),
         *ctl.routes(),
+        *ollama.routes(post_only),  # Ollama's API: none of its paths is a control route (ollama/paths.py)
     ]
 
     @asynccontextmanager

@@ -1,0 +1,33 @@
+"""The paths of Ollama's API this service answers (or refuses in Ollama's words). Kept apart from the
+routes so the outermost layer (origin_guard, app.AuthAndErrors) can know them without importing the router.
+
+None of them is a Failsoft control route (`/api/status`, `/api/events`, `/api/workers/...`, `/api/jobs...`,
+`/api/config/reload`, `/api/debug/...`): tests/ollama/test_translate.py checks the two lists stay apart.
+"""
+
+from __future__ import annotations
+
+CHAT = "/api/chat"
+GENERATE = "/api/generate"
+# Answered with Ollama's error shape: models are managed in Failsoft's config file.
+MODEL_MANAGEMENT = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
+# Embeddings: translated in translate.py; their routes come with the service's embeddings support.
+EMBED = ("/api/embed", "/api/embeddings")
+OLLAMA_PATHS = frozenset(
+    {
+        "/",
+        "/api/version",
+        "/api/tags",
+        "/api/show",
+        "/api/ps",
+        CHAT,
+        GENERATE,
+        *MODEL_MANAGEMENT,
+        *EMBED,
+    }
+)
+BLOBS_PREFIX = "/api/blobs/"  # Ollama's upload of model files for /api/create: refused like create
+
+
+def is_ollama_path(path: str) -> bool:
+    return path in OLLAMA_PATHS or path.startswith(BLOBS_PREFIX)
