@@ -72,6 +72,21 @@ class CpuConfig:
     n_parallel: int = 0  # slots; 0: two per physical core, at most 4 (batching pays off even on 2 cores)
 
 
+Pooling = Literal["mean", "cls", "last"]
+
+
+@dataclass
+class EmbeddingsConfig:
+    """`/v1/embeddings` and Ollama's `/api/embed`: served by their own llama-server workers (`--embeddings`),
+    one beside each chat worker, started on the first request."""
+
+    enabled: bool = True
+    model: str = ""  # a GGUF file; empty: the chat model (its mean-pooled hidden states)
+    n_ctx: int = 2048  # total over the slots
+    n_parallel: int = 2
+    pooling: Pooling = "mean"  # what the embedding model was trained with ("none" is not OpenAI-compatible)
+
+
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -125,6 +140,7 @@ class Config:
     cpu: CpuConfig = field(default_factory=CpuConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     source: str = ""  # the file this came from, for messages
@@ -223,6 +239,8 @@ def _check_relations(config: Config) -> None:
         )
     if config.budget.n_parallel < 1:
         raise ConfigError(f"{source}: budget.n_parallel must be at least 1")
+    if config.embeddings.n_parallel < 1 or config.embeddings.n_ctx < 64:
+        raise ConfigError(f"{source}: embeddings.n_parallel must be at least 1 and n_ctx at least 64")
     if config.failover.max_pending_approvals < 1:
         raise ConfigError(f"{source}: failover.max_pending_approvals must be at least 1")
     if config.budget.cache_type != "f16" and not config.budget.flash_attn:

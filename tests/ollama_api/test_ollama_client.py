@@ -13,7 +13,7 @@ import httpx
 import ollama
 import pytest
 
-from tests.router.conftest import arm, base_settings, job_state, wait_replaced
+from tests.router.conftest import arm, base_settings, job_state, wait_replaced, wait_until
 from tests.support.service import ServiceHandle, running_service
 from tray_app.drill.scenarios import ADD_TOOL
 
@@ -259,3 +259,41 @@ def test_a_gpu_failure_mid_stream_fails_over_once_to_the_cpu(
         ("cpu", "completed"),
     ]
     assert wait_replaced(svc, armed["pid"])["workers"]["gpu"]["restarts"] >= 1
+
+
+def test_embed_and_the_older_embeddings_route(
+    svc: ServiceHandle, client: ollama.Client, name: str, recorder: Recorder
+) -> None:
+    texts = ["The sea is blue.", "A violin has four strings.", "The sea is blue."]
+    answer = client.embed(model=name, input=texts)
+    vectors = [list(vector) for vector in answer.embeddings]
+    def distance(a: list[float], b: list[float]) -> float:
+        return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+    assert len(vectors) == 3 and len(vectors[0]) >= 64
+    assert distance(vectors[0], vectors[2]) < 1e-4  # the same text (batched apart: not bit for bit)
+    assert distance(vectors[0], vectors[1]) > 1e-2 and (answer.prompt_eval_count or 0) > 0
+    assert recorder.headers[-1]["x-failsoft-worker"] == "gpu"
+    job = job_state(svc, recorder.headers[-1]["x-failsoft-job"])
+    assert (job["kind"], job["state"]) == ("embedding", "completed")
+    legacy = client.embeddings(model=name, prompt=texts[0])
+    assert len(legacy.embedding) == len(vectors[0])
+    assert distance(list(legacy.embedding), vectors[0]) < 1e-4
+
+
+def test_embed_fails_over_when_the_gpu_embeddings_worker_dies(
+    svc: ServiceHandle, client: ollama.Client, name: str, recorder: Recorder
+) -> None:
+    client.embed(model=name, input="warm")  # the GPU embeddings worker is up
+    armed = arm(svc, "abort", after_tokens=0, role="gpu-embed")  # fires as the request is sent
+    answer = client.embed(model=name, input=["one", "two"])
+    assert len(answer.embeddings) == 2
+    headers = recorder.headers[-1]
+    assert (headers["x-failsoft-worker"], headers["x-failsoft-attempts"]) == ("cpu", "2")
+    job = job_state(svc, headers["x-failsoft-job"])
+    assert job["fallback_reason"] == "crash_abort"
+    assert [a["outcome"] for a in job["attempt_log"]] == ["failed", "completed"]
+    wait_until(
+        lambda: svc.status()["embedding_workers"]["gpu-embed"]["pid"] not in (None, armed["pid"]),
+        what="the GPU embeddings worker restarted",
+    )

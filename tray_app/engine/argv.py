@@ -41,6 +41,8 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         "--metrics",
         "--jinja",
     ]  # fmt: skip
+    if profile.embeddings:
+        argv += ["--embeddings", "--pooling", profile.pooling]
     if is_template_file(profile.chat_format):
         argv += ["--chat-template-file", profile.chat_format]
     elif profile.chat_format:

@@ -33,6 +33,8 @@ REQUIRED_FLAGS = (
     "--metrics",
     "--jinja",
     "--load-mode",
+    "--embeddings",
+    "--pooling",
 )
 _VERSION = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s*(?P<build>\d+),\s*commit\s*(?P<commit>\w+)\)")
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")

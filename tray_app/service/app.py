@@ -27,13 +27,22 @@ from tray_app.events import RouteDecided
 from tray_app.service import control, idempotency, policy
 from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.service.assemble import include_usage, result_to_stream
+from tray_app.service.embeddings import parse_embedding_request
 from tray_app.service.errors import ApiError, bad_request, unavailable
 from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.service.executor import retry_after_seconds
 from tray_app.service.jobs import Job, new_id, stored_summary
 from tray_app.service.ollama.paths import is_ollama_path
 from tray_app.service.origin_guard import OriginGuard
-from tray_app.service.requests import Kind, ParsedRequest, check_model, parse_json_object, parse_request
+from tray_app.service.requests import (
+    Kind,
+    ParsedRequest,
+    body_hash,
+    check_model,
+    check_model_name,
+    parse_json_object,
+    parse_request,
+)
 from tray_app.service.service import BACKGROUND_DEADLINE, Service
 from tray_app.sizes import parse_size
 
@@ -500,6 +509,42 @@ class Router:
 
         return EventStreamResponse(pieces, job_headers(job, False), on_disconnect=stop_job, on_end=count)
 
+    async def embeddings(self, request: Request) -> ASGIApp:
+        try:
+            raw = await read_body(request, self.max_body)
+        except ApiError as error:
+            return error_response(error)
+        return await self.embed(request, raw)
+
+    async def embed(self, request: Request, raw: bytes) -> Response:
+        """Serve an embeddings request whose body was already read: `/v1/embeddings`, and Ollama's
+        `/api/embed` with the body it translated. The answer carries the identity headers and object."""
+        job: Job | None = None
+        try:
+            parsed = parse_embedding_request(raw)
+            check_model_name(parsed.model, self.svc.model_names)
+            deadline = self._deadline_seconds(request)
+            job = Job(
+                id=new_id("job"),
+                request_id=request.headers.get("x-request-id") or str(uuid.uuid4()),
+                kind="embedding",
+                body=parsed.body,
+                stream=False,
+                background=False,
+                body_hash=body_hash(raw),
+                idempotency_key=None,  # nothing to protect: an embedding has no effects
+                prompt_tokens=0,
+                max_tokens=0,
+                deadline=time.monotonic() + deadline,
+            )
+            self.svc.registry.add(job)
+            answer = await self.svc.embeddings.run(job)
+        except ApiError as error:
+            return error_response(error, job_headers(job) if job else None)
+        outcome = "completed" if job.state == "completed" else job.state
+        self.svc.metrics.requests.labels(route=f"embed-{job.worker}", outcome=outcome).inc()
+        return Response(json.dumps(answer), media_type="application/json", headers=job_headers(job))
+
     async def models(self, request: Request) -> Response:
         model = {
             "id": self.svc.model_id,
@@ -648,6 +693,7 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     generation: dict[str, Handler] = {
         "/v1/chat/completions": router.chat,
         "/v1/completions": router.completions,
+        "/v1/embeddings": router.embeddings,
         **ollama.direct(),
     }
 
@@ -658,6 +704,7 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
         # Listed so that other methods get a 405 (POST on these paths is dispatched by AuthAndErrors).
         Route("/v1/chat/completions", post_only, methods=["POST"]),
         Route("/v1/completions", post_only, methods=["POST"]),
+        Route("/v1/embeddings", post_only, methods=["POST"]),
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/v1/jobs", router.create_job, methods=["POST"]),
         Route("/v1/jobs/{job_id}", router.get_job, methods=["GET"]),

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from tray_app import config
 from tray_app.engine.faults import FAULT_KINDS
+from tray_app.engine.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.events import Event
 from tray_app.service.errors import ApiError
 from tray_app.service.jobs import STATES
@@ -33,7 +34,7 @@ MAX_EVENT_SUBSCRIBERS = 16
 # Events waiting for one slow subscriber; past this it is dropped (its stream ends; the tray reconnects and
 # can catch up with ?history=1), so a reader that stopped reading cannot grow the service's memory.
 SUBSCRIBER_QUEUE = 1000
-ROLES = ("gpu", "cpu")
+ROLES = (*CHAT_ROLES, *EMBED_ROLES.values())
 # Config sections a running service can take over without restarting its workers.
 LIVE_SECTIONS = ("failover", "journal")
 LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "max_body", "allowed_hosts", "allowed_origins")
@@ -177,7 +178,7 @@ class Control:
     async def worker_action(self, request: Request) -> Response:
         role, action = request.path_params["role"], request.path_params["action"]
         if role not in ROLES:
-            return _error(404, f"unknown worker {role!r}; workers are gpu and cpu", "worker_not_found")
+            return _error(404, f"unknown worker {role!r}; workers are {', '.join(ROLES)}", "worker_not_found")
         worker = self.svc.workers.get(role)
         if worker is None:
             return _error(404, f"this service has no {role} worker", "worker_not_found")

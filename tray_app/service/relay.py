@@ -149,6 +149,28 @@ class Relay:
             if response is not None:
                 response.abort()  # failed, cancelled or closed early: the worker must see the client go
 
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> bytes:
+        """A whole answer (embeddings: nothing to stream). Fails as `stream` does, with an UpstreamError."""
+        response: Response | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._pool.send(
+                    "POST", url, body, {"Content-Type": "application/json", **headers}
+                )
+                data = await response.read()
+        except TimeoutError:
+            raise UpstreamError("hung", f"no answer from the worker in {timeout:.1f}s") from None
+        except ConnectTimeout as error:
+            raise UpstreamError("hung", f"worker timed out: {error}") from None
+        except ConnectionFailed as error:
+            raise UpstreamError("exited", f"connection to the worker failed: {error}") from None
+        finally:
+            if response is not None:
+                response.release()  # back to the pool if it ended; closed otherwise
+        if response.status != 200:
+            raise _status_error(response.status, data)
+        return data
+
 
 def _status_error(status: int, raw: bytes) -> UpstreamError:
     try:

@@ -217,7 +217,10 @@ def _public_names(known: set[str]) -> list[str]:
 
 def check_model(request: ParsedRequest, known: set[str]) -> None:
     """404 in the OpenAI format for a model this service does not serve (no model given: the default)."""
-    model = request.model
+    check_model_name(request.model, known)
+
+
+def check_model_name(model: str | None, known: set[str]) -> None:
     if model is not None and model not in known:
         raise ApiError(
             404,

@@ -15,9 +15,11 @@ from tray_app.budget import PlanSet, plan_from_config
 from tray_app.config import Config, ConfigError
 from tray_app.device import SimulatedDevice, probe_gpu
 from tray_app.engine import binary, tools
+from tray_app.engine.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
 from tray_app.service import policy
 from tray_app.service.admission import SlotPool, TokenCounter
+from tray_app.service.embeddings import EmbeddingRunner
 from tray_app.service.executor import Executor, ExecutorSettings, Worker
 from tray_app.service.jobs import Job, JobRegistry
 from tray_app.service.journal import Journal
@@ -70,13 +72,21 @@ class Service:
             lambda *args, **kwargs: self.tokens.chat_prompt(*args, **kwargs),  # the model may change
             lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
         )
+        self.embeddings = EmbeddingRunner(
+            self._executor_settings(), self.worker, self.slots, self.relay, self.registry, self.bus
+        )
         self._tasks: list[asyncio.Task[Any]] = []
         self._speed_task: asyncio.Task[None] | None = None
         self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs of this run
 
     # ------------------------------------------------------------------------------------ set-up
     def _capacities(self) -> dict[str, int]:
-        return {"gpu": max(self.plan_set.gpu.n_parallel, 1), "cpu": max(self.plan_set.cpu.n_parallel, 1)}
+        embed = max(self.cfg.embeddings.n_parallel, 1)
+        return {
+            "gpu": max(self.plan_set.gpu.n_parallel, 1),
+            "cpu": max(self.plan_set.cpu.n_parallel, 1),
+            **{role: embed for role in EMBED_ROLES.values()},
+        }
 
     def _executor_settings(self) -> ExecutorSettings:
         failover = self.cfg.failover
@@ -103,7 +113,7 @@ class Service:
 
     def apply_live_config(self) -> None:
         """Take over config values that need no worker restart (after /api/config/reload)."""
-        self.executor.settings = self._executor_settings()
+        self.executor.settings = self.embeddings.settings = self._executor_settings()
         self.slots.queue_limit = self.cfg.server.queue_max
 
     def worker(self, role: str) -> Worker | None:
@@ -115,12 +125,9 @@ class Service:
         from tray_app.supervisor.supervisor import WorkerSupervisor
 
         profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
-        for role in ("gpu", "cpu"):
-            profile = getattr(profiles, role)
-            if profile is not None:
-                self.workers[role] = WorkerSupervisor(
-                    profile, self.bus, self.cfg.supervisor, engine=self.engine
-                )
+        for role, profile in profiles.by_role(self.cfg).items():
+            self.workers[role] = WorkerSupervisor(profile, self.bus, self.cfg.supervisor, engine=self.engine)
+            if not profile.embeddings:
                 self.tool_call_opener = tools.tool_call_opener(profile.chat_format)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
         for worker in self.workers.values():
@@ -295,7 +302,8 @@ class Service:
             "plan": self.plan_set.gpu.to_dict(),
             "cpu_plan": self.plan_set.cpu.to_dict(),
             "caps": self.caps(),
-            "workers": {role: self.worker_status(role) for role in ("gpu", "cpu")},
+            "workers": {role: self.worker_status(role) for role in CHAT_ROLES},
+            "embedding_workers": {role: self.worker_status(role) for role in EMBED_ROLES.values()},
             "queue": {"depth": self.slots.depth, "limit": self.cfg.server.queue_max},
             "approvals": {"pending": pending},
             "counters": dict(self.registry.counters),
@@ -320,10 +328,10 @@ class Service:
         self.plan_set = plan_from_config(self.cfg, gpu=self.device)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
         profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
+        by_role = profiles.by_role(self.cfg)
         for role, worker in self.workers.items():
-            profile = getattr(profiles, role)
-            if profile is not None:
-                worker.update_profile(profile)
+            if role in by_role:
+                worker.update_profile(by_role[role])
         return self.plan_set
 
     async def reconfigure(self, fresh: Config, reason: str) -> None:
@@ -345,6 +353,8 @@ class Service:
         self.apply_live_config()
         self.replan()
         for worker in list(self.workers.values()):
+            if worker.profile.embeddings and worker.state == "stopped":
+                continue  # not started yet: its first request starts it with the new profile
             await worker.restart(reason)
 
     @property

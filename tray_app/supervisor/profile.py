@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tray_app.budget import PlanSet, physical_cores
 from tray_app.config import Config
+from tray_app.engine.roles import EMBED_ROLES, Role
 from tray_app.engine.tools import template_for
 from tray_app.model_info import inspect_model
 from tray_app.planner import Plan
-
-Role = Literal["gpu", "cpu"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,15 @@ class WorkerProfile:
     log_requests: bool = False  # llama-server's ~30 lines per request in the worker log (else errors only)
     warm: bool = True  # start with the service; False: start on first use
     warm_reason: str = ""  # why it is (not) started with the service, in words
+    pooling: str = ""  # an embeddings worker (llama-server --embeddings --pooling P); empty: a chat worker
+
+    @property
+    def embeddings(self) -> bool:
+        return bool(self.pooling)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.n_gpu_layers != 0
 
     def with_faults(self, *, load_oom: bool = False) -> WorkerProfile:
         return replace(self, enable_faults=True, fault_load_oom=load_oom)
@@ -49,6 +57,33 @@ class WorkerProfiles:
     gpu: WorkerProfile | None  # None: no GPU (real or simulated) to run one on
     cpu: WorkerProfile | None  # None: the CPU worker is disabled in the config
     notes: tuple[str, ...] = ()  # what the service should tell the user about these choices
+
+    def by_role(self, cfg: Config) -> dict[str, WorkerProfile]:
+        """Every worker's profile by role: the chat workers, then the embeddings workers."""
+        chat: dict[str, WorkerProfile] = {p.role: p for p in (self.gpu, self.cpu) if p is not None}
+        return {**chat, **{profile.role: profile for profile in self.embedding_profiles(cfg)}}
+
+    def embedding_profiles(self, cfg: Config) -> list[WorkerProfile]:
+        """An embeddings worker beside each chat worker, on the same device, started on first use."""
+        if not cfg.embeddings.enabled:
+            return []
+        settings = cfg.embeddings
+        model = Path(settings.model).expanduser() if settings.model else None
+        return [
+            replace(
+                chat,
+                role=EMBED_ROLES[chat.role],
+                model_path=model or chat.model_path,
+                n_ctx=settings.n_ctx,
+                n_parallel=settings.n_parallel,
+                chat_format="",
+                pooling=settings.pooling,
+                warm=False,
+                warm_reason="started on the first embeddings request",
+            )
+            for chat in (self.gpu, self.cpu)
+            if chat is not None
+        ]
 
 
 def worker_threads(cfg: Config, role: Role, simulated_gpu: bool) -> int:

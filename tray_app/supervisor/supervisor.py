@@ -549,10 +549,17 @@ class WorkerSupervisor:
         self._post(message)
 
     async def _warm_up(self, pool: UpstreamPool, port: int) -> None:
-        """One token through the whole path, so the first real request finds everything paged in."""
-        body = json.dumps({"prompt": "Hi", "n_predict": 1, "cache_prompt": False}).encode()
+        """One token (one embedding) through the whole path, so the first real request finds everything
+        paged in."""
+        request: dict[str, Any]
+        if self._profile.embeddings:
+            path, request = "/v1/embeddings", {"input": "Hi"}
+        else:
+            path, request = "/completion", {"prompt": "Hi", "n_predict": 1, "cache_prompt": False}
         headers = {"Content-Type": "application/json", **self.request_headers}
-        response = await pool.send("POST", f"http://127.0.0.1:{port}/completion", body, headers)
+        response = await pool.send(
+            "POST", f"http://127.0.0.1:{port}{path}", json.dumps(request).encode(), headers
+        )
         await response.read()
         if response.status != 200:
             raise ConnectionFailed(f"warm-up answered HTTP {response.status}")
@@ -732,6 +739,8 @@ def record_calibration(profile: WorkerProfile, buffers: BufferSizes) -> None:
     if buffers.total_bytes == 0:
         log.warning("llama-server printed no buffer sizes: nothing to record for calibration")
         return
+    if profile.embeddings:
+        return  # an embeddings worker's buffers are not the chat profile the planner estimates
     if profile.role == "cpu" and gpu_offload_build():
         return  # with a GPU build the CPU worker's compute buffer is not the one the VRAM plan needs
     settings = ComputeSettings(

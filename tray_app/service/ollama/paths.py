@@ -2,7 +2,7 @@
 routes so the outermost layer (origin_guard, app.AuthAndErrors) can know them without importing the router.
 
 None of them is a Failsoft control route (`/api/status`, `/api/events`, `/api/workers/...`, `/api/jobs...`,
-`/api/config/reload`, `/api/debug/...`): tests/ollama/test_translate.py checks the two lists stay apart.
+`/api/config/reload`, `/api/debug/...`): tests/ollama_api/test_translate.py checks the two lists stay apart.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ CHAT = "/api/chat"
 GENERATE = "/api/generate"
 # Answered with Ollama's error shape: models are managed in Failsoft's config file.
 MODEL_MANAGEMENT = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
-# Embeddings: translated in translate.py; their routes come with the service's embeddings support.
-EMBED = ("/api/embed", "/api/embeddings")
+EMBED = ("/api/embed", "/api/embeddings")  # the current route, and the older one
 OLLAMA_PATHS = frozenset(
     {
         "/",

@@ -31,6 +31,10 @@ from tray_app.service.ollama.translate import (
     StreamTranslator,
     Timing,
     chat_request,
+    embed_answer,
+    embed_request,
+    embeddings_answer,
+    embeddings_request,
     generate_request,
     is_load_request,
     iso,
@@ -159,6 +163,36 @@ class OllamaRoutes:
         answer = await self.router.generate(request, kind, json.dumps(openai).encode())
         return OllamaAnswer(answer, path_kind, model, timing)
 
+    # ------------------------------------------------------------------------------ embeddings
+    async def embed(self, request: Request) -> Response:
+        return await self._embed(request, legacy=False)
+
+    async def embeddings(self, request: Request) -> Response:
+        return await self._embed(request, legacy=True)
+
+    async def _embed(self, request: Request, *, legacy: bool) -> Response:
+        """/api/embed (and the older /api/embeddings) through the router's /v1/embeddings path: the same
+        embeddings workers, failover and identity headers."""
+        timing = Timing()
+        try:
+            body = parse_body(await read_body(request, self.router.max_body))
+            model = require_model(body, self.svc.model_names)
+            translate = embeddings_request if legacy else embed_request
+            openai = translate(body, self.svc.model_id)
+        except OllamaError as error:
+            return error_response(error)
+        except ApiError as error:
+            return error_response(_from_api_error(error))
+        answer = await self.router.embed(request, json.dumps(openai).encode())
+        identity = {name: value for name, value in answer.headers.items() if name.startswith("x-")}
+        if answer.status_code != 200:
+            refused = openai_error(answer.status_code, bytes(answer.body))
+            refused.headers.update(identity)
+            return error_response(refused)
+        vectors = json.loads(bytes(answer.body))
+        shaped = embeddings_answer(vectors) if legacy else embed_answer(model, vectors, timing)
+        return JSONResponse(shaped, headers=identity)
+
     # ------------------------------------------------------------------------------ models
     async def _card(self) -> ModelCard:
         return await asyncio.to_thread(model_card, self.svc.model_path)
@@ -252,6 +286,8 @@ class OllamaRoutes:
             Route("/api/ps", self.ps, methods=["GET"]),
             Route(paths.CHAT, post_only, methods=["POST"]),
             Route(paths.GENERATE, post_only, methods=["POST"]),
+            Route(paths.EMBED[0], self.embed, methods=["POST"]),
+            Route(paths.EMBED[1], self.embeddings, methods=["POST"]),
             *(
                 Route(path, self.managed, methods=["DELETE" if path == "/api/delete" else "POST"])
                 for path in paths.MODEL_MANAGEMENT

@@ -628,8 +628,6 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 
 # ------------------------------------------------------------------------------------ embeddings
-# The translation of Ollama's embedding routes; the routes themselves come with the service's
-# OpenAI /v1/embeddings support.
 def embed_request(body: dict[str, Any], model_id: str) -> dict[str, Any]:
     """/api/embed: `input` (a string or a list of strings) -> the OpenAI /v1/embeddings body."""
     value = body.get("input")

@@ -1,0 +1,10 @@
+"""The llama-server workers a service runs, by role: a chat worker per device, and beside each an
+embeddings worker (`llama-server --embeddings`), which llama.cpp advises for embedding models only."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Role = Literal["gpu", "cpu", "gpu-embed", "cpu-embed"]
+CHAT_ROLES: tuple[Role, ...] = ("gpu", "cpu")
+EMBED_ROLES: dict[str, Role] = {"gpu": "gpu-embed", "cpu": "cpu-embed"}  # by the chat worker's role

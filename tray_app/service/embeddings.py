@@ -1,0 +1,196 @@
+"""Embeddings (`/v1/embeddings`, and Ollama's `/api/embed` through it) on the embeddings workers: the one
+beside the GPU chat worker first, then the one beside the CPU chat worker.
+
+An embedding has no effects and reaches the client only whole, so a failed attempt is always safe to
+replay: once, on the CPU's embeddings worker, under the same job and request id, and the fallback is
+announced like a chat's. What the journal keeps of an answer is its shape (count, dimensions, usage), not
+the vectors."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tray_app.engine.roles import EMBED_ROLES
+from tray_app.events import EventBus, FallbackCompleted, FallbackStarted
+from tray_app.service.admission import QueueFull, QueueTimeout, SlotPool
+from tray_app.service.errors import ApiError, bad_request, unavailable
+from tray_app.service.executor import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker, upstream_headers
+from tray_app.service.jobs import Job, JobRegistry
+from tray_app.service.relay import Relay, UpstreamError
+from tray_app.service.requests import parse_json_object
+
+MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
+ENCODINGS = ("float", "base64")
+ORDER = (("gpu", EMBED_ROLES["gpu"]), ("cpu", EMBED_ROLES["cpu"]))  # (device, worker role), in order
+ANSWER_SECONDS = 120.0  # one batch of inputs; more is a hung worker
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    body: dict[str, Any]  # as the worker gets it: inputs, encoding_format
+    model: str | None
+    count: int  # inputs
+
+
+def _inputs(value: Any) -> list[Any]:
+    """The inputs as a list: strings, or token arrays (lists of integers)."""
+    if isinstance(value, str):
+        value = [value]
+    elif isinstance(value, list) and value and all(isinstance(item, int) for item in value):
+        value = [value]  # one input given as tokens
+    if not isinstance(value, list) or not value:
+        raise bad_request("'input' must be a string, a list of strings or a list of token arrays", "input")
+    for index, item in enumerate(value):
+        text = isinstance(item, str) and item.strip()
+        tokens = isinstance(item, list) and item and all(isinstance(t, int) and t >= 0 for t in item)
+        if not (text or tokens):
+            raise bad_request(f"'input[{index}]' is empty or not text or tokens", f"input[{index}]")
+    if len(value) > MAX_INPUTS:
+        raise bad_request(f"'input' has {len(value)} items; at most {MAX_INPUTS} per request", "input")
+    return value
+
+
+def parse_embedding_request(raw: bytes) -> EmbeddingRequest:
+    body = parse_json_object(raw)
+    inputs = _inputs(body.get("input"))
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ENCODINGS:
+        raise bad_request("'encoding_format' must be float or base64", "encoding_format")
+    if body.get("dimensions") is not None:
+        raise bad_request(
+            "'dimensions' is not supported: this model's embeddings have one fixed size", "dimensions"
+        )
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    return EmbeddingRequest({"input": inputs, "encoding_format": encoding}, model, len(inputs))
+
+
+def journal_summary(answer: dict[str, Any]) -> dict[str, Any]:
+    """What the journal keeps of an answer: everything but the vectors."""
+    data = answer.get("data") or []
+    first = data[0].get("embedding") if data else None
+    return {
+        "object": "list",
+        "model": answer.get("model"),
+        "usage": answer.get("usage"),
+        "count": len(data),
+        "dimensions": len(first) if isinstance(first, list) else None,
+        "failsoft": answer.get("failsoft"),
+    }
+
+
+class EmbeddingRunner:
+    """Runs one embeddings job to its end: an answer (returned) or an ApiError (raised), the job's state
+    changed through the registry at each step."""
+
+    def __init__(
+        self,
+        settings: ExecutorSettings,
+        workers: Any,  # role -> Worker | None (Service.worker)
+        slots: SlotPool,
+        relay: Relay,
+        registry: JobRegistry,
+        bus: EventBus,
+    ) -> None:
+        self.settings = settings
+        self.workers = workers
+        self.slots = slots
+        self.relay = relay
+        self.registry = registry
+        self.bus = bus
+
+    async def run(self, job: Job) -> dict[str, Any]:
+        """The answer in OpenAI's shape, with the `failsoft` object; an ApiError (the job failed) else."""
+        failure: UpstreamError | None = None
+        fell_back_at: float | None = None
+        for device, role in ORDER:
+            worker: Worker | None = self.workers(role)
+            if worker is None:
+                continue
+            if failure is not None and fell_back_at is None:
+                fell_back_at = time.monotonic()
+                job.fallback_reason = failure.kind
+                self.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
+            try:
+                answer = await self._attempt(job, role, device, worker, replay=failure is not None)
+            except QueueFull as full:
+                busy = ApiError(
+                    429,
+                    f"too many requests waiting ({full.depth}); try again later",
+                    type="rate_limit_error",
+                    code="queue_full",
+                    headers={"Retry-After": str(full.retry_after)},
+                )
+                raise self._fail(job, busy) from None
+            except UpstreamError as error:
+                if error.client_error:
+                    raise self._fail(job, ApiError(400, error.message, code="invalid_request")) from None
+                failure = error
+                continue
+            answer["model"] = self.settings.model_id or answer.get("model")
+            answer["failsoft"] = job.failsoft()
+            if self.registry.complete(job, journal_summary(answer)) and fell_back_at is not None:
+                seconds = time.monotonic() - fell_back_at
+                self.bus.publish(
+                    FallbackCompleted(job_id=job.id, reason=job.fallback_reason or "", seconds=seconds)
+                )
+            return answer
+        reason = failure.message if failure else "embeddings are disabled ([embeddings] enabled = false)"
+        raise self._fail(
+            job,
+            unavailable(
+                f"no embeddings worker could answer: {reason}", "no_embeddings_worker", 5, job_id=job.id
+            ),
+        )
+
+    async def _attempt(
+        self, job: Job, role: str, device: str, worker: Worker, *, replay: bool
+    ) -> dict[str, Any]:
+        """One attempt on `worker`. A new request waits in the bounded queue (QueueFull when it is full);
+        a replay of accepted work is never turned away by it."""
+        wait = min(self.settings.queue_timeout, max(job.time_left(), 1.0))
+        try:
+            slot = await self.slots.acquire(role, job.id, wait, accepted=replay)
+        except QueueTimeout as timeout:
+            raise UpstreamError("queue_timeout", f"no free {role} slot: {timeout}") from None
+        number = 0
+        pid: int | None = None
+        try:
+            if worker.state != "ready" or not worker.base_url:
+                # Started on the first request; a worker that keeps failing is passed over.
+                ready_wait = min(self.settings.worker_ready_wait, max(job.time_left(), 1.0))
+                if worker.state == "failed" or not await worker.ensure_ready(ready_wait):
+                    raise UpstreamError("unavailable", f"the {role} worker is {worker.state}")
+            pid = worker.pid
+            number = self.registry.start_attempt(job, device)
+            if not number:
+                raise UpstreamError("unavailable", "the job ended meanwhile")
+            worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
+            headers = {**upstream_headers(job.request_id), **worker.request_headers}
+            url = f"{worker.base_url}/v1/embeddings"
+            data = await self.relay.post(url, json.dumps(job.body).encode(), headers, ANSWER_SECONDS)
+            answer: dict[str, Any] = json.loads(data)
+            self.registry.end_attempt(job, number, "completed")
+            return answer
+        except UpstreamError as error:
+            if error.kind == "exited" and pid is not None:
+                # A dropped connection only says the worker went away; its supervisor names how it ended.
+                ended = await worker.failure_of(pid, CAUSE_WAIT_SECONDS)
+                if ended and ended.get("kind") not in (None, "exited"):
+                    error.kind = str(ended["kind"])
+            if number:
+                self.registry.end_attempt(job, number, "failed", f"{error.kind}: {error.message}")
+            worker_fault = not error.client_error and error.kind not in ("unavailable", "queue_timeout")
+            if worker_fault and worker.state == "ready" and worker.pid == pid:
+                worker.mark_unhealthy(error.message, error.kind)  # its supervisor restarts it
+            raise
+        finally:
+            self.slots.release(role, slot)
+
+    def _fail(self, job: Job, error: ApiError) -> ApiError:
+        self.registry.fail(job, "failed", {**error.body()["error"], "status": error.status}, error.code)
+        return error
