@@ -267,6 +267,7 @@ def test_embed_and_the_older_embeddings_route(
     texts = ["The sea is blue.", "A violin has four strings.", "The sea is blue."]
     answer = client.embed(model=name, input=texts)
     vectors = [list(vector) for vector in answer.embeddings]
+
     def distance(a: list[float], b: list[float]) -> float:
         return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
