@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (beyond loopback only with server.api_key set)")
     serve.add_argument("--port", type=int, help="port (default 8750)")
     serve.add_argument(
-        "--enable-faults", action="store_true", help="expose POST /api/debug/faults for drills"
+        "--enable-faults", action="store_true", help="expose POST /failsoft/debug/faults for drills"
     )
 
     drill = sub.add_parser(

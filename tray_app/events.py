@@ -2,7 +2,7 @@
 any client (the HTTP event stream, the Qt tray adapter, tests) can consume them.
 
 Every event has a `type` (its wire name), a wall-clock `at`, and fields of its own. `to_dict()` is what goes
-out on /api/events as the JSON `data:` of a server-sent event whose `event:` is the type.
+out on /failsoft/events as the JSON `data:` of a server-sent event whose `event:` is the type.
 """
 
 from __future__ import annotations

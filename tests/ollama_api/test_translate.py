@@ -34,6 +34,7 @@ from tray_app.service.ollama.translate import (
     openai_result,
     require_model,
 )
+from tray_app.service.origin_guard import CONTROL_PREFIX
 
 KNOWN = {"SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1", "/models/x.gguf", "default"}
 MODEL_ID = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -77,7 +78,8 @@ def test_no_ollama_path_is_a_control_route() -> None:
         enable_faults = True  # every control route, the drill ones too
 
     control = Control(FakeService()).routes()  # type: ignore[arg-type]
-    assert {"/api/status", "/api/jobs"} <= {route.path for route in control}
+    assert {"/failsoft/status", "/failsoft/jobs"} <= {route.path for route in control}
+    assert all(route.path.startswith(CONTROL_PREFIX) or route.path == "/metrics" for route in control)
     for path in (*paths.OLLAMA_PATHS, "/api/blobs/sha256:0"):
         assert paths.is_ollama_path(path)
         for method in ("GET", "POST", "DELETE"):

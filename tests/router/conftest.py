@@ -58,7 +58,7 @@ def arm(svc: ServiceHandle, kind: str, after_tokens: int = 0, role: str = "gpu")
     def try_arm() -> httpx.Response | None:
         svc.wait_workers_ready()
         response = httpx.post(
-            svc.base_url + "/api/debug/faults",
+            svc.base_url + "/failsoft/debug/faults",
             json={"kind": kind, "after_tokens": after_tokens, "role": role},
             timeout=10,
         )
@@ -86,7 +86,7 @@ def reload_settings(svc: ServiceHandle, settings: dict[str, Any], *, restart: bo
     """Rewrite the service's config file and ask it to take over what it can live (or restart workers)."""
     write_config(svc.config_path, settings)
     response = httpx.post(
-        svc.base_url + "/api/config/reload", json={"restart": restart}, timeout=180 if restart else 10
+        svc.base_url + "/failsoft/config/reload", json={"restart": restart}, timeout=180 if restart else 10
     )
     assert response.status_code == 200, response.text
     data: dict[str, Any] = response.json()

@@ -90,7 +90,7 @@ def test_models_lists_the_one_model(client: openai.OpenAI) -> None:
 
 def test_unseeded_requests_get_a_pinned_seed(svc: ServiceHandle, client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(model="default", messages=CHAT, max_tokens=4)
-    response = httpx.get(f"{svc.base_url}/api/jobs", timeout=10)
+    response = httpx.get(f"{svc.base_url}/failsoft/jobs", timeout=10)
     jobs = {job["id"]: job for job in response.json()["data"]}
     assert failsoft_of(completion)["job_id"] in jobs
     # The journal has the body as sent upstream; its seed was chosen before the first attempt.
@@ -129,7 +129,7 @@ def test_idempotent_replay_mismatch_and_conflict(svc: ServiceHandle, client: ope
     wait_until(
         lambda: any(
             j["state"] == "running"
-            for j in httpx.get(f"{svc.base_url}/api/jobs?state=running").json()["data"]
+            for j in httpx.get(f"{svc.base_url}/failsoft/jobs?state=running").json()["data"]
         ),
         what="the long request to run",
     )
@@ -183,9 +183,9 @@ def test_bad_input_gets_openai_errors(svc: ServiceHandle) -> None:
 
 
 def test_without_enable_faults_the_debug_routes_do_not_exist(svc: ServiceHandle) -> None:
-    response = httpx.post(svc.base_url + "/api/debug/faults", json={"kind": "abort"}, timeout=10)
+    response = httpx.post(svc.base_url + "/failsoft/debug/faults", json={"kind": "abort"}, timeout=10)
     _assert_openai_error(response, 404)
-    _assert_openai_error(httpx.post(svc.base_url + "/api/debug/pressure", json={}, timeout=10), 404)
+    _assert_openai_error(httpx.post(svc.base_url + "/failsoft/debug/pressure", json={}, timeout=10), 404)
 
 
 JSON_VALUES = st.recursive(
@@ -349,7 +349,7 @@ def test_events_stream_job_states(svc: ServiceHandle, client: openai.OpenAI) -> 
     connected = threading.Event()
 
     def listen() -> None:
-        with httpx.stream("GET", svc.base_url + "/api/events", timeout=30) as response:
+        with httpx.stream("GET", svc.base_url + "/failsoft/events", timeout=30) as response:
             event_type = ""
             for line in response.iter_lines():
                 if line.startswith(": connected"):
@@ -507,7 +507,7 @@ def test_newer_openai_message_shapes_reach_the_model(client: openai.OpenAI) -> N
 
 
 def test_a_reload_with_a_restart_that_is_not_a_boolean_is_refused(svc: ServiceHandle) -> None:
-    response = httpx.post(svc.base_url + "/api/config/reload", json={"restart": "yes"}, timeout=10)
+    response = httpx.post(svc.base_url + "/failsoft/config/reload", json={"restart": "yes"}, timeout=10)
     _assert_openai_error(response, 400)
     assert response.json()["error"]["param"] == "restart"
 

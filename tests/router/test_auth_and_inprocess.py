@@ -36,7 +36,7 @@ def test_with_an_api_key_requests_need_it(tmp_path: Path) -> None:
     settings = base_settings(server={"api_key": "s3cret"})
     with running_service(tmp_path, settings=settings) as svc:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
-            response = httpx.get(svc.base_url + "/api/status", headers=headers, timeout=10)
+            response = httpx.get(svc.base_url + "/failsoft/status", headers=headers, timeout=10)
             assert response.status_code == 401
             assert response.json()["error"]["code"] == "invalid_api_key"
         with pytest.raises(openai.AuthenticationError):
@@ -53,7 +53,7 @@ def test_the_in_process_service_starts_answers_and_stops_cleanly(isolated_dirs: 
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            workers = httpx.get(base_url + "/api/status", timeout=10).json()["workers"]
+            workers = httpx.get(base_url + "/failsoft/status", timeout=10).json()["workers"]
             if all(workers[role]["state"] == "ready" for role in ("gpu", "cpu")):
                 pids = [workers[role]["pid"] for role in ("gpu", "cpu")]
                 break

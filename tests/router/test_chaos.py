@@ -153,7 +153,9 @@ def _chaos(svc: ServiceHandle, stop: threading.Event, injected: Counter[str], in
             continue
         try:
             response = httpx.post(
-                svc.base_url + "/api/debug/faults", json={"kind": action, "after_tokens": after}, timeout=10
+                svc.base_url + "/failsoft/debug/faults",
+                json={"kind": action, "after_tokens": after},
+                timeout=10,
             )
         except httpx.HTTPError:
             continue

@@ -292,7 +292,7 @@ def test_non_streamed_client_timeout_cancels_the_job(svc: ServiceHandle) -> None
     cancelled = wait_until(
         lambda: [
             j
-            for j in httpx.get(svc.base_url + "/api/jobs?state=cancelled").json()["data"]
+            for j in httpx.get(svc.base_url + "/failsoft/jobs?state=cancelled").json()["data"]
             if j["attempts"] == 1
         ],
         timeout=10,
@@ -306,7 +306,7 @@ def test_failover_events_reach_the_tray(svc: ServiceHandle, client: openai.OpenA
     armed = arm(svc, "abort", after_tokens=2)
     job_id = failsoft_of(client.chat.completions.create(**REQUEST))["job_id"]
     seen: dict[str, dict[str, Any]] = {}
-    with httpx.stream("GET", svc.base_url + "/api/events?history=1", timeout=10) as response:
+    with httpx.stream("GET", svc.base_url + "/failsoft/events?history=1", timeout=10) as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 event = json.loads(line[6:])

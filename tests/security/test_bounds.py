@@ -19,7 +19,9 @@ from tray_app.service.origin_guard import CONTROL_MAX_BODY
 
 def test_a_large_control_body_is_413(client: TestClient) -> None:
     body = b'{"restart": false, "pad": "' + b"x" * CONTROL_MAX_BODY + b'"}'
-    response = client.post("/api/config/reload", content=body, headers={"Content-Type": "application/json"})
+    response = client.post(
+        "/failsoft/config/reload", content=body, headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == "request_too_large"
 
@@ -32,7 +34,7 @@ def test_a_large_chunked_control_body_is_413(client: TestClient) -> None:
         yield b'"}'
 
     response = client.post(
-        "/api/config/reload", content=chunks(), headers={"Content-Type": "application/json"}
+        "/failsoft/config/reload", content=chunks(), headers={"Content-Type": "application/json"}
     )
     assert "content-length" not in response.request.headers
     assert response.status_code == 413, response.text
@@ -41,7 +43,7 @@ def test_a_large_chunked_control_body_is_413(client: TestClient) -> None:
 
 def test_event_streams_beyond_the_cap_are_503(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(control, "MAX_EVENT_SUBSCRIBERS", 0)
-    response = client.get("/api/events")
+    response = client.get("/failsoft/events")
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "too_many_subscribers"
     assert response.headers["retry-after"]
@@ -49,7 +51,7 @@ def test_event_streams_beyond_the_cap_are_503(client: TestClient, monkeypatch: p
 
 def events_request(query: bytes = b"") -> Request:
     return Request(
-        {"type": "http", "method": "GET", "path": "/api/events", "headers": [], "query_string": query}
+        {"type": "http", "method": "GET", "path": "/failsoft/events", "headers": [], "query_string": query}
     )
 
 

@@ -31,7 +31,7 @@ def test_a_hostile_origin_cannot_approve_jobs_with_a_simple_request(
 ) -> None:
     job = _awaiting_job(service)
     response = client.post(
-        "/api/jobs/approve-all",
+        "/failsoft/jobs/approve-all",
         content=b"{}",
         headers={"Content-Type": "text/plain", "Origin": EVIL},
     )
@@ -48,34 +48,40 @@ def test_control_routes_take_only_json(
     client: TestClient, service: StandInService, content_type: str
 ) -> None:
     _awaiting_job(service)
-    response = client.post("/api/jobs/approve-all", content=b"{}", headers={"Content-Type": content_type})
+    response = client.post(
+        "/failsoft/jobs/approve-all", content=b"{}", headers={"Content-Type": content_type}
+    )
     assert_openai_error(response, 415, "unsupported_media_type")
     assert service.executor.approved == []
 
 
 def test_a_control_body_without_a_content_type_is_refused(client: TestClient) -> None:
     # fetch() with a Blob body of no type sends no Content-Type, and needs no preflight.
-    response = client.post("/api/config/reload", content=b'{"restart": true}')
+    response = client.post("/failsoft/config/reload", content=b'{"restart": true}')
     assert "content-type" not in response.request.headers
     assert_openai_error(response, 415, "unsupported_media_type")
 
 
 def test_json_and_empty_control_posts_still_work(client: TestClient, service: StandInService) -> None:
     job = _awaiting_job(service)
-    response = client.post("/api/jobs/approve-all", json={})
+    response = client.post("/failsoft/jobs/approve-all", json={})
     assert response.status_code == 200, response.text
     assert response.json() == {"approved": [job.id]}
     second = _awaiting_job(service)
-    response = client.post(f"/api/jobs/{second.id}/reject")  # no body at all: what the tray may send
+    response = client.post(f"/failsoft/jobs/{second.id}/reject")  # no body at all: what the tray may send
     assert response.status_code == 200, response.text
     assert response.json()["state"] == "rejected"
     charset = client.post(
-        "/api/jobs/approve-all", content=b"{}", headers={"Content-Type": "application/json; charset=utf-8"}
+        "/failsoft/jobs/approve-all",
+        content=b"{}",
+        headers={"Content-Type": "application/json; charset=utf-8"},
     )
     assert charset.status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/api/jobs", "/api/status", "/v1/jobs/job-123", "/api/events", "/metrics"])
+@pytest.mark.parametrize(
+    "path", ["/failsoft/jobs", "/failsoft/status", "/v1/jobs/job-123", "/failsoft/events", "/metrics"]
+)
 @pytest.mark.parametrize("host", ["attacker.example", "attacker.example:8750", "127.0.0.1.nip.io:8750"])
 def test_a_rebinding_host_reads_nothing(client: TestClient, path: str, host: str) -> None:
     response = client.get(path, headers={"Host": host})
@@ -96,7 +102,7 @@ def test_a_rebinding_host_reads_nothing(client: TestClient, path: str, host: str
     ],
 )
 def test_loopback_hosts_pass(client: TestClient, host: str) -> None:
-    response = client.get("/api/jobs", headers={"Host": host})
+    response = client.get("/failsoft/jobs", headers={"Host": host})
     assert response.status_code == 200, response.text
 
 
@@ -123,28 +129,30 @@ def test_allowed_hosts_and_the_configured_host(make_service: Any) -> None:
     headers = {"Authorization": "Bearer k"}
     with client_for(create_app(service, manage_lifecycle=False)) as client:
         for host in ("ai-box.lan", "ai-box.lan:8750", "10.1.2.3:8750", "other.lan:9000", "192.168.1.20:8750"):
-            assert client.get("/api/jobs", headers={**headers, "Host": host}).status_code == 200, host
+            assert client.get("/failsoft/jobs", headers={**headers, "Host": host}).status_code == 200, host
         for host in ("other.lan:8750", "evil.lan", "ai-box.lan.evil.example"):
-            refused = client.get("/api/jobs", headers={**headers, "Host": host})
+            refused = client.get("/failsoft/jobs", headers={**headers, "Host": host})
             assert_openai_error(refused, 403, "forbidden_host")
 
 
 def test_other_address_literals_need_a_service_bound_beyond_loopback(client: TestClient) -> None:
-    assert_openai_error(client.get("/api/jobs", headers={"Host": "192.168.1.20:8750"}), 403, "forbidden_host")
+    assert_openai_error(
+        client.get("/failsoft/jobs", headers={"Host": "192.168.1.20:8750"}), 403, "forbidden_host"
+    )
 
 
 def test_origins_same_port_loopback_and_allowed(make_service: Any) -> None:
     service = make_service(allowed_origins=["http://localhost:3000", "https://webui.lan"])
     with client_for(create_app(service, manage_lifecycle=False)) as client:
         for origin in ("http://localhost:8750", "http://127.0.0.1:8750", "http://[::1]:8750"):
-            response = client.get("/api/jobs", headers={"Origin": origin})
+            response = client.get("/failsoft/jobs", headers={"Origin": origin})
             assert response.status_code == 200, origin
-        allowed = client.get("/api/jobs", headers={"Origin": "http://localhost:3000"})
+        allowed = client.get("/failsoft/jobs", headers={"Origin": "http://localhost:3000"})
         assert allowed.status_code == 200
         assert allowed.headers["access-control-allow-origin"] == "http://localhost:3000"
         assert "Origin" in allowed.headers["vary"]
         assert "X-Failsoft-Job" in allowed.headers["access-control-expose-headers"]
-        assert client.get("/api/jobs", headers={"Origin": "https://webui.lan:443"}).status_code == 200
+        assert client.get("/failsoft/jobs", headers={"Origin": "https://webui.lan:443"}).status_code == 200
         for origin in (
             "http://localhost:3001",
             "http://localhost",
@@ -155,7 +163,7 @@ def test_origins_same_port_loopback_and_allowed(make_service: Any) -> None:
             "http://127.0.0.1:8751",
             "http://localhost:3000.evil.example",
         ):
-            response = client.get("/api/jobs", headers={"Origin": origin})
+            response = client.get("/failsoft/jobs", headers={"Origin": origin})
             assert_openai_error(response, 403, "forbidden_origin")
             assert "access-control-allow-origin" not in response.headers
 
@@ -177,7 +185,7 @@ def test_preflight_answers_allowed_origins_only(make_service: Any) -> None:
         assert_openai_error(hostile, 403, "forbidden_origin")
         assert "access-control-allow-origin" not in hostile.headers
         # The real request from the allowed origin still needs the key; its 401 is readable by the page.
-        unauthorized = client.get("/api/jobs", headers={"Origin": "http://localhost:3000"})
+        unauthorized = client.get("/failsoft/jobs", headers={"Origin": "http://localhost:3000"})
         assert_openai_error(unauthorized, 401, "invalid_api_key")
         assert unauthorized.headers["access-control-allow-origin"] == "http://localhost:3000"
 
@@ -199,8 +207,8 @@ def test_a_star_origin_needs_an_api_key() -> None:
 def test_a_star_origin_with_a_key_lets_pages_call_with_the_key(make_service: Any) -> None:
     service = make_service(api_key="k", allowed_origins=["*"])
     with client_for(create_app(service, manage_lifecycle=False)) as client:
-        assert_openai_error(client.get("/api/jobs", headers={"Origin": EVIL}), 401, "invalid_api_key")
-        response = client.get("/api/jobs", headers={"Origin": EVIL, "Authorization": "Bearer k"})
+        assert_openai_error(client.get("/failsoft/jobs", headers={"Origin": EVIL}), 401, "invalid_api_key")
+        response = client.get("/failsoft/jobs", headers={"Origin": EVIL, "Authorization": "Bearer k"})
         assert response.status_code == 200
         assert response.headers["access-control-allow-origin"] == EVIL
 
@@ -217,17 +225,17 @@ def test_non_ascii_bearer_tokens_are_401_not_500(make_service: Any) -> None:
     service = make_service(api_key="s3cret")
     with client_for(create_app(service, manage_lifecycle=False), raise_server_exceptions=False) as client:
         for token in ("Bearer ключ".encode(), b"Bearer \xff\xfe", "Bearer s3cretü".encode()):
-            response = client.get("/api/status", headers={"Authorization": token})  # type: ignore[dict-item]
+            response = client.get("/failsoft/status", headers={"Authorization": token})  # type: ignore[dict-item]
             assert_openai_error(response, 401, "invalid_api_key")
-        assert client.get("/api/status", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.get("/failsoft/status", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
 def test_a_non_ascii_api_key_works_with_its_utf8_bytes(make_service: Any) -> None:
     service = make_service(api_key="schlüssel")
     with client_for(create_app(service, manage_lifecycle=False)) as client:
         good = {"Authorization": "Bearer schlüssel".encode()}
-        assert client.get("/api/status", headers=good).status_code == 200  # type: ignore[arg-type]
-        wrong = client.get("/api/status", headers={"Authorization": "Bearer x"})
+        assert client.get("/failsoft/status", headers=good).status_code == 200  # type: ignore[arg-type]
+        wrong = client.get("/failsoft/status", headers={"Authorization": "Bearer x"})
         assert_openai_error(wrong, 401, "invalid_api_key")
 
 
@@ -249,7 +257,7 @@ def test_requests_without_origin_or_host_pass(service: StandInService) -> None:
     """Programs (the tray, curl, SDKs) send no Origin; HTTP/1.0 clients may send no Host."""
     app = create_app(service, manage_lifecycle=False)  # type: ignore[arg-type]
     with client_for(app) as client:
-        assert client.get("/api/jobs").status_code == 200
+        assert client.get("/failsoft/jobs").status_code == 200
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -260,7 +268,7 @@ def test_requests_without_origin_or_host_pass(service: StandInService) -> None:
 
     import asyncio
 
-    scope = {"type": "http", "method": "GET", "path": "/api/jobs", "headers": [], "query_string": b""}
+    scope = {"type": "http", "method": "GET", "path": "/failsoft/jobs", "headers": [], "query_string": b""}
     asyncio.run(AuthAndErrors(JSONResponse({"ok": True}), "")(scope, receive, send))
     assert sent[0]["status"] == 200
 

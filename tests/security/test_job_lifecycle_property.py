@@ -57,7 +57,7 @@ class Observed:
 
 
 async def read_events(http: httpx.AsyncClient, seen: Observed, connected: asyncio.Event) -> None:
-    async with http.stream("GET", "/api/events", timeout=None) as response:
+    async with http.stream("GET", "/failsoft/events", timeout=None) as response:
         async for line in response.aiter_lines():
             connected.set()
             if not line.startswith("data: "):
@@ -103,7 +103,7 @@ async def submit(http: httpx.AsyncClient, kind: str, seen: Observed) -> None:
 
 async def live_jobs(http: httpx.AsyncClient, state: str | None = None) -> list[str]:
     params = {"state": state} if state else {}
-    jobs = (await http.get("/api/jobs", params=params)).json()["data"]
+    jobs = (await http.get("/failsoft/jobs", params=params)).json()["data"]
     return [job["id"] for job in jobs if job["state"] in UNFINISHED]
 
 
@@ -112,7 +112,7 @@ async def control(http: httpx.AsyncClient, action: str, pick: int) -> None:
         await asyncio.sleep(0.3 * (pick + 1))
         return
     if action == "kill_gpu":
-        await http.post("/api/debug/faults", json={"kind": "kill", "after_tokens": 0})
+        await http.post("/failsoft/debug/faults", json={"kind": "kill", "after_tokens": 0})
         return
     candidates = await live_jobs(http, "awaiting_approval" if action != "cancel" else None)
     if not candidates:
@@ -121,7 +121,7 @@ async def control(http: httpx.AsyncClient, action: str, pick: int) -> None:
     if action == "cancel":
         await http.delete(f"/v1/jobs/{job}")
     else:
-        await http.post(f"/api/jobs/{job}/{action}")
+        await http.post(f"/failsoft/jobs/{job}/{action}")
 
 
 async def settle(http: httpx.AsyncClient, seen: Observed, timeout: float = 120.0) -> None:
@@ -129,7 +129,7 @@ async def settle(http: httpx.AsyncClient, seen: Observed, timeout: float = 120.0
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
-        await http.post("/api/jobs/approve-all")
+        await http.post("/failsoft/jobs/approve-all")
         pending = set(await live_jobs(http)) & seen.created
         if not pending and all(seen.final_events.get(job) for job in seen.created):
             return

@@ -4,7 +4,7 @@
         client = openai.OpenAI(base_url=svc.base_url + "/v1", api_key="unused", max_retries=0)
         ...
 
-The context manager returns once `/api/status` reports both workers ready, and on exit stops the service
+The context manager returns once `/failsoft/status` reports both workers ready, and on exit stops the service
 with SIGTERM (then SIGKILL) and kills any worker process it left behind.
 """
 
@@ -55,13 +55,13 @@ class ServiceHandle:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def status(self) -> dict[str, Any]:
-        response = httpx.get(self.base_url + "/api/status", headers=self.headers(), timeout=10)
+        response = httpx.get(self.base_url + "/failsoft/status", headers=self.headers(), timeout=10)
         response.raise_for_status()
         data: dict[str, Any] = response.json()
         return data
 
     def wait_workers_ready(self, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
-        """Poll /api/status until both workers are ready (e.g. after a fault restarted one)."""
+        """Poll /failsoft/status until both workers are ready (e.g. after a fault restarted one)."""
         return _wait_ready(self, time.monotonic() + timeout)
 
     def output(self) -> str:

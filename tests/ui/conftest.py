@@ -24,7 +24,7 @@ def make_status(
     pending: int = 0,
     depth: int = 0,
 ) -> dict[str, Any]:
-    """An /api/status answer in the documented shape, sizes in bytes."""
+    """An /failsoft/status answer in the documented shape, sizes in bytes."""
     total = 4096 * MiB
     plan = {
         "verdict": "gpu",

@@ -103,7 +103,7 @@ def test_gpu_failure_mid_answer_shows_failed_over_badge(
     app = tray_app_for(service)
     app.show_chat()
     armed = httpx.post(
-        f"{service.base_url}/api/debug/faults", json={"kind": "abort", "after_tokens": 4}, timeout=30
+        f"{service.base_url}/failsoft/debug/faults", json={"kind": "abort", "after_tokens": 4}, timeout=30
     )
     assert armed.status_code == 200, armed.text
     kind, pieces = ask(qtbot, app.chat, "List the planets of the solar system.", max_tokens=40)

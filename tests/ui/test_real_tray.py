@@ -271,7 +271,7 @@ def test_tray_icon_menu_approvals_and_chat_on_a_real_desktop(desktop: Desktop, t
     assert badges[0].startswith("GPU (simulated)"), badges
     # A drill: the GPU worker aborts mid-answer (as on a CUDA error); the answer finishes on the CPU.
     armed = httpx.post(
-        f"{tray.base_url}/api/debug/faults", json={"kind": "abort", "after_tokens": 6}, timeout=30
+        f"{tray.base_url}/failsoft/debug/faults", json={"kind": "abort", "after_tokens": 6}, timeout=30
     )
     assert armed.status_code == 200, armed.text
     desktop.run("xdotool", "type", "--delay", "15", "And what does a CPU do?")

@@ -23,7 +23,7 @@ READY_TIMEOUT = 180.0
 
 
 def split_profile(gpu: dict[str, Any]) -> WorkerProfile:
-    """The GPU worker's profile (as /api/status shows it) with half its offloaded layers kept on the CPU."""
+    """The GPU worker's profile (as /failsoft/status shows it), half its offloaded layers kept on the CPU."""
     fields = {key: value for key, value in gpu.items() if key in WorkerProfile.__dataclass_fields__}
     profile = WorkerProfile(**{**fields, "model_path": Path(str(gpu["model_path"]))})
     return replace(profile, n_gpu_layers=max(profile.n_gpu_layers // 2, 1), enable_faults=False)

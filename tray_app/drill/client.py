@@ -124,16 +124,16 @@ class ServiceClient:
         return data
 
     async def status(self) -> dict[str, Any]:
-        return await self._json("GET", "/api/status")
+        return await self._json("GET", "/failsoft/status")
 
     async def arm(self, kind: str, after_tokens: int, role: str = "gpu") -> dict[str, Any]:
         await self.wait_ready()
         return await self._json(
-            "POST", "/api/debug/faults", {"role": role, "kind": kind, "after_tokens": after_tokens}
+            "POST", "/failsoft/debug/faults", {"role": role, "kind": kind, "after_tokens": after_tokens}
         )
 
     async def pressure(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._json("POST", "/api/debug/pressure", body)
+        return await self._json("POST", "/failsoft/debug/pressure", body)
 
     async def job(self, job_id: str) -> dict[str, Any]:
         return await self._json("GET", f"/v1/jobs/{job_id}")
@@ -252,7 +252,7 @@ class Event:
 
 
 class EventLog:
-    """Records the service's /api/events stream in the background; scenarios read it by job id and time."""
+    """Records the service's /failsoft/events stream in the background; scenarios read it by job and time."""
 
     def __init__(self, client: ServiceClient) -> None:
         self.client = client
@@ -275,7 +275,7 @@ class EventLog:
     async def _read(self) -> None:
         kind = ""
         timeout = httpx.Timeout(10.0, read=None)
-        async with self.client.http.stream("GET", "/api/events", timeout=timeout) as response:
+        async with self.client.http.stream("GET", "/failsoft/events", timeout=timeout) as response:
             self._connected.set()
             async for line in response.aiter_lines():
                 if line.startswith("event: "):

@@ -87,7 +87,7 @@ async def _checked_status(client: ServiceClient) -> dict[str, Any]:
 
 
 async def _measured_status(client: ServiceClient) -> dict[str, Any]:
-    """/api/status once the service knows the CPU worker's speed (its replay decisions depend on it)."""
+    """/failsoft/status once the service knows the CPU worker's speed (its replay decisions depend on it)."""
 
     async def measured() -> dict[str, Any] | None:
         status = await client.status()

@@ -57,7 +57,7 @@ def drill_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
 
 def _status(base_url: str) -> dict[str, Any] | None:
     try:
-        response = httpx.get(base_url + "/api/status", timeout=5)
+        response = httpx.get(base_url + "/failsoft/status", timeout=5)
         response.raise_for_status()
         data: dict[str, Any] = response.json()
     except (httpx.HTTPError, ValueError):

@@ -1,10 +1,10 @@
 """`failsoft drill --pressure SIZE`: take VRAM away from the GPU worker and record what the service does.
 
-On a simulated GPU the drill takes the memory through the simulated ledger (`POST /api/debug/pressure`), as
-another process would on a real card; the service re-plans. On a real NVIDIA GPU it allocates the memory
-with torch (the optional `drill` extra) in this process and reports torch's own accounting. Either way a
-small probe request shows where the service sends work while the memory is gone, and the memory is given
-back at the end.
+On a simulated GPU the drill takes the memory through the simulated ledger
+(`POST /failsoft/debug/pressure`), as another process would on a real card; the service re-plans. On a
+real NVIDIA GPU it allocates the memory with torch (the optional `drill` extra) in this process and
+reports torch's own accounting. Either way a small probe request shows where the service sends work
+while the memory is gone, and the memory is given back at the end.
 """
 
 from __future__ import annotations

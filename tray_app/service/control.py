@@ -29,7 +29,7 @@ from tray_app.sizes import parse_size
 from tray_app.supervisor.supervisor import SupervisorError
 
 KEEPALIVE_SECONDS = 15.0
-# /api/events: at most this many streams at once (the tray needs one; more is a leak or abuse): 503 beyond.
+# /failsoft/events: at most this many streams at once (the tray needs one; more is a leak or abuse): 503.
 MAX_EVENT_SUBSCRIBERS = 16
 # Events waiting for one slow subscriber; past this it is dropped (its stream ends; the tray reconnects and
 # can catch up with ?history=1), so a reader that stopped reading cannot grow the service's memory.
@@ -74,24 +74,24 @@ def event_frame(event: Event) -> bytes:
 class Control:
     def __init__(self, service: Service) -> None:
         self.svc = service
-        self.subscribers = 0  # open /api/events streams
+        self.subscribers = 0  # open /failsoft/events streams
 
     def routes(self) -> list[Route]:
         routes = [
-            Route("/api/status", self.status, methods=["GET"]),
-            Route("/api/events", self.events, methods=["GET"]),
-            Route("/api/workers/{role}/{action}", self.worker_action, methods=["POST"]),
-            Route("/api/jobs", self.jobs, methods=["GET"]),
-            Route("/api/jobs/approve-all", self.approve_all, methods=["POST"]),
-            Route("/api/jobs/{job_id}/{action}", self.job_action, methods=["POST"]),
-            Route("/api/config/reload", self.reload_config, methods=["POST"]),
+            Route("/failsoft/status", self.status, methods=["GET"]),
+            Route("/failsoft/events", self.events, methods=["GET"]),
+            Route("/failsoft/workers/{role}/{action}", self.worker_action, methods=["POST"]),
+            Route("/failsoft/jobs", self.jobs, methods=["GET"]),
+            Route("/failsoft/jobs/approve-all", self.approve_all, methods=["POST"]),
+            Route("/failsoft/jobs/{job_id}/{action}", self.job_action, methods=["POST"]),
+            Route("/failsoft/config/reload", self.reload_config, methods=["POST"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ]
         if self.svc.enable_faults:
             # Drills only: without --enable-faults these routes do not exist at all.
             routes += [
-                Route("/api/debug/faults", self.faults, methods=["POST"]),
-                Route("/api/debug/pressure", self.pressure, methods=["POST"]),
+                Route("/failsoft/debug/faults", self.faults, methods=["POST"]),
+                Route("/failsoft/debug/pressure", self.pressure, methods=["POST"]),
             ]
         return routes
 

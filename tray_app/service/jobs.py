@@ -94,7 +94,7 @@ class Job:
         }
 
     def summary(self) -> dict[str, Any]:
-        """The job as /v1/jobs/{id} and /api/jobs show it."""
+        """The job as /v1/jobs/{id} and /failsoft/jobs show it."""
         messages = self.body.get("messages") or []
         last = (
             messages[-1].get("content")

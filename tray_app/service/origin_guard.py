@@ -18,12 +18,13 @@ from starlette.types import Scope
 
 from tray_app.config import ServerConfig
 from tray_app.service.errors import ApiError
-from tray_app.service.ollama.paths import is_ollama_path
 from tray_app.sizes import parse_size
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
 # Control request bodies are a few small JSON fields; nothing needs more.
+# Failsoft's own control API: a prefix of its own, since `/api/` is Ollama's (its routes grow over time).
+CONTROL_PREFIX = "/failsoft/"
 CONTROL_MAX_BODY = parse_size("64KiB")
 CONTROL_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON_TYPES = frozenset({"application/json"})
@@ -203,16 +204,14 @@ class OriginGuard:
 
     @staticmethod
     def check_control_body(scope: Scope) -> ApiError | None:
-        """Control routes (`/api/...`) change state: JSON bodies only (a browser can send text/plain or a
-        form without a preflight, never JSON), and small ones.
+        """Control routes (`/failsoft/...`) change state: JSON bodies only (a browser can send text/plain or
+        a form without a preflight, never JSON), and small ones.
 
-        Ollama's routes under `/api/` are not control routes: like the OpenAI routes they take bodies up to
+        Ollama's routes (under `/api/`) are not control routes: like the OpenAI routes they take bodies up to
         `server.max_body` in whatever type the client labels them (curl -d sends a form type, and Ollama
         accepts it); the Host and Origin checks apply to them as to every route."""
         path = str(scope.get("path", ""))
-        if not path.startswith("/api/") or scope.get("method") not in CONTROL_METHODS:
-            return None
-        if is_ollama_path(path):
+        if not path.startswith(CONTROL_PREFIX) or scope.get("method") not in CONTROL_METHODS:
             return None
         content_type: bytes | None = None
         length: bytes | None = None

@@ -112,7 +112,7 @@ class Service:
         self.bus.publish(QueueChanged(depth=depth, limit=self.cfg.server.queue_max))
 
     def apply_live_config(self) -> None:
-        """Take over config values that need no worker restart (after /api/config/reload)."""
+        """Take over config values that need no worker restart (after /failsoft/config/reload)."""
         self.executor.settings = self.embeddings.settings = self._executor_settings()
         self.slots.queue_limit = self.cfg.server.queue_max
 

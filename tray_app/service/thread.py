@@ -17,7 +17,7 @@ from tray_app.service.service import Service
 
 class ServiceThread:
     """`start()` returns the base URL once the HTTP server listens (workers may still be loading: watch
-    /api/status or the bus); `stop()` shuts everything down, workers included.
+    /failsoft/status or the bus); `stop()` shuts everything down, workers included.
 
     `port=None` uses the configured port; `port=0` lets the OS choose a free one.
     """

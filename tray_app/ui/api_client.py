@@ -4,7 +4,7 @@ Everything goes through one QNetworkAccessManager: requests are asynchronous and
 Qt signals on the GUI thread's event loop, so no widget waits on the network. Three kinds of calls:
 
 - `ApiCall`: one JSON request and its answer (`succeeded(object)` or `failed(str)`);
-- `EventStream`: the `/api/events` server-sent event stream, reconnecting with backoff when it drops;
+- `EventStream`: the `/failsoft/events` server-sent event stream, reconnecting with backoff when it drops;
 - `ChatStream`: one streamed `/v1/chat/completions`, token by token, with the final `failsoft` object.
 """
 
@@ -158,27 +158,27 @@ class ServiceClient(QObject):
 
     # The control API, by name.
     def status(self) -> ApiCall:
-        return self.get("/api/status")
+        return self.get("/failsoft/status")
 
     def worker_action(self, role: str, action: str) -> ApiCall:
         """`action` is restart, stop or start."""
-        return self.post(f"/api/workers/{role}/{action}")
+        return self.post(f"/failsoft/workers/{role}/{action}")
 
     def awaiting_approval(self) -> ApiCall:
-        return self.get("/api/jobs?state=awaiting_approval")
+        return self.get("/failsoft/jobs?state=awaiting_approval")
 
     def approve(self, job_id: str) -> ApiCall:
-        return self.post(f"/api/jobs/{job_id}/approve")
+        return self.post(f"/failsoft/jobs/{job_id}/approve")
 
     def reject(self, job_id: str) -> ApiCall:
-        return self.post(f"/api/jobs/{job_id}/reject")
+        return self.post(f"/failsoft/jobs/{job_id}/reject")
 
     def approve_all(self) -> ApiCall:
-        return self.post("/api/jobs/approve-all")
+        return self.post("/failsoft/jobs/approve-all")
 
     def reload_config(self, restart: bool) -> ApiCall:
         timeout = RESTART_TIMEOUT_MS if restart else CONTROL_TIMEOUT_MS
-        return self.post("/api/config/reload", {"restart": restart}, timeout)
+        return self.post("/failsoft/config/reload", {"restart": restart}, timeout)
 
     def job(self, job_id: str) -> ApiCall:
         return self.get(f"/v1/jobs/{job_id}")
@@ -196,7 +196,7 @@ class ServiceClient(QObject):
 
 
 class EventStream(QObject):
-    """`/api/events` as Qt signals; reconnects with backoff until `stop()`."""
+    """`/failsoft/events` as Qt signals; reconnects with backoff until `stop()`."""
 
     event_received = Signal(dict)
     connection_changed = Signal(bool)
@@ -235,7 +235,7 @@ class EventStream(QObject):
     def _open(self) -> None:
         if self._stopped:
             return
-        request = self._client.request("/api/events", timeout_ms=0)
+        request = self._client.request("/failsoft/events", timeout_ms=0)
         request.setRawHeader(b"Accept", b"text/event-stream")
         request.setAttribute(
             QNetworkRequest.Attribute.CacheLoadControlAttribute,

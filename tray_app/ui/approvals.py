@@ -56,7 +56,7 @@ def job_list(answer: object) -> list[dict[str, Any]]:
 
 
 def pending_jobs(answer: object) -> list[PendingJob]:
-    """The jobs of a `/api/jobs?state=awaiting_approval` answer: {"object": "list", "data": [...]}."""
+    """The jobs of a `/failsoft/jobs?state=awaiting_approval` answer: {"object": "list", "data": [...]}."""
     rows = job_list(answer)
     jobs = []
     for job in rows:

@@ -1,5 +1,5 @@
 """The VRAM budget as one stacked bar: weights, KV cache, compute, reserve, other processes and free, with a
-legend of sizes and the caps the plan leads to. Fed with /api/status dicts and `budget` events."""
+legend of sizes and the caps the plan leads to. Fed with /failsoft/status dicts and `budget` events."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ class BudgetBar(QWidget):
         self.set_status({})
 
     def set_status(self, status: dict[str, Any]) -> None:
-        """Show the GPU plan and caps of an /api/status dict."""
+        """Show the GPU plan and caps of an /failsoft/status dict."""
         plan = status.get("plan") or {}
         caps = status.get("caps") or {}
         self._show(plan, caps, bool(status.get("simulated") or plan.get("simulated")))

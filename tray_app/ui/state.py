@@ -73,7 +73,7 @@ def _level_and_headline(status: dict[str, Any], active_fallbacks: int) -> tuple[
 def summarize(
     status: dict[str, Any] | None, reachable: bool, active_fallbacks: int = 0, starting: bool = False
 ) -> TraySummary:
-    """The tray's level, headline and tooltip from the last /api/status (None: never reached)."""
+    """The tray's level, headline and tooltip from the last /failsoft/status (None: never reached)."""
     if starting and (not reachable or status is None):
         return TraySummary(DEGRADED, "Starting the service…", "Failsoft: starting the service…", False)
     if not reachable or status is None:

@@ -1,8 +1,8 @@
-"""The tray's picture of the service: the last /api/status, kept live by events.
+"""The tray's picture of the service: the last /failsoft/status, kept live by events.
 
 Events change the picture at once (a worker state, the budget, the queue), then a short debounced
-`/api/status` fetch reconciles it with the service's own view; a slow periodic fetch covers whatever has no
-event (RSS, CPU use) and tells when the service stops answering.
+`/failsoft/status` fetch reconciles it with the service's own view; a slow periodic fetch covers whatever
+has no event (RSS, CPU use) and tells when the service stops answering.
 """
 
 from __future__ import annotations

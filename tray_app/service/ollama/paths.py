@@ -1,8 +1,8 @@
 """The paths of Ollama's API this service answers (or refuses in Ollama's words). Kept apart from the
 routes so the outermost layer (origin_guard, app.AuthAndErrors) can know them without importing the router.
 
-None of them is a Failsoft control route (`/api/status`, `/api/events`, `/api/workers/...`, `/api/jobs...`,
-`/api/config/reload`, `/api/debug/...`): tests/ollama_api/test_translate.py checks the two lists stay apart.
+Failsoft's own control routes live under `/failsoft/` (origin_guard.CONTROL_PREFIX), outside Ollama's
+`/api/`: tests/ollama_api/test_translate.py checks that no path here is one of them.
 """
 
 from __future__ import annotations
