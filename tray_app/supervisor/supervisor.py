@@ -475,7 +475,8 @@ class WorkerSupervisor:
             or self._state not in ("starting", "ready")
         ):
             return  # an old process, or one we stopped on purpose
-        await self._fail(classify_exit(message.returncode, attempt.process.load_log()))
+        process = attempt.process
+        await self._fail(classify_exit(message.returncode, process.load_log(), process.tail()))
 
     async def _on_health(self, result: _HealthResult) -> None:
         attempt = self._attempt
