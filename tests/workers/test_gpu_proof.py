@@ -6,14 +6,17 @@ the engine is a CPU build, so a real-GPU worker is refused for real, through the
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 
 from tests.workers.conftest import Recorder, SupervisorFactory
-from tray_app.engine import offload
+from tray_app.config import SupervisorConfig
+from tray_app.engine import binary, offload
 from tray_app.engine.devices import DeviceListing
 from tray_app.llama_log import parse_buffer_sizes
-from tray_app.supervisor import WorkerProfile
+from tray_app.supervisor import WorkerProfile, WorkerSupervisor
 
 # llama.cpp's load lines on a CUDA build (src/llama-model.cpp, llama_model::load_tensors), as printed.
 CUDA_LOAD = """\
@@ -140,3 +143,22 @@ def test_a_listing_with_a_gpu_is_not_refused() -> None:
 
     assert offload.refusal_before_start(parse_device_list(listing(CUDA))) is None
     assert "no GPU backend" in str(offload.refusal_before_start(DeviceListing(())))
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not os.environ.get("FAILSOFT_TEST_GPU_SERVER"), reason="set FAILSOFT_TEST_GPU_SERVER")
+async def test_a_gpu_build_passes_the_proof(
+    gpu_profile: WorkerProfile, recorder: Recorder, fast_settings: SupervisorConfig, tmp_path: Path
+) -> None:
+    """Opt-in: FAILSOFT_TEST_GPU_SERVER names a llama-server with a GPU backend and a device it can use
+    (e.g. a Vulkan build with GGML_VK_VISIBLE_DEVICES=0 on Mesa's lavapipe)."""
+    engine = binary.find(os.environ["FAILSOFT_TEST_GPU_SERVER"])
+    real = dataclasses.replace(gpu_profile, simulated_vram_bytes=None, enable_faults=False)
+    settings = dataclasses.replace(fast_settings, start_timeout=300.0, health_timeout=60.0)
+    supervisor = WorkerSupervisor(real, recorder.bus, settings, log_dir=tmp_path / "logs", engine=engine)
+    try:
+        assert await supervisor.start(), supervisor.status()["reason"]
+        health = supervisor.status()["health"]
+        assert health["runs_on"] != "CPU" and health["offload"]["layers"] == health["offload"]["layers_total"]
+    finally:
+        await supervisor.aclose()

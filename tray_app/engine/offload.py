@@ -65,7 +65,12 @@ def refusal_before_start(listing: DeviceListing) -> str | None:
     """Why a GPU worker must not start with this build (None: the build lists a GPU)."""
     if listing.gpus:
         return None
-    return f"{no_gpu_backend_reason()} (`llama-server --list-devices` lists no GPU device)"
+    # A GPU backend that finds no usable device lists none either (ggml-vulkan skips CPU-type devices such
+    # as Mesa's lavapipe unless GGML_VK_VISIBLE_DEVICES names them).
+    return (
+        f"{no_gpu_backend_reason()} (`llama-server --list-devices` lists no GPU device; with a GPU build, "
+        "its backend found no usable device)"
+    )
 
 
 def failure_after_load(offload: Offload, n_gpu_layers: int) -> str | None:
