@@ -10,6 +10,9 @@ import psutil
 from tray_app import calibration
 from tray_app.config import Config
 from tray_app.device import DeviceMemory, GpuDevice, SimulatedDevice, probe_gpu, system_ram
+from tray_app.engine import binary
+from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
+from tray_app.engine.target import PlanTarget, plan_target
 from tray_app.model_info import ModelInfo, inspect_model
 from tray_app.planner import Plan, PlanRequest, plan_cpu, plan_gpu
 from tray_app.sizes import format_size, parse_size
@@ -22,10 +25,12 @@ class PlanSet:
     gpu: Plan
     cpu: Plan
     ram: DeviceMemory
+    target: PlanTarget  # the device the GPU plan is for, as llama.cpp's build sees it
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device.to_dict(),
+            "target": self.target.to_dict(),
             "model": self.model.to_dict(),
             "gpu": self.gpu.to_dict(),
             "cpu": self.cpu.to_dict(),
@@ -87,6 +92,14 @@ def gpu_memory(cfg: Config, vram_override: int | None = None, gpu: GpuDevice | N
     return (gpu if gpu is not None else probe_gpu(cfg.device)).memory()
 
 
+def engine_devices(cfg: Config) -> tuple[DeviceListing | None, str]:
+    """What the configured llama-server lists (`--list-devices`), or None and why it could not tell."""
+    try:
+        return list_devices(binary.locate(cfg.engine.llama_server)), ""
+    except (binary.EngineError, DeviceListError) as error:
+        return None, str(error)
+
+
 def plan_from_config(
     cfg: Config, *, vram_override: int | None = None, gpu: GpuDevice | None = None
 ) -> PlanSet:
@@ -96,10 +109,12 @@ def plan_from_config(
     measured = calibration.measured_compute(model_path)
     device = gpu_memory(cfg, vram_override, gpu)
     ram = system_ram()
+    listing, list_error = engine_devices(cfg) if vram_override is None else (None, "")
     return PlanSet(
         device=device,
         model=model,
         gpu=plan_gpu(device, model, gpu_request(cfg), measured),
         cpu=plan_cpu(ram, model, cpu_request(cfg), measured),
         ram=ram,
+        target=plan_target(device, listing, list_error, what_if=vram_override is not None),
     )

@@ -21,6 +21,7 @@ HANDLERS = {
     "serve": "tray_app.service.serve_command:run",
     "drill": "tray_app.drill.command:run",
     "bench": "tray_app.bench.command:run",
+    "doctor": "tray_app.doctor.command:run",
 }
 
 
@@ -92,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokens", type=int, default=64, help="tokens per answer in the throughput figures (default 64)"
     )
     bench.add_argument("--json", action="store_true", help="print JSON")
+
+    doctor = sub.add_parser(
+        "doctor", help="check GPU, engine build, model, port and tray; say what is missing and how to fix it"
+    )
+    doctor.add_argument("--port", type=int, help="the port to check (default: the config's)")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 

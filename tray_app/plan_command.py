@@ -80,6 +80,7 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
         f"model: {model.name} ({model.architecture}, {model.n_layers} blocks, "
         f"weights {format_size(model.weights_bytes)}, trained context {model.n_ctx_train})",
         _device_line(plans),
+        f"plans against: {plans.target.label}" + (f" - {plans.target.reason}" if plans.target.reason else ""),
         "",
     ]
     if plan.total_bytes > 0:
@@ -112,6 +113,7 @@ def plan_json(plans: PlanSet) -> dict[str, object]:
     return {
         **plans.gpu.to_dict(),
         "device": plans.device.to_dict(),
+        "target": plans.target.to_dict(),
         "model": plans.model.to_dict(),
         "cpu_plan": plans.cpu.to_dict(),
         "ram": plans.ram.to_dict(),

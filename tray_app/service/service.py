@@ -299,6 +299,7 @@ class Service:
             # Degraded: accepted work can no longer be kept durably (new background jobs get 503).
             "journal": {"ok": self.journal.failure is None, "failure": self.journal.failure},
             "device": self.plan_set.device.to_dict(),
+            "target": self.plan_set.target.to_dict(),
             "plan": self.plan_set.gpu.to_dict(),
             "cpu_plan": self.plan_set.cpu.to_dict(),
             "caps": self.caps(),

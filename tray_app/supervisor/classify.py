@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from tray_app.supervisor import signatures
 
 FailureKind = Literal["oom_load", "oom_decode", "crash_abort", "killed", "hung", "bad_config", "exited"]
 FAILURE_KINDS: tuple[FailureKind, ...] = (
@@ -24,26 +27,6 @@ FAILURE_KINDS: tuple[FailureKind, ...] = (
 
 # Signals that mean the process crashed (llama.cpp's GGML_ABORT and CUDA errors end in SIGABRT).
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
-
-# llama-server's load log, read only up to its "model loaded" line (later lines may quote requests). It exits
-# with status 1 after any load failure; these say which. Bad configuration first: a missing file also makes
-# "failed to load model" lines, which are not about memory.
-_LOAD_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
-    (
-        "bad_config",
-        re.compile(
-            r"failed to open GGUF file|No such file or directory|invalid magic|unknown model architecture"
-            r"|^error: invalid argument|^error while handling argument|error: unknown value"
-        ),
-    ),
-    (
-        "oom_load",
-        re.compile(
-            r"failed to allocate|unable to allocate|insufficient memory|out of memory|cudaMalloc failed"
-            r"|hipMalloc failed|ErrorOutOfDeviceMemory|Requested buffer size exceeds|std::bad_alloc"
-        ),
-    ),
-)
 
 
 @dataclass(frozen=True)
@@ -63,25 +46,42 @@ def _signal_name(number: int) -> str:
 _LOG_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [A-Z] ")
 
 
-def _matching_line(lines: list[str]) -> tuple[FailureKind, str] | None:
-    """The first kind whose pattern any load line matches, with the first such line."""
-    for kind, pattern in _LOAD_PATTERNS:
+def _text(line: str) -> str:
+    return _LOG_PREFIX.sub("", line.strip())
+
+
+def _matching_line(lines: Sequence[str]) -> tuple[FailureKind, str] | None:
+    """The first kind (signatures.LOAD, in order) that any load line matches, with the first such line."""
+    for kind, table in signatures.LOAD:
         for line in lines:
-            text = _LOG_PREFIX.sub("", line.strip())
-            if pattern.search(text):
+            text = _text(line)
+            if signatures.match(table, text) is not None:
                 return kind, text
     return None
 
 
-def classify_exit(returncode: int | None, load_log: list[str]) -> Failure:
+def _fatal_cause(lines: Sequence[str]) -> str:
+    """What a crashed worker's last lines say caused it (signatures.FATAL; the first, most specific entry
+    that matches any line), or ""."""
+    texts = [_text(line) for line in lines]
+    for signature in signatures.FATAL:
+        for text in texts:
+            if signature.pattern.search(text):
+                return f"{signature.what}: {text}"
+    return ""
+
+
+def classify_exit(returncode: int | None, load_log: Sequence[str], tail: Sequence[str] = ()) -> Failure:
     """The failure a worker process ended with: first how it ended (`returncode` as subprocess reports it,
     -N for signal N), then, for an exit status, what its load log said (never what it printed later, which
-    can quote a request's own text)."""
+    can quote a request's own text). A crash's message names its cause when its last lines (`tail`) show
+    a backend's fatal error; the kind stays the signal's."""
     if returncode is not None and returncode < 0:
         number = -returncode
         name = _signal_name(number)
         if number in _CRASH_SIGNALS:
-            return Failure("crash_abort", f"worker crashed ({name})")
+            cause = _fatal_cause(tail)
+            return Failure("crash_abort", f"worker crashed ({name})" + (f" after {cause}" if cause else ""))
         if number == signal.SIGKILL:
             return Failure(
                 "killed", "worker was killed (SIGKILL), e.g. by the kernel's out-of-memory killer or a user"

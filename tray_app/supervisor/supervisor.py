@@ -34,8 +34,9 @@ import psutil
 
 from tray_app import calibration, paths
 from tray_app.config import SupervisorConfig
-from tray_app.engine import WORKER_KEY_ENV, binary, simulated
+from tray_app.engine import WORKER_KEY_ENV, binary, offload, simulated
 from tray_app.engine.argv import llama_server_argv
+from tray_app.engine.devices import DeviceListError, list_devices
 from tray_app.engine.faults import SIGNALS, ArmedFault, check_fault
 from tray_app.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
 from tray_app.llama_log import BufferSizes, parse_buffer_sizes
@@ -110,6 +111,7 @@ class _Attempt:
     psutil_process: psutil.Process | None = None
     load_seconds: float | None = None
     memory_limit: int | None = None  # RLIMIT_AS of a worker on a simulated device
+    placement: offload.Offload | None = None  # where llama.cpp put the model, read once it is loaded
 
 
 class WorkerSupervisor:
@@ -473,7 +475,8 @@ class WorkerSupervisor:
             or self._state not in ("starting", "ready")
         ):
             return  # an old process, or one we stopped on purpose
-        await self._fail(classify_exit(message.returncode, attempt.process.load_log()))
+        process = attempt.process
+        await self._fail(classify_exit(message.returncode, process.load_log(), process.tail()))
 
     async def _on_health(self, result: _HealthResult) -> None:
         attempt = self._attempt
@@ -489,7 +492,9 @@ class WorkerSupervisor:
             attempt.unanswered_since = None
             if self._state == "starting" and result.body.get("state") == "ready":
                 # What llama.cpp allocated, read once from the load log: checked, shown, recorded.
-                buffers = parse_buffer_sizes("\n".join(attempt.process.load_log()))
+                load_log = "\n".join(attempt.process.load_log())
+                buffers = parse_buffer_sizes(load_log)
+                attempt.placement = offload.parse_offload(load_log, buffers)
                 failure = self._check_load(attempt, buffers)
                 if failure is not None:
                     await self._fail(failure)
@@ -576,9 +581,12 @@ class WorkerSupervisor:
             if self._engine is None:
                 self._engine = binary.find("")
             argv = llama_server_argv(self._engine.path, profile, port)
+            refusal = self._refusal_before_start(self._engine.path)
         except binary.EngineError as error:
+            refusal = str(error)
+        if refusal is not None:
             self._attempt = None
-            await self._fail(Failure("bad_config", str(error)), never_ready=True)
+            await self._fail(Failure("bad_config", refusal), never_ready=True)
             return None
         # Level 4 ("trace"): the load log then has the buffer sizes, what the simulated check reads.
         argv += ["--log-verbosity", "4"]
@@ -626,12 +634,34 @@ class WorkerSupervisor:
             )
         return attempt
 
+    def _needs_gpu_proof(self) -> bool:
+        profile = self._profile
+        simulated_device = profile.simulated_vram_bytes is not None
+        return offload.needs_gpu_proof(profile.role, simulated_device, profile.n_gpu_layers)
+
+    def _refusal_before_start(self, engine_path: Path) -> str | None:
+        """A GPU worker on a real device is not started with a build that lists no GPU (it would run on the
+        CPU under the GPU's name). See tray_app.engine.offload."""
+        if not self._needs_gpu_proof():
+            return None
+        try:
+            return offload.refusal_before_start(list_devices(engine_path))
+        except DeviceListError as error:
+            return f"cannot tell whether this llama.cpp build has a GPU backend: {error}"
+
     def _check_load(self, attempt: _Attempt, buffers: BufferSizes) -> Failure | None:
-        """On a simulated device: does what llama.cpp allocated fit the simulated VRAM? (See
-        tray_app.engine.simulated.) None on a real device, whose own allocator already answered."""
+        """On a real GPU: did the layers and weights land on a GPU device? On a simulated device: does what
+        llama.cpp allocated fit the simulated VRAM? (tray_app.engine.offload, tray_app.engine.simulated)"""
         free = self._profile.simulated_vram_bytes
         if free is None:
-            return None
+            if not self._needs_gpu_proof():
+                return None
+            placement = attempt.placement or offload.Offload(None, None, ())
+            reason = offload.failure_after_load(placement, self._profile.n_gpu_layers)
+            if reason is None:
+                return None
+            attempt.process.log_line(f"--- {reason}")
+            return Failure("bad_config", reason)
         n_layers = inspect_model(self._profile.model_path).n_layers  # read once per model file, then cached
         share = simulated.device_share(buffers, self._profile.n_gpu_layers, n_layers)
         lines = simulated.failure_lines(share, free)
@@ -658,12 +688,21 @@ class WorkerSupervisor:
             "n_gpu_layers": profile.n_gpu_layers,
             "n_threads": profile.n_threads,
             "simulated": profile.simulated_vram_bytes is not None,
+            # What the worker runs on by llama.cpp's own load log: GPU devices, "simulated", or "CPU".
+            "runs_on": self._runs_on(attempt),
+            "offload": attempt.placement.to_dict() if attempt.placement else None,
             "simulated_vram_bytes": profile.simulated_vram_bytes,
             "memory_limit": {"limit_bytes": attempt.memory_limit} if attempt.memory_limit else None,
             "faults_enabled": profile.enable_faults,
             "buffers": buffers.to_dict(),
             "load_seconds": attempt.load_seconds,
         }
+
+    def _runs_on(self, attempt: _Attempt) -> str:
+        if self._profile.simulated_vram_bytes is not None:
+            return "simulated"
+        devices = attempt.placement.devices if attempt.placement else ()
+        return ", ".join(devices) if devices else "CPU"
 
     async def _stop_process(self, final_state: State, reason: str) -> None:
         attempt = self._attempt

@@ -1,0 +1,134 @@
+"""`failsoft doctor` as a user runs it (`python -m tray_app doctor`): what this machine offers, what blocks
+running, and the exit status that says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tray_app.doctor.tray_host import probe
+
+
+def doctor(*args: str, env: dict[str, str] | None = None, before: tuple[str, ...] = ()) -> tuple[int, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tray_app", *before, "doctor", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {check["name"]: check for check in report["checks"]}
+
+
+def test_this_machine_has_no_gpu_a_cpu_engine_and_nothing_blocking() -> None:
+    status, report = doctor("--port", "0")
+    checks = by_name(report)
+    assert status == 0 and report["ok"], report
+    assert set(checks) == {"gpu", "engine", "llama_devices", "model", "port", "tray", "dirs"}
+    assert checks["gpu"]["details"]["nvml"]["kind"] == "none"
+    engine = checks["engine"]["details"]
+    assert engine["backend"] == "cpu" and engine["binding_supports_gpu_offload"] is False
+    assert engine["commit"] and checks["llama_devices"]["details"]["devices"] == []
+    assert "CPU only" in checks["llama_devices"]["summary"]
+    assert checks["dirs"]["details"]["data_dir"] == os.environ["FAILSOFT_DATA_DIR"]
+
+
+def test_text_output_names_each_check() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tray_app", "doctor", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("gpu", "engine", "llama_devices", "model", "port", "tray", "dirs"):
+        assert f"] {name}" in done.stdout
+    assert done.stdout.rstrip().endswith("nothing blocks running Failsoft")
+
+
+def test_a_taken_port_blocks_with_the_fix() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, report = doctor("--port", str(port))
+    check = by_name(report)["port"]
+    assert status == 1 and not report["ok"]
+    assert check["level"] == "blocking" and f"127.0.0.1:{port} is taken" in check["summary"]
+    assert "--attach" in check["fix"]
+
+
+def test_a_missing_model_blocks(tmp_path: Path) -> None:
+    status, report = doctor("--port", "0", before=("--model", str(tmp_path / "gone.gguf")))
+    check = by_name(report)["model"]
+    assert status == 1 and check["level"] == "blocking" and "does not exist" in check["summary"]
+
+
+def test_a_missing_engine_blocks(tmp_path: Path) -> None:
+    config = tmp_path / "engine.toml"
+    config.write_text(f'[engine]\nllama_server = "{tmp_path / "no-llama-server"}"\n')
+    status, report = doctor("--port", "0", before=("--config", str(config)))
+    check = by_name(report)["engine"]
+    assert status == 1 and check["level"] == "blocking" and "no such file" in check["summary"]
+
+
+@pytest.fixture
+def xembed_desktop(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Xvfb and the XEmbed tray host trayer, nothing else."""
+    from tests.ui.test_real_tray import free_display
+
+    number = free_display()
+    env = {**os.environ, "DISPLAY": f":{number}"}
+    env.pop("DBUS_SESSION_BUS_ADDRESS", None)
+    log = (tmp_path / "desktop.log").open("wb")
+    processes = [subprocess.Popen(["Xvfb", f":{number}", "-nolisten", "tcp"], stdout=log, stderr=log)]
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(f"/tmp/.X11-unix/X{number}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        processes.append(subprocess.Popen(["trayer"], env=env, stdout=log, stderr=log))
+        yield env
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+            process.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.gui
+def test_an_xembed_tray_host_is_found(
+    xembed_desktop: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in xembed_desktop.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
+    deadline = time.monotonic() + 20
+    while probe().xembed.answer != "yes" and time.monotonic() < deadline:
+        time.sleep(0.2)  # trayer takes the selection once it has started
+    host = probe()
+    assert host.xembed.answer == "yes" and "_NET_SYSTEM_TRAY_S0" in host.xembed.detail
+    status, report = doctor("--port", "0", env=xembed_desktop)
+    assert status == 0 and by_name(report)["tray"]["details"]["answer"] == "yes"
+
+
+def test_no_display_and_no_bus_means_no_tray(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    host = probe()
+    assert (host.answer, host.xembed.answer, host.status_notifier.answer) == ("no", "no", "no")

@@ -1,0 +1,1 @@
+"""`failsoft doctor`: the checks, the desktop tray probe and the command."""

