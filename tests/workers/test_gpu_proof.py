@@ -79,6 +79,7 @@ def test_host_buffers_alone_are_not_a_gpu() -> None:
 
 def test_only_a_real_gpu_worker_with_layers_needs_proof() -> None:
     assert offload.needs_gpu_proof("gpu", simulated=False, n_gpu_layers=-1)
+    assert offload.needs_gpu_proof("gpu-embed", simulated=False, n_gpu_layers=-1)
     assert not offload.needs_gpu_proof("gpu", simulated=True, n_gpu_layers=-1)
     assert not offload.needs_gpu_proof("cpu", simulated=False, n_gpu_layers=0)
 

@@ -57,8 +57,8 @@ def parse_offload(load_log: str, buffers: BufferSizes) -> Offload:
 
 
 def needs_gpu_proof(role: str, simulated: bool, n_gpu_layers: int) -> bool:
-    """A GPU worker on a real device with layers planned on it must show them there."""
-    return role == "gpu" and not simulated and n_gpu_layers != 0
+    """A GPU worker (chat or embeddings) on a real device with layers planned on it must show them there."""
+    return role in ("gpu", "gpu-embed") and not simulated and n_gpu_layers != 0
 
 
 def refusal_before_start(listing: DeviceListing) -> str | None:
