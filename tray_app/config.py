@@ -93,6 +93,7 @@ class ServerConfig:
     port: int = 8750
     api_key: str = ""
     queue_max: int = 32
+    jobs_max: int = 1000  # unfinished background jobs (POST /v1/jobs); beyond it 429
     queue_timeout: float = 120.0
     max_body: str = "4MiB"
     # Host header names accepted besides loopback and `host` (e.g. "ai-box.lan"); see README "Security".

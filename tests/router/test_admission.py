@@ -54,6 +54,29 @@ async def test_full_queue_answers_at_once_with_retry_after() -> None:
     assert pool.in_flight("gpu") == 0
 
 
+async def test_accepted_work_waiting_does_not_crowd_out_new_requests() -> None:
+    """Issue 14: background jobs waiting for a slot were counted against the interactive queue, so a
+    batch of /v1/jobs submissions turned every chat request away with 429."""
+    pool = SlotPool({"gpu": 1}, queue_limit=2)
+    held = await pool.acquire("gpu", "a", timeout=1)
+    background = [
+        asyncio.create_task(pool.acquire("gpu", f"job-{n}", timeout=5, accepted=True)) for n in range(5)
+    ]
+    while pool.depth < 5:
+        await asyncio.sleep(0)
+    assert pool.interactive_depth == 0
+    chats = [asyncio.create_task(pool.acquire("gpu", f"chat-{n}", timeout=5)) for n in range(2)]
+    while pool.depth < 7:
+        await asyncio.sleep(0)
+    with pytest.raises(QueueFull) as full:  # the limit counts the two chats waiting, not the five jobs
+        await pool.acquire("gpu", "chat-3", timeout=5)
+    assert full.value.depth == 2
+    pool.release("gpu", held)
+    for waiter in [*background, *chats]:
+        pool.release("gpu", await waiter)
+    assert pool.in_flight("gpu") == 0 and pool.depth == 0
+
+
 async def test_waiting_is_bounded_in_time() -> None:
     pool = SlotPool({"cpu": 1}, queue_limit=4)
     held = await pool.acquire("cpu", "a", timeout=1)

@@ -111,3 +111,21 @@ def finish(service: StandInService, job: Job | None) -> None:
     assert service.registry.start_attempt(job, "gpu") == 1
     result = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}}]}
     assert service.registry.complete(job, result)
+
+
+def test_unfinished_background_jobs_are_bounded(make_service: Any) -> None:
+    """Issue 14, bounds: `POST /v1/jobs` had no limit; beyond `server.jobs_max` unfinished jobs it is 429,
+    a retry under a known key still finds its job, and a finished job makes room."""
+    service = make_service(jobs_max=2)
+    with client_for(create_app(service, manage_lifecycle=False)) as client:
+        first, second = post_job(client, "a"), post_job(client, "b")
+        assert (first.status_code, second.status_code) == (202, 202)
+        refused = post_job(client, "c")
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_jobs"
+        assert refused.headers["retry-after"]
+        assert post_job(client, "a").json()["id"] == first.json()["id"]  # its own job, not refused
+        job = service.registry.get(first.json()["id"])
+        assert job is not None
+        service.registry.fail(job, "cancelled", {"message": "cancelled by request", "code": "cancelled"})
+        assert post_job(client, "c").status_code == 202
+    assert len(service.spawned) == 3

@@ -134,6 +134,7 @@ class QueueTimeout(Exception):
 class _Waiter:
     job_id: str
     future: asyncio.Future[None]
+    accepted: bool = False  # accepted work (a replay, a background job): not counted against the limit
 
 
 @dataclass
@@ -162,6 +163,11 @@ class SlotPool:
     def depth(self) -> int:
         return sum(len(worker.waiters) for worker in self._workers.values())
 
+    @property
+    def interactive_depth(self) -> int:
+        """Waiting requests the limit counts: accepted work waits too, but never crowds out new requests."""
+        return sum(not w.accepted for worker in self._workers.values() for w in worker.waiters)
+
     def in_flight(self, role: str) -> int:
         return self._workers[role].in_flight
 
@@ -187,9 +193,9 @@ class SlotPool:
         if worker.in_flight < worker.capacity and not worker.waiters:
             worker.in_flight += 1
             return time.monotonic()
-        if not accepted and self.depth >= self.queue_limit:
-            raise QueueFull(self.depth, self.retry_after(role))
-        waiter = _Waiter(job_id, asyncio.get_running_loop().create_future())
+        if not accepted and self.interactive_depth >= self.queue_limit:
+            raise QueueFull(self.interactive_depth, self.retry_after(role))
+        waiter = _Waiter(job_id, asyncio.get_running_loop().create_future(), accepted)
         worker.waiters.append(waiter)
         self._changed()
         started = time.monotonic()

@@ -570,6 +570,16 @@ class Router:
                 existing = self._existing_job(key, parsed)
                 if existing is not None:
                     return existing
+            limit = self.svc.cfg.server.jobs_max
+            if self.svc.registry.background_pending() >= limit:
+                raise ApiError(
+                    429,
+                    f"{limit} background jobs are already waiting or running (server.jobs_max); "
+                    "try again later",
+                    type="rate_limit_error",
+                    code="too_many_jobs",
+                    headers={"Retry-After": "30"},
+                )
             # No await between the key check and _new_job (which registers the key): a second request with
             # the same key finds this job.
             job = self._new_job(request, parsed, background=True, deadline=BACKGROUND_DEADLINE)

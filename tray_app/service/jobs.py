@@ -186,6 +186,10 @@ class JobRegistry:
         """Live jobs in `state` (an unfinished state)."""
         return sum(1 for job in self._live.values() if job.state == state)
 
+    def background_pending(self) -> int:
+        """Background jobs not finished yet (queued, running or waiting for approval)."""
+        return sum(1 for job in self._live.values() if job.background)
+
     def by_state(self, state: str | None) -> list[Job]:
         jobs = [*self._live.values(), *self._finished.values()]
         return [job for job in jobs if state is None or job.state == state]
