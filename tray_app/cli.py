@@ -16,9 +16,9 @@ from tray_app import __version__, config
 # subcommand -> "module:function"; the function takes the parsed args and returns an exit status.
 HANDLERS = {
     None: "tray_app.ui.app:run",
-    "plan": "tray_app.plan_command:run",
+    "plan": "tray_app.budget.plan_command:run",
     "config": "tray_app.cli:show_config",
-    "serve": "tray_app.service.serve_command:run",
+    "serve": "tray_app.host.serve_command:run",
     "drill": "tray_app.drill.command:run",
     "bench": "tray_app.bench.command:run",
     "doctor": "tray_app.doctor.command:run",

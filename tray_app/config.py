@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args, get_type_hints
 import tomli_w
 
 from tray_app import paths
-from tray_app.sizes import parse_size
+from tray_app.budget.sizes import parse_size
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
 FallbackPolicy = Literal["auto", "approval", "never"]
@@ -255,7 +255,7 @@ def _check_relations(config: Config) -> None:
 
 
 def _check_allow_lists(config: Config) -> None:
-    from tray_app.service.origin_guard import normalize_origin  # no import cycle at module load
+    from tray_app.server.origin_guard import normalize_origin  # no import cycle at module load
 
     source, server = config.source, config.server
     for key in ("allowed_hosts", "allowed_origins"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tray_app import sd_notify
+from tray_app.host import sd_notify
 
 
 def test_without_notify_socket_nothing_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:

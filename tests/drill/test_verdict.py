@@ -19,7 +19,7 @@ from tray_app.drill.client import Answer, Event, ServiceClient
 from tray_app.drill.pressure import TORCH_HINT, real_gpu_pressure, summarize_change
 from tray_app.drill.records import Expectation, JobTrace, ScenarioRecord, account, verdict
 from tray_app.drill.report import DrillReport, markdown, text, write
-from tray_app.service.launch import free_port
+from tray_app.host.launch import free_port
 
 
 def passing_record(key: str = "f") -> ScenarioRecord:

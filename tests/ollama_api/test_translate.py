@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from starlette.routing import Match
 
-from tray_app.service.assemble import DONE, chat_chunk, completion_chunk, failsoft_chunk, sse
-from tray_app.service.control import Control
-from tray_app.service.ollama import paths
-from tray_app.service.ollama.translate import (
+from tray_app.jobs.assemble import DONE, chat_chunk, completion_chunk, failsoft_chunk, sse
+from tray_app.server.control import Control
+from tray_app.server.ollama import paths
+from tray_app.server.ollama.translate import (
     OllamaError,
     StreamTranslator,
     Timing,
@@ -34,7 +34,7 @@ from tray_app.service.ollama.translate import (
     openai_result,
     require_model,
 )
-from tray_app.service.origin_guard import CONTROL_PREFIX
+from tray_app.server.origin_guard import CONTROL_PREFIX
 
 KNOWN = {"SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1", "/models/x.gguf", "default"}
 MODEL_ID = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tray_app.device import DeviceMemory
-from tray_app.model_info import ModelInfo
+from tray_app.budget.device import DeviceMemory
+from tray_app.budget.model_info import ModelInfo
 
 MIB = 1024**2
 GIB = 1024**3

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tray_app.budget import cpu_request, cpu_slots, gpu_request, physical_cores, plan_from_config
+from tray_app.budget.device import SimulatedDevice
+from tray_app.budget.plan_set import cpu_request, cpu_slots, gpu_request, physical_cores, plan_from_config
 from tray_app.config import Config
-from tray_app.device import SimulatedDevice
 
 GIB = 1024**3
 MIB = 1024**2

@@ -6,11 +6,12 @@ import json
 import shutil
 from pathlib import Path
 
-from tray_app import calibration, paths
-from tray_app.budget import plan_from_config
+from tray_app import paths
+from tray_app.budget import calibration
+from tray_app.budget.llama_log import BufferSizes
+from tray_app.budget.plan_set import plan_from_config
+from tray_app.budget.planner import ComputeSettings
 from tray_app.config import Config
-from tray_app.llama_log import BufferSizes
-from tray_app.planner import ComputeSettings
 
 MIB = 1024**2
 SETTINGS = ComputeSettings(

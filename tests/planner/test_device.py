@@ -7,8 +7,15 @@ import threading
 
 import pytest
 
+from tray_app.budget.device import (
+    AbsentDevice,
+    NvmlDevice,
+    SimulatedDevice,
+    nvml_memory,
+    probe_gpu,
+    system_ram,
+)
 from tray_app.config import DeviceConfig
-from tray_app.device import AbsentDevice, NvmlDevice, SimulatedDevice, nvml_memory, probe_gpu, system_ram
 
 GIB = 1024**3
 MIB = 1024**2

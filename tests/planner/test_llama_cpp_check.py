@@ -14,10 +14,10 @@ from typing import Any
 import llama_cpp
 import pytest
 
-from tray_app import calibration
-from tray_app.llama_log import BufferSizes, as_printed, capture_llama_log, parse_buffer_sizes
-from tray_app.model_info import ModelInfo, inspect_model
-from tray_app.planner import (
+from tray_app.budget import calibration
+from tray_app.budget.llama_log import BufferSizes, as_printed, capture_llama_log, parse_buffer_sizes
+from tray_app.budget.model_info import ModelInfo, inspect_model
+from tray_app.budget.planner import (
     ComputeSettings,
     PlanRequest,
     estimate_compute_bytes,

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tray_app import model_info, paths
-from tray_app.model_info import ModelFileError, inspect_model
+from tray_app import paths
+from tray_app.budget import model_info
+from tray_app.budget.model_info import ModelFileError, inspect_model
 
 
 def test_bundled_model_fields(model_path: Path) -> None:

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from tray_app.model_info import ModelInfo
-from tray_app.planner import (
+from tray_app.budget.model_info import ModelInfo
+from tray_app.budget.planner import (
     CTX_PAD,
     ComputeSettings,
     PlanError,

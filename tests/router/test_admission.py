@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tray_app.service.admission import QueueFull, QueueTimeout, SlotPool, TokenCounter, requested_tokens
+from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, TokenCounter, requested_tokens
 
 
 async def test_slots_are_never_exceeded_and_waiters_go_in_order() -> None:

@@ -16,7 +16,7 @@ import pytest
 from tests.router.conftest import CHAT, base_settings, client_for, failsoft_of
 from tests.support.service import running_service, write_config
 from tray_app import config
-from tray_app.service.thread import ServiceThread
+from tray_app.host.thread import ServiceThread
 
 pytestmark = pytest.mark.integration
 

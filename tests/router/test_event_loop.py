@@ -7,7 +7,7 @@ import asyncio
 
 import uvloop
 
-from tray_app.service import event_loop
+from tray_app.host import event_loop
 
 
 def test_the_service_loop_is_uvloop() -> None:

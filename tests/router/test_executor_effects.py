@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from tray_app.events import EventBus
-from tray_app.service import policy
-from tray_app.service.admission import SlotPool
-from tray_app.service.executor import Executor, ExecutorSettings
-from tray_app.service.jobs import Job, JobRegistry, new_id
-from tray_app.service.journal import Journal
-from tray_app.service.relay import Chunk, UpstreamError
+from tray_app.jobs import policy
+from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.engine import Executor, ExecutorSettings
+from tray_app.jobs.journal import Journal
+from tray_app.jobs.registry import Job, JobRegistry, new_id
+from tray_app.jobs.relay import Chunk, UpstreamError
 
 Step = dict[str, Any] | Exception
 

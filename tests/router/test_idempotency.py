@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tray_app.service.idempotency import RETENTION_SECONDS, KeyRecord, decide
+from tray_app.jobs.idempotency import RETENTION_SECONDS, KeyRecord, decide
 
 NOW = 1_000_000.0
 

@@ -6,8 +6,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from tray_app.service import journal
-from tray_app.service.journal import SCHEMA_VERSION, Journal, connect, migrate, schema_version
+from tray_app.jobs import journal
+from tray_app.jobs.journal import SCHEMA_VERSION, Journal, connect, migrate, schema_version
 
 
 def _job(job_id: str, state: str = "queued", key: str | None = None) -> dict[str, object]:

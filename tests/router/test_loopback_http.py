@@ -15,8 +15,8 @@ from tests.support.scripted_http import (
     json_answer,
     scripted_server,
 )
-from tray_app import loopback_http
-from tray_app.loopback_http import ConnectionFailed, UpstreamPool
+from tray_app.engine import loopback_http
+from tray_app.engine.loopback_http import ConnectionFailed, UpstreamPool
 
 
 async def answer_ok(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:

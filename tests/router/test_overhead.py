@@ -10,7 +10,7 @@ import pytest
 
 from tests.router.conftest import base_settings
 from tests.support.service import ServiceHandle, running_service
-from tray_app.service.overhead import measure_overhead
+from tray_app.bench.overhead import measure_overhead
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from tray_app.service import policy
-from tray_app.service.policy import CpuState, Decision, FailureContext, RouteRequest, Settings
+from tray_app.jobs import policy
+from tray_app.jobs.policy import CpuState, Decision, FailureContext, RouteRequest, Settings
 
 FAST_CPU = CpuState(enabled=True, ready=True, ram_ok=True, tokens_per_second=50.0, n_ctx_per_seq=4096)
 NOTHING_SENT = FailureContext(

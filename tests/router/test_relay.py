@@ -17,7 +17,7 @@ from tests.support.scripted_http import (
     json_answer,
     scripted_server,
 )
-from tray_app.service.relay import Relay, UpstreamError, classify_error
+from tray_app.jobs.relay import Relay, UpstreamError, classify_error
 
 CHUNK = {"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
 EVENT = f"data: {json.dumps(CHUNK)}\n\n".encode()

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from tray_app.service.assemble import Assembler, result_to_stream
-from tray_app.service.errors import ApiError
-from tray_app.service.requests import Kind, check_model, parse_request
+from tray_app.jobs.assemble import Assembler, result_to_stream
+from tray_app.server.errors import ApiError
+from tray_app.server.requests import Kind, check_model, parse_request
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 

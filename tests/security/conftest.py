@@ -15,9 +15,9 @@ from starlette.testclient import TestClient
 
 from tray_app import config, paths
 from tray_app.events import EventBus
-from tray_app.service.app import create_app
-from tray_app.service.jobs import Job, JobRegistry
-from tray_app.service.journal import Journal
+from tray_app.jobs.journal import Journal
+from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.server.app import create_app
 
 BASE_URL = "http://127.0.0.1:8750"
 JOB_BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}

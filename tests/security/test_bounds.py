@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 from tests.security.conftest import StandInService
 from tray_app.events import QueueChanged
-from tray_app.service import control
-from tray_app.service.origin_guard import CONTROL_MAX_BODY
+from tray_app.server import control
+from tray_app.server.origin_guard import CONTROL_MAX_BODY
 
 
 def test_a_large_control_body_is_413(client: TestClient) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tray_app import config, paths
-from tray_app.service.journal import Journal
+from tray_app.jobs.journal import Journal
 
 
 def mode(path: Path) -> int:

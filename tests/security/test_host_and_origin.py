@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 from tests.security.conftest import StandInService, client_for
 from tray_app import config
-from tray_app.service.app import AuthAndErrors, create_app
-from tray_app.service.origin_guard import normalize_origin, split_host
+from tray_app.server.app import AuthAndErrors, create_app
+from tray_app.server.origin_guard import normalize_origin, split_host
 
 EVIL = "http://evil.example"
 
@@ -274,7 +274,7 @@ def test_requests_without_origin_or_host_pass(service: StandInService) -> None:
 
 
 def _awaiting_job(service: StandInService) -> Any:
-    from tray_app.service.jobs import Job, new_id
+    from tray_app.jobs.registry import Job, new_id
 
     job = Job(
         id=new_id("job"),

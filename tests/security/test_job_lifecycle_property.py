@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tests.router.conftest import CHAT, base_settings
 from tests.support.service import ServiceHandle, running_service
 from tray_app.drill.scenarios import ADD_TOOL, FORCE_ADD
-from tray_app.service.jobs import FINAL_STATES
+from tray_app.jobs.registry import FINAL_STATES
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from tray_app.events import ApprovalNeeded, Event, EventBus, JobStateChanged
-from tray_app.service import policy
-from tray_app.service.admission import SlotPool
-from tray_app.service.executor import Executor, ExecutorSettings
-from tray_app.service.jobs import FINAL_STATES, STATES, TRANSITIONS, Job, JobRegistry, can_move, new_id
-from tray_app.service.journal import Journal
-from tray_app.service.relay import Chunk
+from tray_app.jobs import policy
+from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.engine import Executor, ExecutorSettings
+from tray_app.jobs.journal import Journal
+from tray_app.jobs.registry import FINAL_STATES, STATES, TRANSITIONS, Job, JobRegistry, can_move, new_id
+from tray_app.jobs.relay import Chunk
 
 
 def make_job(**overrides: Any) -> Job:

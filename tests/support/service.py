@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import tomli_w
 
-from tray_app.service.launch import free_port, spawn_serve, stop_process_tree
+from tray_app.host.launch import free_port, spawn_serve, stop_process_tree
 
 __all__ = ["ServiceHandle", "free_port", "running_service", "stop_process_tree", "write_config"]
 

@@ -7,7 +7,7 @@ from typing import Any
 from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 
-from tray_app.sizes import format_size
+from tray_app.budget.sizes import format_size
 from tray_app.ui.budget_bar import SEGMENTS, BudgetBar, plan_segments
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.workers.conftest import Recorder, SupervisorFactory
+from tray_app.budget.llama_log import parse_buffer_sizes
 from tray_app.config import SupervisorConfig
 from tray_app.engine import binary, offload
 from tray_app.engine.devices import DeviceListing
-from tray_app.llama_log import parse_buffer_sizes
 from tray_app.supervisor import WorkerProfile, WorkerSupervisor
 
 # llama.cpp's load lines on a CUDA build (src/llama-model.cpp, llama_model::load_tensors), as printed.

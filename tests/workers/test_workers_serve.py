@@ -13,12 +13,12 @@ import pytest
 from tests.support.tools import WEATHER_TOOL
 from tests.workers.conftest import Recorder, SupervisorFactory
 from tests.workers.helpers import HELLO, client_for, wait_until
-from tray_app import calibration
+from tray_app.budget import calibration
+from tray_app.budget.model_info import inspect_model
+from tray_app.budget.planner import ComputeSettings, PlanRequest, kv_cache_bytes
 from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE, tool_call_opener, worker_tool_choice
-from tray_app.model_info import inspect_model
-from tray_app.planner import ComputeSettings, PlanRequest, kv_cache_bytes
-from tray_app.service.jobs import UPSTREAM_STREAM
-from tray_app.service.relay import Relay
+from tray_app.jobs.registry import UPSTREAM_STREAM
+from tray_app.jobs.relay import Relay
 from tray_app.supervisor import WorkerProfile
 
 pytestmark = pytest.mark.integration

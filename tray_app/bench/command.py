@@ -13,6 +13,7 @@ from typing import Any
 
 from tray_app import paths
 from tray_app.bench.measure import failover_figures, planner_figures, profile_figures
+from tray_app.bench.overhead import measure_overhead
 from tray_app.bench.report import text
 from tray_app.bench.split import split_profile, split_worker
 from tray_app.bench.throughput import LEVELS as THROUGHPUT_LEVELS
@@ -22,7 +23,6 @@ from tray_app.config import Config
 from tray_app.drill.client import DrillError, ServiceClient
 from tray_app.drill.command import default_simulated_vram, service_summary
 from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_service
-from tray_app.service.overhead import measure_overhead
 
 PROFILE_TOKENS = 32
 

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tray_app import paths
+from tray_app.budget.device import nvml_memory
+from tray_app.budget.sizes import format_size
 from tray_app.config import Config, ConfigError
-from tray_app.device import nvml_memory
 from tray_app.doctor import tray_host
 from tray_app.engine import binary
 from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
 from tray_app.engine.target import build_fix
-from tray_app.sizes import format_size
 
 Level = Literal["ok", "info", "warn", "blocking"]
 _VARIANT = re.compile(r"llama-cpp-python-(?P<version>[\d.]+)-(?P<backend>[a-z]+)-[0-9a-f]+")

@@ -19,7 +19,7 @@ import httpx
 import tomli_w
 
 from tray_app.config import Config, from_dict
-from tray_app.service.launch import ServeProcess, spawn_serve, stop_process_tree, workers_ready
+from tray_app.host.launch import ServeProcess, spawn_serve, stop_process_tree, workers_ready
 
 READY_TIMEOUT = 180.0
 # The drill's GPU slots get a small context and the CPU's larger ones, so that a request can exceed the GPU

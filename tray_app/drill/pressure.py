@@ -13,10 +13,10 @@ import importlib
 import time
 from typing import Any
 
-from tray_app.device import nvml_memory
+from tray_app.budget.device import nvml_memory
+from tray_app.budget.sizes import format_size
 from tray_app.drill.client import DrillError, ServiceClient
 from tray_app.drill.scenarios import BASE, SEA
-from tray_app.sizes import format_size
 
 LABEL = "drill-pressure"
 TORCH_HINT = "pip install 'failsoft[drill]'"

@@ -19,7 +19,7 @@ from tray_app.drill.records import (
     account,
     explain,
 )
-from tray_app.service import policy
+from tray_app.jobs import policy
 
 SEED = 7
 BASE: dict[str, Any] = {"model": "default", "temperature": 0, "seed": SEED}

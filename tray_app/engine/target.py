@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tray_app.device import DeviceMemory
+from tray_app.budget.device import DeviceMemory
 from tray_app.engine.devices import DeviceListing
 
 TargetKind = Literal["gpu", "simulated", "what-if", "cpu", "unknown"]

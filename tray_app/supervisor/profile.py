@@ -6,12 +6,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tray_app.budget import PlanSet, physical_cores
+from tray_app.budget.model_info import inspect_model
+from tray_app.budget.plan_set import PlanSet, physical_cores
+from tray_app.budget.planner import Plan
 from tray_app.config import Config
 from tray_app.engine.roles import EMBED_ROLES, Role
 from tray_app.engine.tools import template_for
-from tray_app.model_info import inspect_model
-from tray_app.planner import Plan
 
 
 @dataclass(frozen=True)

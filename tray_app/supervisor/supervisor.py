@@ -32,17 +32,18 @@ from typing import Any, Literal, cast
 import httpx
 import psutil
 
-from tray_app import calibration, paths
+from tray_app import paths
+from tray_app.budget import calibration
+from tray_app.budget.llama_log import BufferSizes, parse_buffer_sizes
+from tray_app.budget.model_info import inspect_model
+from tray_app.budget.planner import ComputeSettings
 from tray_app.config import SupervisorConfig
 from tray_app.engine import WORKER_KEY_ENV, binary, offload, simulated
 from tray_app.engine.argv import llama_server_argv
 from tray_app.engine.devices import DeviceListError, list_devices
 from tray_app.engine.faults import SIGNALS, ArmedFault, check_fault
+from tray_app.engine.loopback_http import ConnectionFailed, ConnectTimeout, Response, UpstreamPool
 from tray_app.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
-from tray_app.llama_log import BufferSizes, parse_buffer_sizes
-from tray_app.loopback_http import ConnectionFailed, ConnectTimeout, Response, UpstreamPool
-from tray_app.model_info import inspect_model
-from tray_app.planner import ComputeSettings
 from tray_app.supervisor.backoff import Backoff
 from tray_app.supervisor.classify import FAILURE_KINDS, Failure, FailureKind, classify_exit, hung_failure
 from tray_app.supervisor.process import WorkerProcess, worker_log_path
@@ -774,7 +775,7 @@ class WorkerSupervisor:
 
 def record_calibration(profile: WorkerProfile, buffers: BufferSizes) -> None:
     """Keep what llama.cpp allocated for this profile: the planner's compute estimate is checked against it
-    and replaced by it (tray_app.calibration)."""
+    and replaced by it (tray_app.budget.calibration)."""
     if buffers.total_bytes == 0:
         log.warning("llama-server printed no buffer sizes: nothing to record for calibration")
         return

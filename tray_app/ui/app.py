@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.attach:
         return _run_tray(app, str(args.attach).rstrip("/"), cfg, service=None)
-    from tray_app.service.thread import ServiceThread
+    from tray_app.host.thread import ServiceThread
 
     service = ServiceThread(cfg, enable_faults=bool(args.enable_faults))
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tray_app.sizes import format_size
+from tray_app.budget.sizes import format_size
 
 SERVING = "serving"
 DEGRADED = "degraded"

@@ -12,7 +12,7 @@ from PySide6.QtGui import QAction, QCursor, QDesktopServices
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSystemTrayIcon, QVBoxLayout, QWidget, QWidgetAction
 
 from tray_app import paths
-from tray_app.sizes import format_size
+from tray_app.budget.sizes import format_size
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.budget_bar import BudgetBar
 from tray_app.ui.icons import state_icon, state_pixmap, swatch_icon

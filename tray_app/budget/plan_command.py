@@ -7,9 +7,9 @@ import json
 import sys
 
 from tray_app import cli, config
-from tray_app.budget import PlanSet, plan_from_config
-from tray_app.planner import Plan, PlanError
-from tray_app.sizes import format_size, parse_size
+from tray_app.budget.plan_set import PlanSet, plan_from_config
+from tray_app.budget.planner import Plan, PlanError
+from tray_app.budget.sizes import format_size, parse_size
 
 BAR_WIDTH = 32
 

@@ -10,21 +10,22 @@ from typing import Any
 
 import psutil
 
-from tray_app import __version__, paths, sd_notify
-from tray_app.budget import PlanSet, plan_from_config
+from tray_app import __version__, paths
+from tray_app.budget.device import SimulatedDevice, probe_gpu
+from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.config import Config, ConfigError
-from tray_app.device import SimulatedDevice, probe_gpu
 from tray_app.engine import binary, tools
 from tray_app.engine.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
-from tray_app.service import policy
-from tray_app.service.admission import SlotPool, TokenCounter
-from tray_app.service.embeddings import EmbeddingRunner
-from tray_app.service.executor import Executor, ExecutorSettings, Worker
-from tray_app.service.jobs import Job, JobRegistry
-from tray_app.service.journal import Journal
-from tray_app.service.metrics import Metrics
-from tray_app.service.relay import Relay, UpstreamError
+from tray_app.host import sd_notify
+from tray_app.host.metrics import Metrics
+from tray_app.jobs import policy
+from tray_app.jobs.admission import SlotPool, TokenCounter
+from tray_app.jobs.embeddings import EmbeddingRunner
+from tray_app.jobs.engine import Executor, ExecutorSettings, Worker
+from tray_app.jobs.journal import Journal
+from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.jobs.relay import Relay, UpstreamError
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"

@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tray_app import paths
-from tray_app.llama_log import BufferSizes
-from tray_app.planner import ComputeSettings, MeasuredCompute, padded_context
+from tray_app.budget.llama_log import BufferSizes
+from tray_app.budget.planner import ComputeSettings, MeasuredCompute, padded_context
 
 log = logging.getLogger(__name__)
 _FORMAT = 1

@@ -10,9 +10,9 @@ import uvicorn
 
 from tray_app.cli import load_config
 from tray_app.config import Config, ConfigError
-from tray_app.service import event_loop
-from tray_app.service.app import create_app
-from tray_app.service.service import Service
+from tray_app.host import event_loop
+from tray_app.host.service import Service
+from tray_app.server.app import create_app
 
 
 def is_loopback(host: str) -> bool:

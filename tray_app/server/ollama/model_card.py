@@ -81,7 +81,9 @@ def _scalar(value: Any) -> Any:
 def _fields(path: Path) -> tuple[dict[str, Any], int, str]:
     """The GGUF key-value metadata (long arrays shown empty), the parameter count from the tensors and the
     chat template."""
-    from gguf import GGUFReader  # the planner reads the same file the same way (tray_app.model_info)
+    from gguf import (
+        GGUFReader,  # the planner reads the same file the same way (tray_app.budget.model_info)
+    )
 
     reader = GGUFReader(str(path), "r")
     info: dict[str, Any] = {}

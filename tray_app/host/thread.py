@@ -9,10 +9,10 @@ import uvicorn
 
 from tray_app.config import Config
 from tray_app.events import EventBus
-from tray_app.service import event_loop
-from tray_app.service.app import create_app
-from tray_app.service.serve_command import check_bind, uvicorn_config
-from tray_app.service.service import Service
+from tray_app.host import event_loop
+from tray_app.host.serve_command import check_bind, uvicorn_config
+from tray_app.host.service import Service
+from tray_app.server.app import create_app
 
 
 class ServiceThread:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from tray_app.device import DeviceMemory
-from tray_app.model_info import ModelInfo
-from tray_app.sizes import format_size
+from tray_app.budget.device import DeviceMemory
+from tray_app.budget.model_info import ModelInfo
+from tray_app.budget.sizes import format_size
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
 Verdict = Literal["gpu", "split", "cpu"]

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tray_app.events import EventBus, FallbackCompleted, FallbackRefused, FallbackStarted, RouteDecided
-from tray_app.service import policy
-from tray_app.service.admission import QueueTimeout, SlotPool
-from tray_app.service.assemble import (
+from tray_app.jobs import policy
+from tray_app.jobs.admission import QueueTimeout, SlotPool
+from tray_app.jobs.assemble import (
     DONE,
     Assembler,
     chat_chunk,
@@ -31,9 +31,9 @@ from tray_app.service.assemble import (
     result_to_stream,
     sse,
 )
-from tray_app.service.errors import ApiError, unavailable
-from tray_app.service.jobs import UPSTREAM_STREAM, Job, JobRegistry
-from tray_app.service.relay import Relay, UpstreamError
+from tray_app.jobs.registry import UPSTREAM_STREAM, Job, JobRegistry
+from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.server.errors import ApiError, unavailable
 
 log = logging.getLogger(__name__)
 

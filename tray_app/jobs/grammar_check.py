@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tray_app.llama_log import capture_llama_log
+from tray_app.budget.llama_log import capture_llama_log
 
 # How a worker words a refused grammar; the router reads it as the request's fault (no failover).
 INVALID_GRAMMAR = "the grammar is not valid GBNF"

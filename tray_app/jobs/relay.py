@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from tray_app.loopback_http import (
+from tray_app.engine.loopback_http import (
     ConnectionFailed,
     ConnectTimeout,
     Response,

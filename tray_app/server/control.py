@@ -17,15 +17,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tray_app import config
+from tray_app.budget.sizes import parse_size
 from tray_app.engine.faults import FAULT_KINDS
 from tray_app.engine.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.events import Event
-from tray_app.service.errors import ApiError
-from tray_app.service.jobs import STATES
-from tray_app.service.metrics import CONTENT_TYPE_LATEST
-from tray_app.service.origin_guard import CONTROL_MAX_BODY
-from tray_app.service.service import Service
-from tray_app.sizes import parse_size
+from tray_app.host.metrics import CONTENT_TYPE_LATEST
+from tray_app.host.service import Service
+from tray_app.jobs.registry import STATES
+from tray_app.server.errors import ApiError
+from tray_app.server.origin_guard import CONTROL_MAX_BODY
 from tray_app.supervisor.supervisor import SupervisorError
 
 KEEPALIVE_SECONDS = 15.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tray_app.events import ApprovalNeeded, EventBus, JobStateChanged
-from tray_app.service.journal import Journal, StoredJob
+from tray_app.jobs.journal import Journal, StoredJob
 
 FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
 STATES = ("queued", "running", "awaiting_approval", *sorted(FINAL_STATES))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tray_app import grammar_check
+from tray_app.jobs import grammar_check
 
 DEFAULT_CHAT_TEMPLATE_STOP = "<|im_end|>"
 CONTENT_CACHE_SIZE = 4096

@@ -10,8 +10,8 @@ from typing import Any, Literal, Protocol
 
 import psutil
 
+from tray_app.budget.sizes import format_size, parse_size
 from tray_app.config import DeviceConfig
-from tray_app.sizes import format_size, parse_size
 
 DeviceKind = Literal["nvidia", "simulated", "none", "ram"]
 

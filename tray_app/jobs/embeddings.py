@@ -15,12 +15,12 @@ from typing import Any
 
 from tray_app.engine.roles import EMBED_ROLES
 from tray_app.events import EventBus, FallbackCompleted, FallbackStarted
-from tray_app.service.admission import QueueFull, QueueTimeout, SlotPool
-from tray_app.service.errors import ApiError, bad_request, unavailable
-from tray_app.service.executor import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker, upstream_headers
-from tray_app.service.jobs import Job, JobRegistry
-from tray_app.service.relay import Relay, UpstreamError
-from tray_app.service.requests import parse_json_object
+from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
+from tray_app.jobs.engine import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker, upstream_headers
+from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.server.errors import ApiError, bad_request, unavailable
+from tray_app.server.requests import parse_json_object
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
 ENCODINGS = ("float", "base64")

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 from starlette.types import Scope
 
+from tray_app.budget.sizes import parse_size
 from tray_app.config import ServerConfig
-from tray_app.service.errors import ApiError
-from tray_app.sizes import parse_size
+from tray_app.server.errors import ApiError
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -21,20 +21,23 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tray_app.budget.sizes import parse_size
 from tray_app.config import ServerConfig
 from tray_app.engine.tools import worker_tool_choice
 from tray_app.events import RouteDecided
-from tray_app.service import control, idempotency, policy
-from tray_app.service.admission import QueueFull, QueueTimeout, requested_tokens
-from tray_app.service.assemble import include_usage, result_to_stream
-from tray_app.service.embeddings import parse_embedding_request
-from tray_app.service.errors import ApiError, bad_request, unavailable
-from tray_app.service.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
-from tray_app.service.executor import retry_after_seconds
-from tray_app.service.jobs import Job, new_id, stored_summary
-from tray_app.service.ollama.paths import is_ollama_path
-from tray_app.service.origin_guard import OriginGuard
-from tray_app.service.requests import (
+from tray_app.host.service import BACKGROUND_DEADLINE, Service
+from tray_app.jobs import idempotency, policy
+from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens
+from tray_app.jobs.assemble import include_usage, result_to_stream
+from tray_app.jobs.embeddings import parse_embedding_request
+from tray_app.jobs.engine import retry_after_seconds
+from tray_app.jobs.registry import Job, new_id, stored_summary
+from tray_app.server import control
+from tray_app.server.errors import ApiError, bad_request, unavailable
+from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
+from tray_app.server.ollama.paths import is_ollama_path
+from tray_app.server.origin_guard import OriginGuard
+from tray_app.server.requests import (
     Kind,
     ParsedRequest,
     body_hash,
@@ -43,8 +46,6 @@ from tray_app.service.requests import (
     parse_json_object,
     parse_request,
 )
-from tray_app.service.service import BACKGROUND_DEADLINE, Service
-from tray_app.sizes import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +316,7 @@ class Router:
             body["seed"] = secrets.randbelow(2**31)
         grammar = body.get("grammar")
         if grammar and (problem := self.svc.tokens.grammar_error(grammar)) is not None:
-            # Refused here with the parser's own words, before any worker sees it (tray_app.grammar_check).
+            # Refused with the parser's own words before any worker sees it (tray_app.jobs.grammar_check).
             raise bad_request(f"'grammar' is not valid GBNF: {problem}", "grammar", code="invalid_grammar")
         prompt_tokens = self.svc.count_prompt(parsed.kind, body)
         if prompt_tokens == 0:
@@ -689,7 +690,7 @@ async def not_found(request: Request, exc: Exception) -> Response:
 
 def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     """The ASGI app. With `manage_lifecycle`, starting the app starts the service (workers and all)."""
-    from tray_app.service.ollama.routes import OllamaRoutes  # it builds on Router: imported once both exist
+    from tray_app.server.ollama.routes import OllamaRoutes  # it builds on Router: imported once both exist
 
     router = Router(service)
     ollama = OllamaRoutes(service, router)

@@ -20,11 +20,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tray_app.service.app import Router, read_body
-from tray_app.service.errors import ApiError
-from tray_app.service.ollama import paths
-from tray_app.service.ollama.model_card import ModelCard, model_card
-from tray_app.service.ollama.translate import (
+from tray_app.host.service import Service
+from tray_app.server.app import Router, read_body
+from tray_app.server.errors import ApiError
+from tray_app.server.ollama import paths
+from tray_app.server.ollama.model_card import ModelCard, model_card
+from tray_app.server.ollama.translate import (
     OLLAMA_VERSION,
     Kind,
     OllamaError,
@@ -46,7 +47,6 @@ from tray_app.service.ollama.translate import (
     parse_body,
     require_model,
 )
-from tray_app.service.service import Service
 
 PathKind = Literal["chat", "generate"]
 NDJSON = b"application/x-ndjson"

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tray_app.service.errors import ApiError, bad_request
+from tray_app.server.errors import ApiError, bad_request
 
 Kind = Literal["chat", "completion"]
 ROLES = {"system", "user", "assistant", "tool", "function", "developer"}
