@@ -28,12 +28,12 @@ from tray_app.events import RouteDecided
 from tray_app.host.service import BACKGROUND_DEADLINE, Service
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens
-from tray_app.jobs.assemble import include_usage, result_to_stream
-from tray_app.jobs.embeddings import parse_embedding_request
 from tray_app.jobs.engine import retry_after_seconds
+from tray_app.jobs.outcomes import JobFailed
 from tray_app.jobs.registry import Job, new_id, stored_summary
 from tray_app.server import control
-from tray_app.server.errors import ApiError, bad_request, unavailable
+from tray_app.server.embedding_requests import parse_embedding_request
+from tray_app.server.errors import ApiError, bad_request, from_job_error, unavailable
 from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.server.ollama.paths import is_ollama_path
 from tray_app.server.origin_guard import OriginGuard
@@ -46,6 +46,7 @@ from tray_app.server.requests import (
     parse_json_object,
     parse_request,
 )
+from tray_app.server.streaming import include_usage, outcome_bytes, result_to_stream
 
 log = logging.getLogger(__name__)
 
@@ -494,7 +495,7 @@ class Router:
                     else executor.run(job, deliver=True, held_slot=held)
                 )
                 async for piece in source:
-                    pieces.put(piece)
+                    pieces.put(outcome_bytes(job, piece))
             finally:
                 pieces.close()
 
@@ -540,6 +541,8 @@ class Router:
             )
             self.svc.registry.add(job)
             answer = await self.svc.embeddings.run(job)
+        except JobFailed as failed:
+            return error_response(from_job_error(failed.error), job_headers(job) if job else None)
         except ApiError as error:
             return error_response(error, job_headers(job) if job else None)
         outcome = "completed" if job.state == "completed" else job.state
