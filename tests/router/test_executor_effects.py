@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tray_app.events import EventBus
+from tray_app.contract.events import EventBus
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.engine import Executor, ExecutorSettings

@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tray_app import config, paths
-from tray_app.events import EventBus
+from tray_app.contract.events import EventBus
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.server.app import create_app

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tray_app.events import ApprovalNeeded, Event, EventBus, JobStateChanged
+from tray_app.contract.events import ApprovalNeeded, Event, EventBus, JobStateChanged
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.engine import Executor, ExecutorSettings

@@ -14,9 +14,9 @@ from tray_app import __version__, paths
 from tray_app.budget.device import SimulatedDevice, probe_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.config import Config, ConfigError
+from tray_app.contract.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
+from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.engine import binary, tools
-from tray_app.engine.roles import CHAT_ROLES, EMBED_ROLES
-from tray_app.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
 from tray_app.host import sd_notify
 from tray_app.host.metrics import Metrics
 from tray_app.jobs import policy

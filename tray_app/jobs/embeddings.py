@@ -12,8 +12,8 @@ import json
 import time
 from typing import Any
 
-from tray_app.engine.roles import EMBED_ROLES
-from tray_app.events import EventBus, FallbackCompleted, FallbackStarted
+from tray_app.contract.events import EventBus, FallbackCompleted, FallbackStarted
+from tray_app.contract.roles import EMBED_ROLES
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
 from tray_app.jobs.engine import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker, upstream_headers
 from tray_app.jobs.outcomes import JobError, JobFailed, cannot_serve

@@ -19,7 +19,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tray_app.events import EventBus, FallbackCompleted, FallbackRefused, FallbackStarted, RouteDecided
+from tray_app.contract.events import (
+    EventBus,
+    FallbackCompleted,
+    FallbackRefused,
+    FallbackStarted,
+    RouteDecided,
+)
 from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.assemble import Assembler, chat_chunk

@@ -13,11 +13,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tray_app.events import ApprovalNeeded, EventBus, JobStateChanged
+from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
+from tray_app.contract.vocabulary import FINAL_JOB_STATES, JOB_STATES
 from tray_app.jobs.journal import Journal, StoredJob
 
-FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
-STATES = ("queued", "running", "awaiting_approval", *sorted(FINAL_STATES))
+FINAL_STATES = FINAL_JOB_STATES
+STATES = JOB_STATES
 _ENDED = frozenset({"failed", "cancelled", "rejected"})
 # The only moves a job's state can make. Final states have none: the first final transition wins, and a late
 # start, answer or approval of a job that already ended (cancelled while it waited) is refused.

@@ -23,8 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tray_app.budget.sizes import parse_size
 from tray_app.config import ServerConfig
+from tray_app.contract.events import RouteDecided
 from tray_app.engine.tools import worker_tool_choice
-from tray_app.events import RouteDecided
 from tray_app.host.service import BACKGROUND_DEADLINE, Service
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens

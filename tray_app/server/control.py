@@ -18,9 +18,9 @@ from starlette.routing import Route
 
 from tray_app import config
 from tray_app.budget.sizes import parse_size
+from tray_app.contract.events import Event
+from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.engine.faults import FAULT_KINDS
-from tray_app.engine.roles import CHAT_ROLES, EMBED_ROLES
-from tray_app.events import Event
 from tray_app.host.metrics import CONTENT_TYPE_LATEST
 from tray_app.host.service import Service
 from tray_app.jobs.registry import STATES

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ApiCall, ChatStream, ServiceClient
 from tray_app.ui.approvals import format_duration, job_list
 from tray_app.ui.icons import app_icon
@@ -29,7 +30,6 @@ from tray_app.ui.notifications import reason_text
 from tray_app.ui.qt_events import QtEventBridge
 
 JOB_POLL_MS = 1000
-FINAL_STATES = {"completed", "failed", "cancelled", "rejected"}
 BADGE_COLORS = {
     "gpu": ("#2b8a3e", "#ebfbee"),
     "cpu": ("#1864ab", "#e7f5ff"),
@@ -274,7 +274,7 @@ class Exchange:
             self.estimated_seconds = float(job.get("estimated_seconds") or 0)
         if self.on_cpu and state == "running":
             self._show_cpu_progress()
-        if state not in FINAL_STATES:
+        if state not in FINAL_JOB_STATES:
             return
         self.poll.stop()
         result = job.get("result") or {}
