@@ -323,11 +323,11 @@ class ChatWindow(QWidget):
         self.transcript_layout.setContentsMargins(14, 14, 14, 14)
         self.transcript_layout.setSpacing(10)
         self.transcript_layout.addStretch(1)
-        self.scroll = QScrollArea()
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setWidget(self.transcript)
-        self.scroll.setStyleSheet("QScrollArea, #transcript { background: #f8f9fa; }")
+        self.transcript_scroll = QScrollArea()
+        self.transcript_scroll.setWidgetResizable(True)
+        self.transcript_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.transcript_scroll.setWidget(self.transcript)
+        self.transcript_scroll.setStyleSheet("QScrollArea, #transcript { background: #f8f9fa; }")
 
         self.input = QPlainTextEdit()
         self.input.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
@@ -343,7 +343,7 @@ class ChatWindow(QWidget):
         self.stop_button.setEnabled(False)
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.stop)
-        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.send)
+        QShortcut(QKeySequence("Ctrl+Return"), self, self.send)
 
         controls = QHBoxLayout()
         controls.addWidget(self.max_tokens)
@@ -353,7 +353,7 @@ class ChatWindow(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 10)
         layout.setSpacing(8)
-        layout.addWidget(self.scroll, 1)
+        layout.addWidget(self.transcript_scroll, 1)
         bottom = QVBoxLayout()
         bottom.setContentsMargins(12, 0, 12, 0)
         bottom.addWidget(self.input)
@@ -433,5 +433,5 @@ class ChatWindow(QWidget):
         call.succeeded.connect(matched)
 
     def scroll_to_end(self) -> None:
-        bar = self.scroll.verticalScrollBar()
+        bar = self.transcript_scroll.verticalScrollBar()
         QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))
