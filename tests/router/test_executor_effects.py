@@ -15,9 +15,10 @@ import pytest
 from tray_app.contract.events import EventBus
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.engine import Executor, ExecutorSettings
 from tray_app.jobs.journal import Journal
-from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece
+from tray_app.jobs.outcomes import Ended, Finished, JobError, JobFailed, Outcome, Piece
 from tray_app.jobs.registry import Job, JobRegistry, new_id
 from tray_app.jobs.relay import Chunk, UpstreamError
 from tray_app.server.streaming import outcome_bytes
@@ -266,3 +267,64 @@ def test_the_http_layer_renders_outcomes_as_openai_events(journal: Journal) -> N
         "code": "cpu_too_slow",
         "job_id": job.id,
     }
+
+
+class ScriptedPost:
+    """A relay for whole answers: the n-th call gets the n-th answer (or raises it)."""
+
+    def __init__(self, *answers: dict[str, Any] | Exception) -> None:
+        self.answers = list(answers)
+        self.urls: list[str] = []
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> bytes:
+        self.urls.append(url)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return json.dumps(answer).encode()
+
+
+VECTORS = {"object": "list", "data": [{"index": 0, "embedding": [0.1, 0.2]}], "usage": {"prompt_tokens": 2}}
+
+
+def embedding_runner(journal: Journal, relay: ScriptedPost) -> tuple[EmbeddingRunner, JobRegistry, Any]:
+    registry = JobRegistry(journal, EventBus())
+    workers = {
+        "gpu-embed": StandInWorker("gpu-embed", base_url="http://gpu"),
+        "cpu-embed": StandInWorker("cpu-embed", base_url="http://cpu", pid=4444),
+    }
+    settings = ExecutorSettings(policy.Settings(), 5.0, 5.0, 0.0, model_id="model.gguf")
+    slots = SlotPool({"gpu-embed": 1, "cpu-embed": 1}, queue_limit=4)
+    runner = EmbeddingRunner(settings, workers.get, slots, relay, registry, EventBus())  # type: ignore[arg-type]
+    return runner, registry, workers
+
+
+def embedding_job(registry: JobRegistry) -> Job:
+    job = new_job(registry, stream=False)
+    job.body = {"input": ["hello"], "encoding_format": "float"}
+    return job
+
+
+async def test_embeddings_fail_over_once_and_the_journal_keeps_no_vectors(journal: Journal) -> None:
+    relay = ScriptedPost(UpstreamError("exited", "connection dropped"), VECTORS)
+    runner, registry, workers = embedding_runner(journal, relay)
+    job = embedding_job(registry)
+    answer = await runner.run(job)
+    assert relay.urls == ["http://gpu/v1/embeddings", "http://cpu/v1/embeddings"]
+    assert answer["data"] == VECTORS["data"] and answer["model"] == "model.gguf"
+    assert answer["failsoft"] == {**job.failsoft(), "worker": "cpu", "attempts": 2}
+    assert (job.state, job.fallback_reason) == ("completed", "exited")
+    assert workers["gpu-embed"].unhealthy == ["exited"]  # its supervisor restarts it
+    assert job.result is not None and "data" not in job.result and job.result["dimensions"] == 2
+
+
+async def test_an_embedding_the_worker_refuses_is_the_clients_error_without_failover(
+    journal: Journal,
+) -> None:
+    relay = ScriptedPost(UpstreamError("client_error", "input is too long", status=400))
+    runner, registry, workers = embedding_runner(journal, relay)
+    job = embedding_job(registry)
+    with pytest.raises(JobFailed) as failed:
+        await runner.run(job)
+    assert (failed.value.error.status, failed.value.error.code) == (400, "invalid_request")
+    assert len(relay.urls) == 1 and not workers["gpu-embed"].unhealthy and job.state == "failed"
