@@ -46,7 +46,6 @@ class StandInService:
     journal: Journal
     bus: EventBus = field(default_factory=EventBus)
     enable_faults: bool = False
-    keys: dict[str, str] = field(default_factory=dict)
     spawned: list[str] = field(default_factory=list)
     model_names: set[str] = field(default_factory=lambda: {"default", "model.gguf"})
     model_id: str = "model.gguf"

@@ -78,7 +78,6 @@ class Service:
         )
         self._tasks: list[asyncio.Task[Any]] = []
         self._speed_task: asyncio.Task[None] | None = None
-        self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs of this run
 
     # ------------------------------------------------------------------------------------ set-up
     def _capacities(self) -> dict[str, int]:
@@ -200,8 +199,6 @@ class Service:
                 fallback_reason=stored.fallback_reason,
             )
             self.registry.add(job, journaled=True)
-            if stored.idempotency_key:
-                self.keys[stored.idempotency_key] = job.id
             if job.state == "awaiting_approval":
                 continue  # still the user's call
             if job.stream and job.state == "running":

@@ -255,8 +255,7 @@ class Router:
 
     def _idempotent_answer(self, key: str, parsed: ParsedRequest) -> ASGIApp | None:
         """The stored answer, a 409/422, or None when this request is new under its key."""
-        job_id = self.svc.keys.get(key)
-        live = self.svc.registry.get(job_id) if job_id else None
+        live = self.svc.registry.by_key(key)
         record: idempotency.KeyRecord | None = None
         stored_result: dict[str, Any] | None = None
         if live is not None:
@@ -340,9 +339,7 @@ class Router:
             max_tokens=max_tokens,
             deadline=time.monotonic() + deadline,
         )
-        self.svc.registry.add(job)
-        if job.idempotency_key:
-            self.svc.keys[job.idempotency_key] = job.id
+        self.svc.registry.add(job)  # registers its Idempotency-Key too
         return job
 
     async def _route(self, job: Job, deadline: float) -> policy.Decision:
@@ -614,8 +611,7 @@ class Router:
         """`Idempotency-Key` on /v1/jobs, with the rules chat uses (idempotency.decide): the same key and body
         give the job already made under it (202 while it is unfinished, 200 once completed; never a second
         job), another body is 422; a key whose job ended without an answer may make a new one."""
-        job_id = self.svc.keys.get(key)
-        live = self.svc.registry.get(job_id) if job_id else None
+        live = self.svc.registry.by_key(key)
         record: idempotency.KeyRecord | None = None
         background = True
         summary: dict[str, Any] = {}
