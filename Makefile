@@ -51,11 +51,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) system-deps lint typecheck
-	$(BIN)/python -m pytest
+# The suite in stages, each timed, so what failed and what took long show at a glance. A stage that collects
+# no tests fails (pytest's exit status 5).
+STAGE = @start=$$(date +%s); echo "== stage $(1)"; $(2) || { echo "== stage $(1) FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }; echo "== stage $(1): $$(( $$(date +%s) - start )) s"
+UNIT_TESTS = not integration and not gui and not slow
+COVERAGE = --cov=tray_app.jobs --cov=tray_app.server --cov-report=term:skip-covered
 
+test: $(STAMP) system-deps
+	$(call STAGE,lint,$(MAKE) --no-print-directory lint)
+	$(call STAGE,typecheck,$(BIN)/mypy)
+	$(call STAGE,unit,$(BIN)/python -m pytest -q -m "$(UNIT_TESTS)" $(COVERAGE))
+	$(call STAGE,integration,$(BIN)/python -m pytest -q -m "(integration or slow) and not gui")
+	$(call STAGE,gui,$(BIN)/python -m pytest -q -m gui)
+
+# The fast tier: no model loaded, no worker started; with the job engine's and the HTTP layer's coverage.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -m "not integration and not gui and not slow"
+	$(BIN)/python -m pytest -q -m "$(UNIT_TESTS)" $(COVERAGE)
 
 bench: $(STAMP)
 	$(BIN)/failsoft bench $(SIM_ARGS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import os
@@ -336,3 +337,32 @@ def write_private(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+# What a running service takes over without restarting a worker (POST /failsoft/config/reload); every other
+# key changes what the workers were started with, or the listening socket.
+LIVE_SECTIONS = ("failover", "journal")
+LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "jobs_max", "max_body", "allowed_hosts", "allowed_origins")
+
+
+def is_live(section: str, key: str) -> bool:
+    return section in LIVE_SECTIONS or (section == "server" and key in LIVE_SERVER_KEYS)
+
+
+def with_live_changes(current: Config, fresh: Config) -> tuple[Config, list[str], list[str]]:
+    """A new snapshot: `current` with `fresh`'s live values (current itself is left as it is, for whoever
+    still reads it), the `section.key` names taken over, and those that need a restart."""
+    merged = copy.deepcopy(current)
+    applied: list[str] = []
+    needs_restart: list[str] = []
+    old, new = current.to_dict(), fresh.to_dict()
+    for section, values in new.items():
+        for key, value in values.items():
+            if old[section][key] == value:
+                continue
+            if is_live(section, key):
+                setattr(getattr(merged, section), key, copy.deepcopy(value))
+                applied.append(f"{section}.{key}")
+            else:
+                needs_restart.append(f"{section}.{key}")
+    return merged, applied, needs_restart

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from tray_app.events import EventBus, FallbackStarted, WorkerStateChanged
+from tray_app.contract.events import EventBus, FallbackStarted, WorkerStateChanged
 
 
 def test_to_dict_carries_type_time_and_fields() -> None:

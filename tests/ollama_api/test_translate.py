@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from starlette.routing import Match
 
-from tray_app.jobs.assemble import DONE, chat_chunk, completion_chunk, failsoft_chunk, sse
+from tray_app.jobs.assemble import chat_chunk, completion_chunk
 from tray_app.server.control import Control
 from tray_app.server.ollama import paths
 from tray_app.server.ollama.translate import (
@@ -35,6 +35,7 @@ from tray_app.server.ollama.translate import (
     require_model,
 )
 from tray_app.server.origin_guard import CONTROL_PREFIX
+from tray_app.server.streaming import DONE, failsoft_chunk, sse
 
 KNOWN = {"SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1", "/models/x.gguf", "default"}
 MODEL_ID = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -81,3 +81,18 @@ def test_format_size_prints_like_llama_cpp() -> None:
     assert format_size(47185920) == "45.00 MiB"
     assert format_size(4 * 1024**3) == "4.00 GiB"
     assert format_size(512) == "512 B"
+
+
+def test_live_changes_make_a_new_snapshot_and_name_what_waits_for_a_restart() -> None:
+    """Issue 15: the control API changed the running config in place with setattr. The owner now builds a
+    new snapshot; the old one, which others may still hold, stays as it was."""
+    current = config.from_dict({"failover": {"deadline": 60.0}, "budget": {"n_parallel": 4}})
+    fresh = config.from_dict(
+        {"failover": {"deadline": 5.0}, "budget": {"n_parallel": 2}, "server": {"queue_max": 7}}
+    )
+    merged, applied, needs_restart = config.with_live_changes(current, fresh)
+    assert sorted(applied) == ["failover.deadline", "server.queue_max"]
+    assert needs_restart == ["budget.n_parallel"]
+    assert (merged.failover.deadline, merged.server.queue_max, merged.budget.n_parallel) == (5.0, 7, 4)
+    assert (current.failover.deadline, current.server.queue_max) == (60.0, 32)  # untouched
+    assert config.is_live("server", "allowed_hosts") and not config.is_live("server", "port")

@@ -1,4 +1,4 @@
-"""The executor over stand-ins for its effects (fast tier): the real job registry, journal, event bus and
+"""The job engine over stand-ins for its effects (fast tier): the real job registry, journal, event bus and
 slot pool, a scripted relay and stand-in workers. Each case here is also covered through real worker
 processes elsewhere; these pin the decisions the executor makes at each step (issue 14)."""
 
@@ -12,13 +12,16 @@ from typing import Any
 
 import pytest
 
-from tray_app.events import EventBus
+from tray_app.contract.events import EventBus
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.engine import Executor, ExecutorSettings
 from tray_app.jobs.journal import Journal
+from tray_app.jobs.outcomes import Ended, Finished, JobError, JobFailed, Outcome, Piece
 from tray_app.jobs.registry import Job, JobRegistry, new_id
 from tray_app.jobs.relay import Chunk, UpstreamError
+from tray_app.server.streaming import outcome_bytes
 
 Step = dict[str, Any] | Exception
 
@@ -145,13 +148,20 @@ def new_job(registry: JobRegistry, *, stream: bool = True, **body: Any) -> Job:
     return job
 
 
-async def run(executor: Executor, job: Job, deliver: bool = True) -> list[bytes]:
-    return [piece async for piece in executor.run(job, deliver=deliver)]
+async def run(executor: Executor, job: Job, deliver: bool = True) -> list[Outcome]:
+    return [outcome async for outcome in executor.run(job, deliver=deliver)]
 
 
-def events(pieces: list[bytes]) -> list[dict[str, Any]]:
-    text = b"".join(pieces).decode()
-    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+def ended_with(outcomes: list[Outcome]) -> JobError:
+    """The error the stream ends with: the last outcome, an Ended."""
+    last = outcomes[-1]
+    assert isinstance(last, Ended), outcomes
+    return last.error
+
+
+def text_of(outcomes: list[Outcome]) -> str:
+    deltas = [o.obj["choices"][0].get("delta") or {} for o in outcomes if isinstance(o, Piece)]
+    return "".join(delta.get("content") or "" for delta in deltas)
 
 
 async def test_an_error_inside_the_router_ends_the_job_instead_of_leaving_it_running(
@@ -159,11 +169,11 @@ async def test_an_error_inside_the_router_ends_the_job_instead_of_leaving_it_run
 ) -> None:
     executor, registry, _ = make_executor(ScriptedRelay([chat_chunk("Hel"), RuntimeError("a bug")]))
     job = new_job(registry)
-    pieces = await run(executor, job)
+    outcomes = await run(executor, job)
     assert job.state == "failed" and job.final
     assert job.error is not None and job.error["code"] == "internal_error"
-    assert events(pieces)[-1]["error"]["code"] == "internal_error"  # the client is told, not left hanging
-    assert b"".join(pieces).endswith(b"data: [DONE]\n\n")
+    error = ended_with(outcomes)  # the client is told, not left hanging
+    assert (error.status, error.code, text_of(outcomes)) == (500, "internal_error", "Hel")
 
 
 async def test_a_background_job_with_an_internal_error_is_failed_too(make_executor: Factory) -> None:
@@ -180,9 +190,9 @@ async def test_a_delivered_tool_call_is_recorded_on_the_job_and_in_the_journal(
     crash = UpstreamError("exited", "connection dropped")
     executor, registry, _ = make_executor(ScriptedRelay([chat_chunk(tool=True), crash]))
     job = new_job(registry, tools=[{"type": "function", "function": {"name": "get_weather"}}])
-    pieces = await run(executor, job)
+    outcomes = await run(executor, job)
     assert job.state == "failed" and job.effects_delivered
-    assert events(pieces)[-1]["error"]["code"] == policy.EFFECTS_DELIVERED
+    assert ended_with(outcomes).code == policy.EFFECTS_DELIVERED
     journal.flush()
     stored = journal.job(job.id)
     assert stored is not None and stored.effects_delivered
@@ -193,9 +203,9 @@ async def test_a_stream_bound_to_a_schema_is_not_resumed_without_it(make_executo
     relay = ScriptedRelay([chat_chunk('{"a"'), crash], [chat_chunk(": 1}", finish="stop")])
     executor, registry, _ = make_executor(relay)
     job = new_job(registry, response_format={"type": "json_object"})
-    pieces = await run(executor, job)
+    outcomes = await run(executor, job)
     assert job.state == "failed" and len(relay.bodies) == 1  # no second attempt without the format
-    assert events(pieces)[-1]["error"]["code"] == policy.CONSTRAINED_STREAM_STARTED
+    assert ended_with(outcomes).code == policy.CONSTRAINED_STREAM_STARTED
 
 
 async def test_a_plain_stream_is_still_resumed_on_the_cpu(make_executor: Factory) -> None:
@@ -204,12 +214,12 @@ async def test_a_plain_stream_is_still_resumed_on_the_cpu(make_executor: Factory
     relay = ScriptedRelay([chat_chunk("The sea"), crash], [resumed])  # a completion continues the text
     executor, registry, _ = make_executor(relay)
     job = new_job(registry)
-    pieces = await run(executor, job)
+    outcomes = await run(executor, job)
     assert (job.state, job.worker, len(relay.bodies)) == ("completed", "cpu", 2)
     assert relay.bodies[1]["prompt"].endswith("The sea") and relay.bodies[1]["return_progress"] is True
-    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events(pieces)[:-1]) == (
-        "The sea is blue."
-    )
+    assert text_of(outcomes) == "The sea is blue."
+    finished = outcomes[-1]
+    assert isinstance(finished, Finished) and finished.result["failsoft"]["attempts"] == 2
 
 
 async def test_the_approval_backlog_is_bounded(make_executor: Factory) -> None:
@@ -239,3 +249,82 @@ async def test_a_failure_that_needs_approval_beyond_the_backlog_is_refused_with_
     job.deadline = 0.0  # the client cannot wait: the CPU run would need approval
     await executor.drain(job)
     assert (job.state, (job.error or {}).get("code")) == ("failed", policy.APPROVAL_BACKLOG_FULL)
+
+
+def test_the_http_layer_renders_outcomes_as_openai_events(journal: Journal) -> None:
+    registry = JobRegistry(journal, EventBus())
+    job = new_job(registry)
+    piece = outcome_bytes(job, Piece(chat_chunk("Hi")))
+    assert piece.startswith(b"data: {") and json.loads(piece[6:])["choices"][0]["delta"] == {"content": "Hi"}
+    last = outcome_bytes(job, Finished({"usage": {"total_tokens": 3}}, "c1", 1, "m")).split(b"\n\n")
+    assert json.loads(last[0][6:])["failsoft"]["job_id"] == job.id and last[1] == b"data: [DONE]"
+    error = outcome_bytes(job, Ended(JobError(503, "cpu_too_slow", "too slow", details={"job_id": job.id})))
+    body = json.loads(error.split(b"\n\n")[0][6:])
+    assert body["error"] == {
+        "message": "too slow",
+        "type": "service_unavailable",
+        "param": None,
+        "code": "cpu_too_slow",
+        "job_id": job.id,
+    }
+
+
+class ScriptedPost:
+    """A relay for whole answers: the n-th call gets the n-th answer (or raises it)."""
+
+    def __init__(self, *answers: dict[str, Any] | Exception) -> None:
+        self.answers = list(answers)
+        self.urls: list[str] = []
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> bytes:
+        self.urls.append(url)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return json.dumps(answer).encode()
+
+
+VECTORS = {"object": "list", "data": [{"index": 0, "embedding": [0.1, 0.2]}], "usage": {"prompt_tokens": 2}}
+
+
+def embedding_runner(journal: Journal, relay: ScriptedPost) -> tuple[EmbeddingRunner, JobRegistry, Any]:
+    registry = JobRegistry(journal, EventBus())
+    workers = {
+        "gpu-embed": StandInWorker("gpu-embed", base_url="http://gpu"),
+        "cpu-embed": StandInWorker("cpu-embed", base_url="http://cpu", pid=4444),
+    }
+    settings = ExecutorSettings(policy.Settings(), 5.0, 5.0, 0.0, model_id="model.gguf")
+    slots = SlotPool({"gpu-embed": 1, "cpu-embed": 1}, queue_limit=4)
+    runner = EmbeddingRunner(settings, workers.get, slots, relay, registry, EventBus())  # type: ignore[arg-type]
+    return runner, registry, workers
+
+
+def embedding_job(registry: JobRegistry) -> Job:
+    job = new_job(registry, stream=False)
+    job.body = {"input": ["hello"], "encoding_format": "float"}
+    return job
+
+
+async def test_embeddings_fail_over_once_and_the_journal_keeps_no_vectors(journal: Journal) -> None:
+    relay = ScriptedPost(UpstreamError("exited", "connection dropped"), VECTORS)
+    runner, registry, workers = embedding_runner(journal, relay)
+    job = embedding_job(registry)
+    answer = await runner.run(job)
+    assert relay.urls == ["http://gpu/v1/embeddings", "http://cpu/v1/embeddings"]
+    assert answer["data"] == VECTORS["data"] and answer["model"] == "model.gguf"
+    assert answer["failsoft"] == {**job.failsoft(), "worker": "cpu", "attempts": 2}
+    assert (job.state, job.fallback_reason) == ("completed", "exited")
+    assert workers["gpu-embed"].unhealthy == ["exited"]  # its supervisor restarts it
+    assert job.result is not None and "data" not in job.result and job.result["dimensions"] == 2
+
+
+async def test_an_embedding_the_worker_refuses_is_the_clients_error_without_failover(
+    journal: Journal,
+) -> None:
+    relay = ScriptedPost(UpstreamError("client_error", "input is too long", status=400))
+    runner, registry, workers = embedding_runner(journal, relay)
+    job = embedding_job(registry)
+    with pytest.raises(JobFailed) as failed:
+        await runner.run(job)
+    assert (failed.value.error.status, failed.value.error.code) == (400, "invalid_request")
+    assert len(relay.urls) == 1 and not workers["gpu-embed"].unhealthy and job.state == "failed"

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from tray_app.jobs.assemble import Assembler, result_to_stream
+from tray_app.jobs.assemble import Assembler
 from tray_app.server.errors import ApiError
 from tray_app.server.requests import Kind, check_model, parse_request
+from tray_app.server.streaming import result_to_stream
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 

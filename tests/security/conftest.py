@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tray_app import config, paths
-from tray_app.events import EventBus
+from tray_app.contract.events import EventBus
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.server.app import create_app
@@ -46,7 +46,6 @@ class StandInService:
     journal: Journal
     bus: EventBus = field(default_factory=EventBus)
     enable_faults: bool = False
-    keys: dict[str, str] = field(default_factory=dict)
     spawned: list[str] = field(default_factory=list)
     model_names: set[str] = field(default_factory=lambda: {"default", "model.gguf"})
     model_id: str = "model.gguf"

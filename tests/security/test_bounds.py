@@ -12,7 +12,7 @@ from starlette.responses import StreamingResponse
 from starlette.testclient import TestClient
 
 from tests.security.conftest import StandInService
-from tray_app.events import QueueChanged
+from tray_app.contract.events import QueueChanged
 from tray_app.server import control
 from tray_app.server.origin_guard import CONTROL_MAX_BODY
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from tests.router.conftest import CHAT, base_settings
 from tests.support.service import ServiceHandle, running_service
+from tray_app.contract.vocabulary import UNFINISHED_JOB_STATES
 from tray_app.drill.scenarios import ADD_TOOL, FORCE_ADD
 from tray_app.jobs.registry import FINAL_STATES
 
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 SETTINGS = base_settings(failover={"cpu_tokens_per_second": 2.0})
 DEADLINE = {"X-Failsoft-Deadline": "6"}  # a CPU run (about 13 s estimated) needs approval
-UNFINISHED = ("queued", "running", "awaiting_approval")
+UNFINISHED = UNFINISHED_JOB_STATES
 SUBMIT = ("chat", "stream", "stream_leave", "background", "tool_stream")
 CONTROL = ("approve", "reject", "cancel", "kill_gpu", "pause")
 OPERATIONS = st.lists(

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tray_app.events import ApprovalNeeded, Event, EventBus, JobStateChanged
+from tray_app.contract.events import ApprovalNeeded, Event, EventBus, JobStateChanged
 from tray_app.jobs import policy
+from tray_app.jobs import registry as jobs_registry
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.engine import Executor, ExecutorSettings
 from tray_app.jobs.journal import Journal
@@ -264,3 +265,22 @@ async def test_a_job_cancelled_while_it_waits_for_a_cpu_slot_never_runs(registry
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
+
+
+def test_idempotency_keys_are_owned_by_the_registry_and_bounded_with_its_jobs(
+    registry: JobRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: the key map had two writers (the router and the restart path) and grew for the whole run.
+    The registry registers a job's key when it adds the job and drops it with the job it keeps no longer
+    (older keys are answered from the journal)."""
+    monkeypatch.setattr(jobs_registry, "KEEP_FINISHED", 2)
+    made = [make_job(idempotency_key=f"key-{n}") for n in range(3)]
+    for job in made:
+        registry.add(job)
+        assert registry.by_key(job.idempotency_key or "") is job
+        registry.fail(job, "cancelled", {"message": "cancelled", "code": "cancelled"})
+    assert registry.by_key("key-0") is None  # evicted with its job
+    assert [registry.by_key(f"key-{n}") for n in (1, 2)] == made[1:]
+    retry = make_job(idempotency_key="key-2")
+    registry.add(retry)
+    assert registry.by_key("key-2") is retry  # the latest job under the key

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from tests.security.conftest import JOB_BODY, StandInService, client_for
 from tray_app import paths
-from tray_app.events import JournalFailed
+from tray_app.contract.events import JournalFailed
 from tray_app.jobs.journal import Journal
 from tray_app.server.app import create_app
 

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from tray_app.config import SupervisorConfig
+from tray_app.contract.events import Event, EventBus
 from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE
-from tray_app.events import Event, EventBus
 from tray_app.supervisor import WorkerProfile, WorkerSupervisor
 
 SIMULATED_VRAM = 4 * 1024**3

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from tray_app.config import SupervisorConfig
-from tray_app.events import EventBus
+from tray_app.contract.events import EventBus
 from tray_app.supervisor import WorkerProfile, WorkerSupervisor
 
 

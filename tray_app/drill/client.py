@@ -14,11 +14,12 @@ from typing import Any
 
 import httpx
 
+from tray_app.contract.vocabulary import FINAL_JOB_STATES
+
 REQUEST_TIMEOUT = 600.0
 # The drill is a patient client: it tells the service (X-Failsoft-Deadline) that it will wait this long, so a
 # busy machine's slow CPU estimate still fits and the replay decision is the one the drill means to test.
 CLIENT_DEADLINE = 600.0
-FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
 
 
 class DrillError(RuntimeError):
@@ -164,7 +165,7 @@ class ServiceClient:
     async def wait_job_final(self, job_id: str, timeout: float = 60.0) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
             record = await self.job(job_id)
-            return record if record.get("state") in FINAL_STATES else None
+            return record if record.get("state") in FINAL_JOB_STATES else None
 
         result: dict[str, Any] = await self.wait_for(probe, f"job {job_id} to end", timeout, 0.1)
         return result

@@ -6,9 +6,9 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.drill.client import Answer, Event
 
-FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
 # Failure kinds that say the GPU worker itself failed (as opposed to the request being wrong).
 WORKER_FAILURE_KINDS = ("oom_decode", "crash_abort", "exited", "killed", "hung", "unavailable")
 HEAD_WORDS = 8
@@ -148,7 +148,7 @@ def account(answer: Answer, trace: JobTrace | None, *, client_closed: bool = Fal
         return 1, 0, f"no job record (HTTP {answer.status}, {answer.transport_error or answer.error})"
     lost = 0
     note = ""
-    if trace.state not in FINAL_STATES:
+    if trace.state not in FINAL_JOB_STATES:
         lost, note = 1, f"job {trace.record.get('id')} still {trace.state}"
     elif not client_closed and not (answer.answered or answer.controlled_error):
         lost, note = 1, f"job {trace.record.get('id')} is {trace.state} but the client got no answer"

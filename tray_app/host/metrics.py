@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tray_app.events import Event, WorkerRestarted
+from tray_app.contract.events import Event, WorkerRestarted
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 

@@ -6,17 +6,19 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from tray_app import __version__, paths
+from tray_app import config as config_module
 from tray_app.budget.device import SimulatedDevice, probe_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.config import Config, ConfigError
+from tray_app.contract.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
+from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.engine import binary, tools
-from tray_app.engine.roles import CHAT_ROLES, EMBED_ROLES
-from tray_app.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
 from tray_app.host import sd_notify
 from tray_app.host.metrics import Metrics
 from tray_app.jobs import policy
@@ -30,6 +32,13 @@ from tray_app.jobs.relay import Relay, UpstreamError
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
 BACKGROUND_DEADLINE = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    applied: list[str]  # section.key taken over live
+    needs_restart: list[str]  # section.key that wait for a restart
+    restarted: bool  # the workers were restarted with the new config
 
 
 class Service:
@@ -78,7 +87,6 @@ class Service:
         )
         self._tasks: list[asyncio.Task[Any]] = []
         self._speed_task: asyncio.Task[None] | None = None
-        self.keys: dict[str, str] = {}  # idempotency key -> job id, for jobs of this run
 
     # ------------------------------------------------------------------------------------ set-up
     def _capacities(self) -> dict[str, int]:
@@ -111,6 +119,24 @@ class Service:
     def _queue_changed(self, depth: int) -> None:
         self.metrics.queue_depth.set(depth)
         self.bus.publish(QueueChanged(depth=depth, limit=self.cfg.server.queue_max))
+
+    async def take_config(self, fresh: Config, *, restart: bool) -> ConfigChange:
+        """The one place the running config changes: the live keys are taken over at once (a new snapshot
+        replaces the old; nobody's copy changes under them); with `restart`, a change the workers need
+        restarts them. ConfigError or ValueError when the new config cannot be used."""
+        merged, applied, needs_restart = config_module.with_live_changes(self.cfg, fresh)
+        if applied:
+            self.cfg = merged
+            self.apply_live_config()
+            if any(name.startswith("journal.") for name in applied):
+                self.journal.set_retention(merged.journal.retention_days, merged.journal.max_jobs)
+        # The address and API key belong to the listening socket: only a service restart changes them.
+        service_only = [name for name in needs_restart if name.startswith("server.")]
+        restarted = False
+        if restart and len(service_only) < len(needs_restart):
+            await self.reconfigure(fresh, "config changed: " + ", ".join(needs_restart))
+            restarted, needs_restart = True, service_only
+        return ConfigChange(applied, needs_restart, restarted)
 
     def apply_live_config(self) -> None:
         """Take over config values that need no worker restart (after /failsoft/config/reload)."""
@@ -200,8 +226,6 @@ class Service:
                 fallback_reason=stored.fallback_reason,
             )
             self.registry.add(job, journaled=True)
-            if stored.idempotency_key:
-                self.keys[stored.idempotency_key] = job.id
             if job.state == "awaiting_approval":
                 continue  # still the user's call
             if job.stream and job.state == "running":

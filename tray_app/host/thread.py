@@ -8,7 +8,7 @@ import threading
 import uvicorn
 
 from tray_app.config import Config
-from tray_app.events import EventBus
+from tray_app.contract.events import EventBus
 from tray_app.host import event_loop
 from tray_app.host.serve_command import check_bind, uvicorn_config
 from tray_app.host.service import Service

@@ -1,18 +1,10 @@
 """Turn a worker's stream of chunks into the plain OpenAI answer (the router always streams upstream), and
-turn a stored answer back into a stream (idempotent replays, answers that completed after an approval)."""
+the shapes of OpenAI's stream chunks."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
-
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(payload: dict[str, Any] | str) -> bytes:
-    text = payload if isinstance(payload, str) else json.dumps(payload)
-    return b"data: " + text.encode() + b"\n\n"
 
 
 class Assembler:
@@ -132,50 +124,3 @@ def completion_chunk(
         "model": model,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
     }
-
-
-def include_usage(body: dict[str, Any]) -> bool:
-    """Whether a streamed request asked for the token counts (`stream_options.include_usage`)."""
-    options = body.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
-
-
-def failsoft_chunk(
-    kind: str,
-    chunk_id: str,
-    created: int,
-    model: str,
-    failsoft: dict[str, Any],
-    usage: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The last chunk before [DONE]: no content, only who served the answer, and the token counts when the
-    request asked for them (OpenAI sends them in a chunk with no choices just before [DONE])."""
-    base = (
-        chat_chunk(chunk_id, created, model, {}, None)
-        if kind == "chat"
-        else completion_chunk(chunk_id, created, model, "", None)
-    )
-    base["choices"] = []
-    if usage is not None:
-        base["usage"] = usage
-    base["failsoft"] = failsoft
-    return base
-
-
-def result_to_stream(kind: str, result: dict[str, Any], with_usage: bool = False) -> list[bytes]:
-    """A stored answer as a short stream: all content in one chunk, the finish, who served it (and the
-    token counts, `with_usage`), [DONE]."""
-    chunk_id, created, model = result.get("id", ""), int(result.get("created", 0)), result.get("model", "")
-    choice = result["choices"][0]
-    finish = choice.get("finish_reason")
-    if kind == "completion":
-        pieces = [completion_chunk(chunk_id, created, model, choice.get("text") or "", finish)]
-    else:
-        message = choice.get("message") or {}
-        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        pieces = [chat_chunk(chunk_id, created, model, delta, finish)]
-    usage = result.get("usage") if with_usage else None
-    pieces.append(failsoft_chunk(kind, chunk_id, created, model, result.get("failsoft", {}), usage))
-    return [*(sse(piece) for piece in pieces), DONE]

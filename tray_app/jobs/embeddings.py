@@ -10,63 +10,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from tray_app.engine.roles import EMBED_ROLES
-from tray_app.events import EventBus, FallbackCompleted, FallbackStarted
+from tray_app.contract.events import EventBus, FallbackCompleted, FallbackStarted
+from tray_app.contract.roles import EMBED_ROLES
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
 from tray_app.jobs.engine import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker, upstream_headers
+from tray_app.jobs.outcomes import JobError, JobFailed, cannot_serve
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
-from tray_app.server.errors import ApiError, bad_request, unavailable
-from tray_app.server.requests import parse_json_object
 
-MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
-ENCODINGS = ("float", "base64")
 ORDER = (("gpu", EMBED_ROLES["gpu"]), ("cpu", EMBED_ROLES["cpu"]))  # (device, worker role), in order
 ANSWER_SECONDS = 120.0  # one batch of inputs; more is a hung worker
-
-
-@dataclass(frozen=True)
-class EmbeddingRequest:
-    body: dict[str, Any]  # as the worker gets it: inputs, encoding_format
-    model: str | None
-    count: int  # inputs
-
-
-def _inputs(value: Any) -> list[Any]:
-    """The inputs as a list: strings, or token arrays (lists of integers)."""
-    if isinstance(value, str):
-        value = [value]
-    elif isinstance(value, list) and value and all(isinstance(item, int) for item in value):
-        value = [value]  # one input given as tokens
-    if not isinstance(value, list) or not value:
-        raise bad_request("'input' must be a string, a list of strings or a list of token arrays", "input")
-    for index, item in enumerate(value):
-        text = isinstance(item, str) and item.strip()
-        tokens = isinstance(item, list) and item and all(isinstance(t, int) and t >= 0 for t in item)
-        if not (text or tokens):
-            raise bad_request(f"'input[{index}]' is empty or not text or tokens", f"input[{index}]")
-    if len(value) > MAX_INPUTS:
-        raise bad_request(f"'input' has {len(value)} items; at most {MAX_INPUTS} per request", "input")
-    return value
-
-
-def parse_embedding_request(raw: bytes) -> EmbeddingRequest:
-    body = parse_json_object(raw)
-    inputs = _inputs(body.get("input"))
-    encoding = body.get("encoding_format") or "float"
-    if encoding not in ENCODINGS:
-        raise bad_request("'encoding_format' must be float or base64", "encoding_format")
-    if body.get("dimensions") is not None:
-        raise bad_request(
-            "'dimensions' is not supported: this model's embeddings have one fixed size", "dimensions"
-        )
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
-    return EmbeddingRequest({"input": inputs, "encoding_format": encoding}, model, len(inputs))
 
 
 def journal_summary(answer: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +59,7 @@ class EmbeddingRunner:
         self.bus = bus
 
     async def run(self, job: Job) -> dict[str, Any]:
-        """The answer in OpenAI's shape, with the `failsoft` object; an ApiError (the job failed) else."""
+        """The answer in OpenAI's shape, with the `failsoft` object; JobFailed (the job failed) else."""
         failure: UpstreamError | None = None
         fell_back_at: float | None = None
         for device, role in ORDER:
@@ -118,17 +73,18 @@ class EmbeddingRunner:
             try:
                 answer = await self._attempt(job, role, device, worker, replay=failure is not None)
             except QueueFull as full:
-                busy = ApiError(
+                busy = JobError(
                     429,
+                    "queue_full",
                     f"too many requests waiting ({full.depth}); try again later",
                     type="rate_limit_error",
-                    code="queue_full",
-                    headers={"Retry-After": str(full.retry_after)},
+                    retry_after=full.retry_after,
                 )
                 raise self._fail(job, busy) from None
             except UpstreamError as error:
                 if error.client_error:
-                    raise self._fail(job, ApiError(400, error.message, code="invalid_request")) from None
+                    refused = JobError(400, "invalid_request", error.message, type="invalid_request_error")
+                    raise self._fail(job, refused) from None
                 failure = error
                 continue
             answer["model"] = self.settings.model_id or answer.get("model")
@@ -142,7 +98,7 @@ class EmbeddingRunner:
         reason = failure.message if failure else "embeddings are disabled ([embeddings] enabled = false)"
         raise self._fail(
             job,
-            unavailable(
+            cannot_serve(
                 f"no embeddings worker could answer: {reason}", "no_embeddings_worker", 5, job_id=job.id
             ),
         )
@@ -191,6 +147,6 @@ class EmbeddingRunner:
         finally:
             self.slots.release(role, slot)
 
-    def _fail(self, job: Job, error: ApiError) -> ApiError:
-        self.registry.fail(job, "failed", {**error.body()["error"], "status": error.status}, error.code)
-        return error
+    def _fail(self, job: Job, error: JobError) -> JobFailed:
+        self.registry.fail(job, "failed", error.record(), error.code)
+        return JobFailed(error)

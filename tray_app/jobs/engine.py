@@ -1,6 +1,6 @@
 """Running a job: attempts on the workers, failure detection, the replay decision and its effects.
 
-`Executor.run(job)` is an async generator. For a live streamed request it yields the SSE bytes the client
+`Executor.run(job)` is an async generator. For a live streamed request it yields the outcomes the client
 should get; otherwise it yields nothing and leaves the answer in `job.result` (or the error in `job.error`).
 Attempts are strictly sequential, so an attempt that failed has been closed before a replay starts: nothing
 from a dead attempt can reach the client, and `JobRegistry.complete` refuses a second completion.
@@ -19,21 +19,19 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tray_app.events import EventBus, FallbackCompleted, FallbackRefused, FallbackStarted, RouteDecided
+from tray_app.contract.events import (
+    EventBus,
+    FallbackCompleted,
+    FallbackRefused,
+    FallbackStarted,
+    RouteDecided,
+)
 from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueTimeout, SlotPool
-from tray_app.jobs.assemble import (
-    DONE,
-    Assembler,
-    chat_chunk,
-    failsoft_chunk,
-    include_usage,
-    result_to_stream,
-    sse,
-)
+from tray_app.jobs.assemble import Assembler, chat_chunk
+from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece, cannot_serve
 from tray_app.jobs.registry import UPSTREAM_STREAM, Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
-from tray_app.server.errors import ApiError, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +197,7 @@ class Executor:
     # ------------------------------------------------------------------------------------------- run
     async def run(
         self, job: Job, *, deliver: bool, held_slot: float | None = None
-    ) -> AsyncGenerator[bytes, None]:
+    ) -> AsyncGenerator[Outcome, None]:
         """Drive `job` to a final state (or to awaiting approval). `deliver`: a client reads the stream."""
         progress = Progress(Assembler(job.kind))
         role = job.route
@@ -265,15 +263,7 @@ class Executor:
                             )
                         )
                     if deliver:
-                        last = failsoft_chunk(
-                            job.kind,
-                            progress.chunk_id,
-                            progress.created,
-                            progress.model,
-                            job.failsoft(),
-                            result["usage"] if include_usage(job.body) else None,
-                        )
-                        yield sse(last) + DONE  # one write for the end of the stream
+                        yield Finished(result, progress.chunk_id, progress.created, progress.model)
                 return
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away (or stopped reading). A job waiting for approval stays in the user's
@@ -289,17 +279,15 @@ class Executor:
         except Exception as error:
             # A fault in the router itself must not leave the job running forever: it ends, with a reason.
             log.exception("job %s: internal error", job.id)
-            internal = ApiError(
+            internal = JobError(
                 500,
+                "internal_error",
                 f"internal error in the router ({type(error).__name__}); the job was stopped",
                 type="server_error",
-                code="internal_error",
             )
-            self.registry.fail(
-                job, "failed", {**internal.body()["error"], "status": internal.status}, "internal_error"
-            )
+            self.registry.fail(job, "failed", internal.record(), "internal_error")
             if deliver:
-                yield sse(internal.body()) + DONE
+                yield Ended(internal)
 
     async def drain(self, job: Job, held_slot: float | None = None) -> None:
         """Run a job nobody streams (non-streamed requests, background jobs, approved CPU runs)."""
@@ -309,7 +297,7 @@ class Executor:
     # --------------------------------------------------------------------------------------- attempts
     async def _attempt(
         self, job: Job, role: str, progress: Progress, resume: bool, slot: float | None, deliver: bool
-    ) -> AsyncGenerator[bytes, None]:
+    ) -> AsyncGenerator[Outcome, None]:
         if slot is None:
             wait = min(self.settings.queue_timeout, max(job.time_left(), 1.0))
             try:
@@ -341,7 +329,7 @@ class Executor:
                         out = self._deliverable(progress, obj, chunk.raw if not convert else None)
                         if out is not None:
                             if progress.tool_call_delivered:
-                                self.registry.note_effects_delivered(job)  # before the bytes leave
+                                self.registry.note_effects_delivered(job)  # before the piece leaves
                             yield out
             self.registry.end_attempt(job, number, "completed")
             if role == "cpu":
@@ -401,8 +389,8 @@ class Executor:
         )
 
     @staticmethod
-    def _deliverable(progress: Progress, obj: dict[str, Any], raw: str | None) -> bytes | None:
-        """The bytes to send for this chunk, recording what the client now has; None to skip it (a second
+    def _deliverable(progress: Progress, obj: dict[str, Any], raw: str | None) -> Piece | None:
+        """The piece to send for this chunk, recording what the client now has; None to skip it (a second
         role announcement after a replay)."""
         if not progress.chunk_id:
             progress.chunk_id = str(obj.get("id", ""))
@@ -426,7 +414,7 @@ class Executor:
                 has_effect = True
         if not has_effect:
             return None
-        return sse(raw if raw is not None else obj)
+        return Piece(obj, raw)
 
     # --------------------------------------------------------------------------------------- failures
     async def _decide_after_failure(
@@ -502,12 +490,12 @@ class Executor:
                 log.exception("approved job %s failed", job.id)
                 self.registry.fail(job, "failed", {"message": "internal error", "code": "internal_error"})
 
-    async def wait_for_final(self, job: Job, deliver: bool, reason: str) -> AsyncGenerator[bytes, None]:
+    async def wait_for_final(self, job: Job, deliver: bool, reason: str) -> AsyncGenerator[Outcome, None]:
         """A client waits (up to its deadline) for a job that someone else now runs (approval)."""
         try:
             await asyncio.wait_for(job.finished.wait(), max(job.time_left(), 0.0))
         except TimeoutError:
-            error = unavailable(
+            error = cannot_serve(
                 f"job {job.id} is waiting for approval to run on the CPU; "
                 f"collect it later from /v1/jobs/{job.id}",
                 reason,
@@ -515,23 +503,20 @@ class Executor:
                 job_id=job.id,
                 reason=reason,
             )
-            job.error = error.body()["error"]
+            job.error = error.record()
             if deliver:
-                yield sse(error.body())
-                yield DONE
+                yield Ended(error)
             return
         if deliver:
             if job.result is not None:
-                for piece in result_to_stream(job.kind, job.result, include_usage(job.body)):
-                    yield piece
+                yield Finished(job.result, replayed=True)
             else:
-                yield sse({"error": job.error or {"message": "the job ended without an answer"}})
-                yield DONE
+                yield Ended(JobError.from_record(job.error))
 
-    def _refuse(self, job: Job, decision: policy.Decision, deliver: bool) -> list[bytes]:
+    def _refuse(self, job: Job, decision: policy.Decision, deliver: bool) -> list[Outcome]:
         self._on_fallback("refused")
         self.bus.publish(FallbackRefused(job_id=job.id, reason=decision.reason, detail=decision.detail))
-        error = unavailable(
+        error = cannot_serve(
             f"the GPU attempt failed and the job cannot continue on the CPU: {decision.reason}"
             + (f" ({decision.detail})" if decision.detail else ""),
             decision.reason,
@@ -539,8 +524,8 @@ class Executor:
             job_id=job.id,
             reason=decision.reason,
         )
-        self.registry.fail(job, "failed", error.body()["error"], decision.reason)
-        return [sse(error.body()), DONE] if deliver else []
+        self.registry.fail(job, "failed", error.record(), decision.reason)
+        return [Ended(error)] if deliver else []
 
     def _name_the_crash(self, job: Job, dropped: _Dropped | None) -> None:
         """A dropped connection only says the worker went away; its supervisor knows how the process ended
@@ -565,13 +550,13 @@ class Executor:
             return
         worker.mark_unhealthy(failure.message, failure.kind)
 
-    def _fail_upstream(self, job: Job, failure: UpstreamError, deliver: bool) -> list[bytes]:
+    def _fail_upstream(self, job: Job, failure: UpstreamError, deliver: bool) -> list[Outcome]:
         if failure.client_error:
-            message = failure.message
             code = (
                 (failure.body or {}).get("error", {}).get("code") if isinstance(failure.body, dict) else None
             )
-            error = ApiError(400, message, code=code if isinstance(code, str) else "invalid_request")
+            code = code if isinstance(code, str) else "invalid_request"
+            error = JobError(400, code, failure.message, type="invalid_request_error")
         else:
             cpu = self.workers("cpu")
             if cpu is not None and failure.kind not in NOT_WORKER_FAULTS:
@@ -579,8 +564,8 @@ class Executor:
             reason = {"unavailable": policy.NO_CPU_WORKER, "queue_timeout": "queue_timeout"}.get(
                 failure.kind, "cpu_attempt_failed"
             )
-            error = unavailable(
+            error = cannot_serve(
                 f"the CPU attempt failed: {failure.message}", reason, 5, job_id=job.id, reason=reason
             )
-        self.registry.fail(job, "failed", {**error.body()["error"], "status": error.status}, error.code)
-        return [sse(error.body()), DONE] if deliver else []
+        self.registry.fail(job, "failed", error.record(), error.code)
+        return [Ended(error)] if deliver else []

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tray_app.contract.vocabulary import FINAL_JOB_STATES
+
 RETENTION_SECONDS = 24 * 3600
-FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
 
 Verdict = Literal["new", "replay", "in_progress", "mismatch", "effects_delivered"]
 
@@ -30,7 +31,7 @@ def decide(
         return "new"
     if record.body_hash != body_hash:
         return "mismatch"
-    if record.state not in FINAL_STATES:
+    if record.state not in FINAL_JOB_STATES:
         return "in_progress"
     if record.state in ("failed", "cancelled", "rejected"):
         # A request that ended without an answer may be tried again under the same key, unless its tool

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tray_app.contract.vocabulary import UNFINISHED_JOB_STATES
+
 # Each entry moves the schema one version up; never edit an entry once released, append a new one.
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -68,7 +70,7 @@ MIGRATIONS: tuple[str, ...] = (
     "ALTER TABLE jobs ADD COLUMN effects_delivered INTEGER NOT NULL DEFAULT 0;",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
-UNFINISHED = ("queued", "running", "awaiting_approval")
+UNFINISHED = UNFINISHED_JOB_STATES
 RETENTION_DAYS = 30.0
 MAX_JOBS = 100_000
 CLEANUP_INTERVAL = 3600.0

@@ -11,20 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tray_app.contract.vocabulary import Reason
+
 FallbackPolicy = Literal["auto", "approval", "never"]
 StreamFailurePolicy = Literal["resume", "error"]
 Action = Literal["gpu", "cpu", "approval", "refuse"]
 
-# Reason codes: stable strings that clients, events, the journal and the tray all use.
-CPU_TOO_SLOW = "cpu_too_slow"
-CPU_RAM_INSUFFICIENT = "cpu_ram_insufficient"
-NO_CPU_WORKER = "no_cpu_worker"
-EFFECTS_DELIVERED = "effects_delivered"
-STREAM_STARTED = "stream_started"
-FALLBACK_DISABLED = "fallback_disabled"
-CONTEXT_EXCEEDED = "context_length_exceeded"
-CONSTRAINED_STREAM_STARTED = "constrained_stream_started"
-APPROVAL_BACKLOG_FULL = "approval_backlog_full"
+# Reason codes (tray_app.contract.vocabulary.Reason), by the names this module's decisions use.
+CPU_TOO_SLOW = Reason.CPU_TOO_SLOW
+CPU_RAM_INSUFFICIENT = Reason.CPU_RAM_INSUFFICIENT
+NO_CPU_WORKER = Reason.NO_CPU_WORKER
+EFFECTS_DELIVERED = Reason.EFFECTS_DELIVERED
+STREAM_STARTED = Reason.STREAM_STARTED
+FALLBACK_DISABLED = Reason.FALLBACK_DISABLED
+CONTEXT_EXCEEDED = Reason.CONTEXT_EXCEEDED
+CONSTRAINED_STREAM_STARTED = Reason.CONSTRAINED_STREAM_STARTED
+APPROVAL_BACKLOG_FULL = Reason.APPROVAL_BACKLOG_FULL
 
 # Prompt processing runs much faster than generation; this keeps the estimate honest for long prompts
 # without a second measurement.
@@ -80,7 +82,7 @@ def _cpu_route(
         if resume:
             # A live stream cannot wait for a person; it ends with a reason instead.
             return Decision("refuse", CPU_TOO_SLOW, needed_seconds, "the CPU run needs approval")
-        return Decision("approval", "approval_required", needed_seconds)
+        return Decision("approval", Reason.APPROVAL_REQUIRED, needed_seconds)
     if needed_seconds <= time_left or auto_approved:
         return Decision("cpu", "", needed_seconds, resume=resume)
     detail = f"CPU needs about {needed_seconds:.1f}s, {max(time_left, 0.0):.1f}s left before the deadline"
@@ -117,7 +119,7 @@ def decide_route(request: RouteRequest, cpu: CpuState, settings: Settings) -> De
     total = request.prompt_tokens + request.max_tokens
     if request.gpu_available and total <= request.gpu_n_ctx_per_seq:
         return Decision("gpu", "")
-    reason = "gpu_unavailable" if not request.gpu_available else "exceeds_gpu_profile"
+    reason = Reason.GPU_UNAVAILABLE if not request.gpu_available else Reason.EXCEEDS_GPU_PROFILE
     unusable = _cpu_unusable(cpu, total)
     if unusable is not None:
         if unusable.reason == CONTEXT_EXCEEDED or request.gpu_available:

@@ -13,11 +13,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tray_app.events import ApprovalNeeded, EventBus, JobStateChanged
+from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
+from tray_app.contract.vocabulary import FINAL_JOB_STATES, JOB_STATES
 from tray_app.jobs.journal import Journal, StoredJob
 
-FINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected"})
-STATES = ("queued", "running", "awaiting_approval", *sorted(FINAL_STATES))
+FINAL_STATES = FINAL_JOB_STATES
+STATES = JOB_STATES
 _ENDED = frozenset({"failed", "cancelled", "rejected"})
 # The only moves a job's state can make. Final states have none: the first final transition wins, and a late
 # start, answer or approval of a job that already ended (cancelled while it waited) is refused.
@@ -149,11 +150,16 @@ class JobRegistry:
         self.bus = bus
         self._live: dict[str, Job] = {}
         self._finished: OrderedDict[str, Job] = OrderedDict()
+        # Idempotency-Key -> the latest job made under it, for the jobs held here; older ones are found in
+        # the journal. Written only by add() and dropped with the job it names.
+        self._keys: dict[str, str] = {}
         self.counters: dict[str, int] = {state: 0 for state in FINAL_STATES}
         self.counters["accepted"] = 0
 
     def add(self, job: Job, *, journaled: bool = False) -> None:
         self._live[job.id] = job
+        if job.idempotency_key:
+            self._keys[job.idempotency_key] = job.id
         self.counters["accepted"] += 1
         if not journaled:
             self.journal.add_job(
@@ -175,6 +181,11 @@ class JobRegistry:
                 }
             )
         self.bus.publish(JobStateChanged(job_id=job.id, state=job.state))
+
+    def by_key(self, key: str) -> Job | None:
+        """The latest job made under this Idempotency-Key, if it is still held here."""
+        job_id = self._keys.get(key)
+        return self.get(job_id) if job_id else None
 
     def get(self, job_id: str) -> Job | None:
         return self._live.get(job_id) or self._finished.get(job_id)
@@ -297,6 +308,8 @@ class JobRegistry:
         self._live.pop(job.id, None)
         self._finished[job.id] = job
         while len(self._finished) > KEEP_FINISHED:
-            self._finished.popitem(last=False)
+            old_id, old = self._finished.popitem(last=False)
+            if old.idempotency_key and self._keys.get(old.idempotency_key) == old_id:
+                del self._keys[old.idempotency_key]
         job.finished.set()
         self.bus.publish(JobStateChanged(job_id=job.id, state=state, worker=job.worker, reason=reason))

@@ -23,17 +23,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tray_app.budget.sizes import parse_size
 from tray_app.config import ServerConfig
+from tray_app.contract.events import RouteDecided
 from tray_app.engine.tools import worker_tool_choice
-from tray_app.events import RouteDecided
 from tray_app.host.service import BACKGROUND_DEADLINE, Service
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens
-from tray_app.jobs.assemble import include_usage, result_to_stream
-from tray_app.jobs.embeddings import parse_embedding_request
 from tray_app.jobs.engine import retry_after_seconds
+from tray_app.jobs.outcomes import JobFailed
 from tray_app.jobs.registry import Job, new_id, stored_summary
 from tray_app.server import control
-from tray_app.server.errors import ApiError, bad_request, unavailable
+from tray_app.server.embedding_requests import parse_embedding_request
+from tray_app.server.errors import ApiError, bad_request, from_job_error, unavailable
 from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
 from tray_app.server.ollama.paths import is_ollama_path
 from tray_app.server.origin_guard import OriginGuard
@@ -46,6 +46,7 @@ from tray_app.server.requests import (
     parse_json_object,
     parse_request,
 )
+from tray_app.server.streaming import include_usage, outcome_bytes, result_to_stream
 
 log = logging.getLogger(__name__)
 
@@ -254,8 +255,7 @@ class Router:
 
     def _idempotent_answer(self, key: str, parsed: ParsedRequest) -> ASGIApp | None:
         """The stored answer, a 409/422, or None when this request is new under its key."""
-        job_id = self.svc.keys.get(key)
-        live = self.svc.registry.get(job_id) if job_id else None
+        live = self.svc.registry.by_key(key)
         record: idempotency.KeyRecord | None = None
         stored_result: dict[str, Any] | None = None
         if live is not None:
@@ -339,9 +339,7 @@ class Router:
             max_tokens=max_tokens,
             deadline=time.monotonic() + deadline,
         )
-        self.svc.registry.add(job)
-        if job.idempotency_key:
-            self.svc.keys[job.idempotency_key] = job.id
+        self.svc.registry.add(job)  # registers its Idempotency-Key too
         return job
 
     async def _route(self, job: Job, deadline: float) -> policy.Decision:
@@ -494,7 +492,7 @@ class Router:
                     else executor.run(job, deliver=True, held_slot=held)
                 )
                 async for piece in source:
-                    pieces.put(piece)
+                    pieces.put(outcome_bytes(job, piece))
             finally:
                 pieces.close()
 
@@ -540,6 +538,8 @@ class Router:
             )
             self.svc.registry.add(job)
             answer = await self.svc.embeddings.run(job)
+        except JobFailed as failed:
+            return error_response(from_job_error(failed.error), job_headers(job) if job else None)
         except ApiError as error:
             return error_response(error, job_headers(job) if job else None)
         outcome = "completed" if job.state == "completed" else job.state
@@ -611,8 +611,7 @@ class Router:
         """`Idempotency-Key` on /v1/jobs, with the rules chat uses (idempotency.decide): the same key and body
         give the job already made under it (202 while it is unfinished, 200 once completed; never a second
         job), another body is 422; a key whose job ended without an answer may make a new one."""
-        job_id = self.svc.keys.get(key)
-        live = self.svc.registry.get(job_id) if job_id else None
+        live = self.svc.registry.by_key(key)
         record: idempotency.KeyRecord | None = None
         background = True
         summary: dict[str, Any] = {}

@@ -18,9 +18,9 @@ from starlette.routing import Route
 
 from tray_app import config
 from tray_app.budget.sizes import parse_size
+from tray_app.contract.events import Event
+from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.engine.faults import FAULT_KINDS
-from tray_app.engine.roles import CHAT_ROLES, EMBED_ROLES
-from tray_app.events import Event
 from tray_app.host.metrics import CONTENT_TYPE_LATEST
 from tray_app.host.service import Service
 from tray_app.jobs.registry import STATES
@@ -36,8 +36,6 @@ MAX_EVENT_SUBSCRIBERS = 16
 SUBSCRIBER_QUEUE = 1000
 ROLES = (*CHAT_ROLES, *EMBED_ROLES.values())
 # Config sections a running service can take over without restarting its workers.
-LIVE_SECTIONS = ("failover", "journal")
-LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "max_body", "allowed_hosts", "allowed_origins")
 
 
 def _error(status: int, message: str, code: str, param: str | None = None) -> Response:
@@ -245,32 +243,11 @@ class Control:
             return _error(400, str(error), "invalid_config")
         if not isinstance(body.get("restart", False), bool):
             return _error(400, "'restart' must be true or false", "invalid_request", "restart")
-        old, new = self.svc.cfg.to_dict(), fresh.to_dict()
-        applied, needs_restart = [], []
-        for section, values in new.items():
-            for key, value in values.items():
-                if old[section][key] == value:
-                    continue
-                name = f"{section}.{key}"
-                if section in LIVE_SECTIONS or (section == "server" and key in LIVE_SERVER_KEYS):
-                    setattr(getattr(self.svc.cfg, section), key, value)
-                    applied.append(name)
-                else:
-                    needs_restart.append(name)
-        if applied:
-            self.svc.apply_live_config()
-        if any(name.startswith("journal.") for name in applied):
-            self.svc.journal.set_retention(self.svc.cfg.journal.retention_days, self.svc.cfg.journal.max_jobs)
-        # The address and API key belong to the listening socket: only a service restart changes them.
-        service_only = [name for name in needs_restart if name.startswith("server.")]
-        restarted = False
-        if body.get("restart") and len(service_only) < len(needs_restart):
-            try:
-                await self.svc.reconfigure(fresh, "config changed: " + ", ".join(needs_restart))
-            except (config.ConfigError, ValueError) as error:  # e.g. a model file that is not a GGUF
-                return _error(400, str(error), "invalid_config")
-            restarted = True
-            needs_restart = service_only
+        try:
+            change = await self.svc.take_config(fresh, restart=bool(body.get("restart")))
+        except (config.ConfigError, ValueError) as error:  # e.g. a model file that is not a GGUF
+            return _error(400, str(error), "invalid_config")
+        applied, needs_restart, restarted = change.applied, change.needs_restart, change.restarted
         if needs_restart:
             note = "restart the service to apply needs_restart"
         elif restarted:

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tray_app.jobs.outcomes import JobError
+
 
 @dataclass
 class ApiError(Exception):
@@ -49,4 +51,12 @@ def unavailable(message: str, code: str, retry_after: int, **extra: Any) -> ApiE
         code=code,
         headers={"Retry-After": str(retry_after)},
         extra=extra,
+    )
+
+
+def from_job_error(error: JobError) -> ApiError:
+    """The engine's reason a job ended, as the answer a client gets."""
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else {}
+    return ApiError(
+        error.status, error.message, type=error.type, code=error.code, headers=headers, extra=error.details
     )

@@ -1,7 +1,7 @@
 """What a worker failure was, from how its process ended and the last lines it printed.
 
 Pure: no processes here, so the table of cases is unit-tested directly. The kinds are the contract with the
-router and the UI: oom_load, oom_decode, crash_abort, killed, hung, bad_config, exited.
+router and the UI (tray_app.contract.vocabulary.FAILURE_KINDS).
 """
 
 from __future__ import annotations
@@ -10,20 +10,11 @@ import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
+from tray_app.contract.vocabulary import FAILURE_KINDS, FailureKind
 from tray_app.supervisor import signatures
 
-FailureKind = Literal["oom_load", "oom_decode", "crash_abort", "killed", "hung", "bad_config", "exited"]
-FAILURE_KINDS: tuple[FailureKind, ...] = (
-    "oom_load",
-    "oom_decode",
-    "crash_abort",
-    "killed",
-    "hung",
-    "bad_config",
-    "exited",
-)
+__all__ = ["FAILURE_KINDS", "Failure", "FailureKind", "classify_exit"]
 
 # Signals that mean the process crashed (llama.cpp's GGML_ABORT and CUDA errors end in SIGABRT).
 _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}

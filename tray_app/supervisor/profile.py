@@ -10,7 +10,7 @@ from tray_app.budget.model_info import inspect_model
 from tray_app.budget.plan_set import PlanSet, physical_cores
 from tray_app.budget.planner import Plan
 from tray_app.config import Config
-from tray_app.engine.roles import EMBED_ROLES, Role
+from tray_app.contract.roles import EMBED_ROLES, Role
 from tray_app.engine.tools import template_for
 
 

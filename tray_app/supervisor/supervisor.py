@@ -38,20 +38,21 @@ from tray_app.budget.llama_log import BufferSizes, parse_buffer_sizes
 from tray_app.budget.model_info import inspect_model
 from tray_app.budget.planner import ComputeSettings
 from tray_app.config import SupervisorConfig
+from tray_app.contract.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
+from tray_app.contract.vocabulary import WORKER_STATES, WorkerState
 from tray_app.engine import WORKER_KEY_ENV, binary, offload, simulated
 from tray_app.engine.argv import llama_server_argv
 from tray_app.engine.devices import DeviceListError, list_devices
 from tray_app.engine.faults import SIGNALS, ArmedFault, check_fault
 from tray_app.engine.loopback_http import ConnectionFailed, ConnectTimeout, Response, UpstreamPool
-from tray_app.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
 from tray_app.supervisor.backoff import Backoff
 from tray_app.supervisor.classify import FAILURE_KINDS, Failure, FailureKind, classify_exit, hung_failure
 from tray_app.supervisor.process import WorkerProcess, worker_log_path
 from tray_app.supervisor.profile import WorkerProfile
 
-State = Literal["stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed"]
+State = WorkerState
 log = logging.getLogger(__name__)
-STATES: tuple[State, ...] = ("stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed")
+STATES = WORKER_STATES
 
 STARTUP_POLL_SECONDS = 0.1  # /health polling while a worker loads: load takes well under a second
 WARM_UP_SECONDS = 60.0  # the first token after load (a cold page cache or a slow device can take a while)

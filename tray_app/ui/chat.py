@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ApiCall, ChatStream, ServiceClient
 from tray_app.ui.approvals import format_duration, job_list
 from tray_app.ui.icons import app_icon
@@ -29,7 +30,6 @@ from tray_app.ui.notifications import reason_text
 from tray_app.ui.qt_events import QtEventBridge
 
 JOB_POLL_MS = 1000
-FINAL_STATES = {"completed", "failed", "cancelled", "rejected"}
 BADGE_COLORS = {
     "gpu": ("#2b8a3e", "#ebfbee"),
     "cpu": ("#1864ab", "#e7f5ff"),
@@ -274,7 +274,7 @@ class Exchange:
             self.estimated_seconds = float(job.get("estimated_seconds") or 0)
         if self.on_cpu and state == "running":
             self._show_cpu_progress()
-        if state not in FINAL_STATES:
+        if state not in FINAL_JOB_STATES:
             return
         self.poll.stop()
         result = job.get("result") or {}
@@ -323,11 +323,11 @@ class ChatWindow(QWidget):
         self.transcript_layout.setContentsMargins(14, 14, 14, 14)
         self.transcript_layout.setSpacing(10)
         self.transcript_layout.addStretch(1)
-        self.scroll = QScrollArea()
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setWidget(self.transcript)
-        self.scroll.setStyleSheet("QScrollArea, #transcript { background: #f8f9fa; }")
+        self.transcript_scroll = QScrollArea()
+        self.transcript_scroll.setWidgetResizable(True)
+        self.transcript_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.transcript_scroll.setWidget(self.transcript)
+        self.transcript_scroll.setStyleSheet("QScrollArea, #transcript { background: #f8f9fa; }")
 
         self.input = QPlainTextEdit()
         self.input.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
@@ -343,7 +343,7 @@ class ChatWindow(QWidget):
         self.stop_button.setEnabled(False)
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.stop)
-        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.send)
+        QShortcut(QKeySequence("Ctrl+Return"), self, self.send)
 
         controls = QHBoxLayout()
         controls.addWidget(self.max_tokens)
@@ -353,7 +353,7 @@ class ChatWindow(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 10)
         layout.setSpacing(8)
-        layout.addWidget(self.scroll, 1)
+        layout.addWidget(self.transcript_scroll, 1)
         bottom = QVBoxLayout()
         bottom.setContentsMargins(12, 0, 12, 0)
         bottom.addWidget(self.input)
@@ -433,5 +433,5 @@ class ChatWindow(QWidget):
         call.succeeded.connect(matched)
 
     def scroll_to_end(self) -> None:
-        bar = self.scroll.verticalScrollBar()
+        bar = self.transcript_scroll.verticalScrollBar()
         QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))

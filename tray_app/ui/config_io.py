@@ -7,25 +7,6 @@ from typing import Any
 
 from tray_app import config
 
-# Settings the running workers were built with: they take effect only when the workers restart.
-RESTART_KEYS = {
-    ("model", "path"),
-    ("model", "chat_format"),
-    ("device", "simulate_vram"),
-    ("device", "gpu_index"),
-    ("budget", "reserve_percent"),
-    ("budget", "reserve_min"),
-    ("budget", "cache_type"),
-    ("budget", "flash_attn"),
-    ("budget", "n_ctx"),
-    ("budget", "max_ctx"),
-    ("budget", "n_parallel"),
-    ("budget", "n_ubatch"),
-    ("cpu", "threads"),
-    ("cpu", "n_ctx"),
-    ("cpu", "max_ctx"),
-}
-
 
 def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
     return [
@@ -56,4 +37,5 @@ def apply_changes(
 
 
 def needs_restart(keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [key for key in keys if key in RESTART_KEYS]
+    """The changed keys a running service takes over only after a restart (config.is_live)."""
+    return [key for key in keys if not config.is_live(*key)]

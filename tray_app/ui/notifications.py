@@ -30,6 +30,7 @@ REASONS = {
     "killed": "the GPU worker was killed",
     "hung": "the GPU worker stopped answering",
     "exited": "the GPU worker exited",
+    "bad_config": "the GPU worker could not start with its configuration",
     "exceeds_gpu_profile": "the request is larger than the GPU profile",
     "gpu_unavailable": "the GPU worker is not available",
     "approval_required": "the CPU run waits for approval",

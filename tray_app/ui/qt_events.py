@@ -1,7 +1,7 @@
 """The one adapter from service events (plain dicts from /failsoft/events) to Qt signals.
 
-Every event arrives as the dict `tray_app.events.Event.to_dict()` produced on the service side; widgets
-connect to the typed signal they care about and never parse the stream themselves.
+Every event arrives as the dict `tray_app.contract.events.Event.to_dict()` produced on the service side;
+widgets connect to the typed signal they care about and never parse the stream themselves.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.qt_events import QtEventBridge
 from tray_app.ui.state import TraySummary, summarize
 
 RECONCILE_DELAY_MS = 250
 POLL_INTERVAL_MS = 5_000
-TERMINAL_JOB_STATES = {"completed", "failed", "cancelled", "rejected"}
 
 
 class StatusModel(QObject):
@@ -137,6 +137,6 @@ class StatusModel(QObject):
             self.active_fallbacks.add(job_id)
             self.last_fallback_at = time.time()
         elif kind in ("fallback_completed", "fallback_refused") or (
-            kind == "job_state" and event.get("state") in TERMINAL_JOB_STATES
+            kind == "job_state" and event.get("state") in FINAL_JOB_STATES
         ):
             self.active_fallbacks.discard(job_id)

@@ -1,0 +1,66 @@
+"""Job states, worker states, failure kinds and reason codes: stable strings on the wire, in the journal,
+in events and in the tray. Each is defined here once; every other module takes them from here."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+FINAL_JOB_STATES: frozenset[str] = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
+)
+UNFINISHED_JOB_STATES: tuple[str, ...] = (JobState.QUEUED, JobState.RUNNING, JobState.AWAITING_APPROVAL)
+JOB_STATES: tuple[str, ...] = tuple(JobState)
+
+# A worker process's life, as its supervisor owns it.
+WorkerState = Literal["stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed"]
+WORKER_STATES: tuple[WorkerState, ...] = (
+    "stopped",
+    "starting",
+    "ready",
+    "unhealthy",
+    "restarting",
+    "stopping",
+    "failed",
+)
+
+# How a worker attempt or process failed (the supervisor's classification, the router's view of a stream).
+FailureKind = Literal["oom_load", "oom_decode", "crash_abort", "killed", "hung", "bad_config", "exited"]
+FAILURE_KINDS: tuple[FailureKind, ...] = (
+    "oom_load",
+    "oom_decode",
+    "crash_abort",
+    "killed",
+    "hung",
+    "bad_config",
+    "exited",
+)
+
+
+class Reason(StrEnum):
+    """Why a request went where it went, or why it could not be served: clients, events, the journal and
+    the tray all use these codes (the tray has words for each: tray_app.ui.notifications)."""
+
+    EXCEEDS_GPU_PROFILE = "exceeds_gpu_profile"
+    GPU_UNAVAILABLE = "gpu_unavailable"
+    APPROVAL_REQUIRED = "approval_required"
+    CPU_TOO_SLOW = "cpu_too_slow"
+    CPU_RAM_INSUFFICIENT = "cpu_ram_insufficient"
+    NO_CPU_WORKER = "no_cpu_worker"
+    EFFECTS_DELIVERED = "effects_delivered"
+    STREAM_STARTED = "stream_started"
+    CONSTRAINED_STREAM_STARTED = "constrained_stream_started"
+    FALLBACK_DISABLED = "fallback_disabled"
+    CONTEXT_EXCEEDED = "context_length_exceeded"
+    APPROVAL_BACKLOG_FULL = "approval_backlog_full"
