@@ -12,7 +12,7 @@ from tray_app.budget.llama_log import BufferSizes
 from tray_app.budget.plan_set import PlanSet, cpu_request, physical_cores, plan_from_config
 from tray_app.budget.planner import plan_cpu
 from tray_app.engine import simulated
-from tray_app.engine.argv import llama_server_argv
+from tray_app.engine.argv import llama_server_argv, worker_env
 from tray_app.engine.faults import check_fault
 from tray_app.supervisor import profiles_from_plans
 
@@ -92,7 +92,11 @@ def test_profiles_follow_the_plans(planned: tuple[config.Config, PlanSet]) -> No
     assert flags["--ubatch-size"] == str(plans.gpu.n_ubatch)
     assert flags["--n-gpu-layers"] == str(plans.gpu.n_gpu_layers)
     assert "--load-mode" in argv  # a simulated device: weights in real allocations under the limit
-    assert "--load-mode" not in llama_server_argv(Path("/opt/llama-server"), cpu, port=1)
+    cpu_argv = llama_server_argv(Path("/opt/llama-server"), cpu, port=1)
+    assert "--load-mode" not in cpu_argv
+    # The CPU worker sees no GPU, whatever the build: no device for the model, none in its environment.
+    assert "--device" not in argv and cpu_argv[cpu_argv.index("--device") + 1] == "none"
+    assert worker_env(cpu)["CUDA_VISIBLE_DEVICES"] == "" and "CUDA_VISIBLE_DEVICES" not in worker_env(gpu)
 
 
 def test_cpu_worker_is_on_demand_when_ram_does_not_allow_it(planned: tuple[config.Config, PlanSet]) -> None:

@@ -41,6 +41,10 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         "--metrics",
         "--jinja",
     ]  # fmt: skip
+    if profile.n_gpu_layers == 0:
+        # No layers on a GPU means no GPU at all: a GPU build would otherwise still send large prompt
+        # batches to the card (op offload) and hold a context there, memory the plan never gave it.
+        argv += ["--device", "none"]
     if profile.embeddings:
         argv += ["--embeddings", "--pooling", profile.pooling]
     if is_template_file(profile.chat_format):
@@ -54,3 +58,16 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
     if amx_in_a_virtual_machine():
         argv.append("--no-repack")
     return argv
+
+
+# Set for a worker with no layers on a GPU, so a GPU build creates no device context (hundreds of MiB of
+# VRAM each) for a process that must not use the card.
+HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
+
+
+def worker_env(profile: WorkerProfile) -> dict[str, str]:
+    """What a worker's environment adds (its API key comes from the supervisor)."""
+    env = {"MALLOC_ARENA_MAX": "2"}  # glibc's 64 MiB arena per thread would eat a memory limit for nothing
+    if profile.n_gpu_layers == 0:
+        env.update(HIDE_GPUS)
+    return env

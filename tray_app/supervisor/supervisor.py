@@ -41,7 +41,7 @@ from tray_app.config import SupervisorConfig
 from tray_app.contract.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
 from tray_app.contract.vocabulary import WORKER_STATES, WorkerState
 from tray_app.engine import WORKER_KEY_ENV, binary, offload, simulated
-from tray_app.engine.argv import llama_server_argv
+from tray_app.engine.argv import llama_server_argv, worker_env
 from tray_app.engine.devices import DeviceListError, list_devices
 from tray_app.engine.faults import SIGNALS, ArmedFault, check_fault
 from tray_app.engine.loopback_http import ConnectionFailed, ConnectTimeout, Response, UpstreamPool
@@ -597,10 +597,8 @@ class WorkerSupervisor:
             limit = simulated.address_space_limit(
                 profile.simulated_vram_bytes, load_fault=profile.fault_load_oom
             )
-        env = {
-            "LLAMA_API_KEY": self._key,  # in the environment, not on the command line that `ps` shows
-            "MALLOC_ARENA_MAX": "2",  # glibc's 64 MiB arena per thread would eat a memory limit for nothing
-        }
+        # The key in the environment, not on the command line that `ps` shows.
+        env = {"LLAMA_API_KEY": self._key, **worker_env(profile)}
         try:
             process = WorkerProcess.spawn(
                 argv,

@@ -1,0 +1,78 @@
+"""The whole service (real `failsoft serve`, real HTTP, the real openai client) on fake llama-servers: the
+fast tier's check of the router's hot path and its failover decisions, with no model loaded. Every case
+here is also tested on real llama.cpp workers (test_failover.py, test_api.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.router.conftest import arm, base_settings, client_for, failsoft_of, job_state, wait_replaced
+from tests.support.fake_worker import fake_llama_server
+from tests.support.service import ServiceHandle, running_service
+
+CHAT: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}
+
+
+def fake_service(root: Path, **fake: float | str) -> Iterator[ServiceHandle]:
+    engine = fake_llama_server(root.parent, **fake) if fake else fake_llama_server(root.parent)
+    settings = base_settings(engine={"llama_server": str(engine)}, failover={"auto_approve_seconds": 3600})
+    with running_service(root, enable_faults=True, settings=settings, ready_timeout=30) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
+    yield from fake_service(tmp_path_factory.mktemp("fake") / "service", token_delay=0.02)
+
+
+def test_answers_come_from_the_gpu_worker_streamed_or_not(svc: ServiceHandle) -> None:
+    client = client_for(svc)
+    whole = client.chat.completions.create(**CHAT)
+    assert whole.choices[0].message.content == "The sea is wide and deep"
+    assert failsoft_of(whole)["worker"] == "gpu"
+    text = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(**CHAT, stream=True)
+        if chunk.choices
+    )
+    assert text == "The sea is wide and deep"
+
+
+def test_a_gpu_worker_killed_mid_stream_hands_the_rest_to_the_cpu(svc: ServiceHandle) -> None:
+    armed = arm(svc, "kill", after_tokens=3)
+    pieces: list[str] = []
+    info: dict[str, Any] = {}
+    for chunk in client_for(svc).chat.completions.create(**CHAT, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.model_extra and chunk.model_extra.get("failsoft"):
+            info = chunk.model_extra["failsoft"]
+    assert (info["worker"], info["attempts"], info["fallback_reason"]) == ("cpu", 2, "killed")
+    assert "".join(pieces).startswith("The sea")  # what the GPU sent, then the CPU's continuation
+    job = job_state(svc, info["job_id"])
+    assert [(a["worker"], a["outcome"]) for a in job["attempt_log"]] == [
+        ("gpu", "failed"),
+        ("cpu", "completed"),
+    ]
+    wait_replaced(svc, armed["pid"])
+
+
+def test_a_decode_failure_replays_a_whole_answer_on_the_cpu(tmp_path: Path) -> None:
+    for handle in fake_service(tmp_path / "service", error_after=2, faulty="gpu"):
+        answer = client_for(handle).chat.completions.create(**CHAT)
+        info = failsoft_of(answer)
+        assert (info["worker"], info["attempts"], info["fallback_reason"]) == ("cpu", 2, "oom_decode")
+        assert answer.choices[0].message.content == "The sea is wide and deep"  # whole, from the start
+
+
+@pytest.mark.slow  # the stall detector waits its 15 s before it calls a worker hung
+def test_a_worker_that_goes_silent_is_found_hung(tmp_path: Path) -> None:
+    for handle in fake_service(tmp_path / "service", hang_after=1, faulty="gpu"):
+        client = client_for(handle, timeout=60)
+        answer = client.chat.completions.create(**CHAT)
+        info = failsoft_of(answer)
+        assert (info["worker"], info["fallback_reason"]) == ("cpu", "hung")
