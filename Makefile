@@ -9,7 +9,7 @@ SYSTEM_PACKAGES := g++ cmake ninja-build xvfb trayer xdotool x11-utils imagemagi
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 
-.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine clean
+.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine gpu-check gpu-check-pack clean
 
 # llama-cpp-python and llama.cpp's llama-server come from one compile of the same llama.cpp source, built
 # once per (version, GPU backend) into the user cache dir; GPU_BACKEND=cuda|vulkan|hip|cpu chooses one.
@@ -77,6 +77,15 @@ drill: $(STAMP)
 # Build (or find in the cache) and install the engine again, e.g. after changing GPU_BACKEND.
 engine: $(STAMP)
 	$(PYTHON) packaging/build_engine.py --venv $(VENV)
+
+# The check on a real NVIDIA GPU (README, "Checking a real GPU"): `gpu-check-pack` prepares, where the network
+# is, everything it needs in .gpu-check/carry/; `gpu-check` needs no network (nor this venv) and stops with
+# exit status 2 where there is no GPU. Report: $OUT/gpu-check.json when OUT is set, else gpu-check.json.
+gpu-check-pack: $(STAMP)
+	$(BIN)/python packaging/gpu_check.py pack
+
+gpu-check:
+	$(PYTHON) packaging/gpu_check.py run
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -16,6 +16,13 @@ Standard library only: it runs before the project itself is installed.
 
     python3 packaging/build_engine.py --venv .venv            # build if needed, install into .venv
     GPU_BACKEND=cuda python3 packaging/build_engine.py --venv .venv
+
+Offline (no package index, e.g. a machine with a GPU and no network): `--source` names the
+llama-cpp-python source to build (an sdist archive or an unpacked one), `--offline` builds with the
+interpreter's own build tools (scikit-build-core, CMake, Ninja) and asks no index, and `--build-dir` keeps
+CMake's build folder so that an interrupted build continues where it stopped:
+
+    GPU_BACKEND=cuda python3 packaging/build_engine.py --venv V --source SRC --offline --build-dir B
 """
 
 from __future__ import annotations
@@ -148,8 +155,31 @@ def cmake_args(backend: str) -> list[str]:
     return [*COMMON_CMAKE_ARGS, *BACKEND_CMAKE_ARGS[backend]]
 
 
+def cuda_architectures() -> str:
+    """The local cards' compute capabilities ("9.0", "8.6,8.9"): a CUDA build for the `native` architectures
+    runs only on cards like these, so they are part of its cache key ("" when nvidia-smi cannot say)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ""
+    try:
+        listed = subprocess.run(
+            [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if listed.returncode != 0:
+        return ""
+    return ",".join(sorted({line.strip() for line in listed.stdout.splitlines() if line.strip()}))
+
+
 def variant_dir(version: str, backend: str) -> Path:
-    key = "\n".join([version, backend, *cmake_args(backend), cpu_features(), os.uname().machine])
+    parts = [version, backend, *cmake_args(backend), cpu_features(), os.uname().machine]
+    if backend == "cuda":
+        parts.append(f"cuda-architectures={cuda_architectures()}")
+    key = "\n".join(parts)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_root() / f"llama-cpp-python-{version}-{backend}-{digest}"
 
@@ -174,11 +204,26 @@ def fetch_sdist(python: str, version: str) -> Path:
     return folder / name
 
 
-def build_wheel(python: str, version: str, backend: str, folder: Path) -> Path:
+def build_wheel(
+    python: str,
+    version: str,
+    backend: str,
+    folder: Path,
+    *,
+    source: Path | None = None,
+    offline: bool = False,
+    build_dir: Path | None = None,
+) -> Path:
+    """Compile the wheel into `folder`. `source`: an sdist archive or unpacked source (default: the cached
+    sdist, downloaded once); `offline`: no build isolation and no index (the interpreter's own
+    scikit-build-core, CMake and Ninja); `build_dir`: CMake's build folder, kept (an interrupted build
+    continues there)."""
     missing = missing_tools(backend)
     if missing:
         raise BuildError("cannot build llama.cpp here; missing: " + "; ".join(missing))
-    sdist = fetch_sdist(python, version)
+    if source is not None and not source.exists():
+        raise BuildError(f"no llama-cpp-python source at {source}")
+    sdist = source if source is not None else fetch_sdist(python, version)
     staging = folder.with_name(folder.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -198,8 +243,13 @@ def build_wheel(python: str, version: str, backend: str, folder: Path) -> Path:
         "-v",
         "-w",
         str(staging),
-        str(sdist),
     ]
+    if offline:
+        command += ["--no-build-isolation", "--no-index"]
+    if build_dir is not None:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        command.append(f"--config-settings=build-dir={build_dir.resolve()}")
+    command.append(str(sdist.resolve()))
     with (
         log_path.open("w") as log,
         subprocess.Popen(
@@ -255,6 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, help="install the wheel into this virtual environment")
     parser.add_argument("--version", default=LLAMA_CPP_PYTHON_VERSION, help="llama-cpp-python version")
     parser.add_argument("--print-dir", action="store_true", help="print the variant's cache folder and exit")
+    parser.add_argument(
+        "--source", type=Path, help="build from this llama-cpp-python sdist (archive or unpacked folder)"
+    )
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="no build isolation, no package index: build with this interpreter's scikit-build-core",
+    )
+    parser.add_argument("--build-dir", type=Path, help="keep CMake's build folder here (a rerun resumes)")
     args = parser.parse_args(argv)
     try:
         backend = detect_backend()
@@ -265,7 +324,15 @@ def main(argv: list[str] | None = None) -> int:
         python = str(args.venv / "bin" / "python") if args.venv else sys.executable
         wheel = cached_wheel(folder, args.version)
         if wheel is None:
-            wheel = build_wheel(python, args.version, backend, folder)
+            wheel = build_wheel(
+                python,
+                args.version,
+                backend,
+                folder,
+                source=args.source,
+                offline=args.offline,
+                build_dir=args.build_dir,
+            )
         else:
             say(f"using the cached {backend} build: {folder}")
         if args.venv:

@@ -1,0 +1,491 @@
+"""The GPU check's phases that need the project (service, planner, pressure, teardown), run by
+`packaging/gpu_check.py` in the check's own environment once the CUDA engine is built and the model is there.
+
+The functions that judge (buffer comparison, the failover's verdict) are pure and tested on sample numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import tomli_w
+from gpu_check import MIB, PhaseStop, Report, say, tail
+
+from tray_app.budget.device import nvml_memory
+from tray_app.config import Config, from_dict
+from tray_app.drill.client import ServiceClient
+from tray_app.drill.launcher import DRILL_SUPERVISOR
+from tray_app.engine.devices import is_gpu_buffer
+from tray_app.host.launch import ServeProcess, spawn_serve, stop_process_tree, workers_ready
+
+# ------------------------------------------------------------------------------------------ buffers (pure)
+_BUFFER = re.compile(
+    r"(?P<backend>[\w.-]+)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*"
+    r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>GiB|MiB|KiB|B)\b"
+)
+_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+_LOAD_START = "llama_model_loader: loaded meta data"
+KINDS = ("model", "kv", "compute", "output")
+
+
+def last_load(log: str) -> str:
+    """The part of a worker's log from its last model load on (a restarted worker logs every load)."""
+    start = log.rfind(_LOAD_START)
+    return log[start:] if start >= 0 else log
+
+
+def per_backend_buffers(log: str) -> dict[str, dict[str, int]]:
+    """The buffers llama.cpp printed at load, per backend ("CUDA0", "CUDA_Host", "CPU_Mapped", ...), in
+    bytes. Model, KV and output buffers add up; a compute buffer replaces the one printed before it (each
+    graph reservation replaces the last)."""
+    found: dict[str, dict[str, int]] = {}
+    for match in _BUFFER.finditer(log):
+        backend, kind = match["backend"], match["kind"].lower()
+        size = round(float(match["number"]) * _UNITS[match["unit"]])
+        sizes = found.setdefault(backend, dict.fromkeys(KINDS, 0))
+        sizes[kind] = size if kind == "compute" else sizes[kind] + size
+    return found
+
+
+def _side(printed: dict[str, dict[str, int]], on_gpu: bool) -> dict[str, int]:
+    backends = [sizes for name, sizes in printed.items() if is_gpu_buffer(name) == on_gpu]
+    return {kind: sum(sizes[kind] for sizes in backends) for kind in KINDS}
+
+
+# Relative tolerance per buffer (printed sizes are rounded to 0.01 MiB: a small absolute slack too). The KV
+# cache and the weights are computed exactly by the planner; the compute buffer is an estimate.
+TOLERANCE = {"weights": 0.01, "host_weights": 0.01, "kv": 0.01, "output": 0.01, "compute": 0.15}
+SLACK_BYTES = 64 * 1024
+
+
+def _row(predicted: int | None, printed: int, tolerance: float) -> dict[str, Any]:
+    predicted = int(predicted or 0)
+    difference = predicted - printed
+    within = abs(difference) <= max(SLACK_BYTES, tolerance * max(printed, predicted))
+    return {
+        "predicted_bytes": predicted,
+        "printed_bytes": printed,
+        "difference_bytes": difference,
+        "ratio": round(predicted / printed, 4) if printed else None,
+        "tolerance": tolerance,
+        "within": within,
+    }
+
+
+def compare_buffers(
+    plan: dict[str, Any], printed: dict[str, dict[str, int]], measured_bytes: int | None
+) -> dict[str, Any]:
+    """The planner's prediction for each buffer against llama.cpp's printed size, and the device total
+    against what NVML measured for the GPU worker's process (None: NVML could not attribute it)."""
+    device, host = _side(printed, True), _side(printed, False)
+    rows = {
+        "weights": _row(plan.get("weights_bytes"), device["model"], TOLERANCE["weights"]),
+        "host_weights": _row(plan.get("host_weights_bytes"), host["model"], TOLERANCE["host_weights"]),
+        "kv": _row(plan.get("kv_bytes"), device["kv"], TOLERANCE["kv"]),
+        "compute": _row(plan.get("compute_bytes"), device["compute"], TOLERANCE["compute"]),
+        "output": _row(plan.get("output_bytes"), device["output"] + host["output"], TOLERANCE["output"]),
+    }
+    predicted_device = sum(int(plan.get(key) or 0) for key in ("weights_bytes", "kv_bytes", "compute_bytes"))
+    printed_device = sum(device.values())
+    total: dict[str, Any] = {
+        "predicted_device_bytes": predicted_device,
+        "printed_device_bytes": printed_device,
+        "printed_host_compute_bytes": host["compute"],
+        "measured_process_bytes": measured_bytes,
+    }
+    if measured_bytes:
+        # What the process holds beyond its printed buffers: the CUDA context, cuBLAS, the memory pool.
+        total["unaccounted_bytes"] = measured_bytes - printed_device
+        total["measured_over_predicted"] = (
+            round(measured_bytes / predicted_device, 4) if predicted_device else None
+        )
+        total["measured_over_printed"] = round(measured_bytes / printed_device, 4) if printed_device else None
+    return {
+        "buffers": rows,
+        "device_total": total,
+        "outside_tolerance": [name for name, row in rows.items() if not row["within"]],
+    }
+
+
+# ------------------------------------------------------------------------------------------ failover (pure)
+OOM_EVIDENCE = re.compile(
+    r"out of memory|cudaMalloc failed|failed to allocate|CUDA error|cuMemCreate|OutOfMemory", re.IGNORECASE
+)
+
+
+def judge_failover(jobs: list[dict[str, Any]], gpu_log: str) -> dict[str, Any]:
+    """Did the first job whose GPU attempt failed fail over exactly once: two attempts, the GPU one failed
+    with a memory error, the CPU one completed, one answer to the client? Jobs before it must have been
+    served by the GPU in one attempt."""
+    failed_index = next(
+        (
+            index
+            for index, job in enumerate(jobs)
+            if any(attempt.get("outcome") == "failed" for attempt in job.get("attempt_log") or [])
+        ),
+        None,
+    )
+    problems: list[str] = []
+    if failed_index is None:
+        largest = max((int(job.get("prompt_words") or 0) for job in jobs), default=0)
+        return {
+            "exercised": False,
+            "passed": False,
+            "problems": [
+                "no GPU attempt failed: the GPU worker served every request with the device's memory taken "
+                f"(prompts up to about {largest} words), so it needed no new device memory"
+            ],
+        }
+    for job in jobs[:failed_index]:
+        if job.get("worker") != "gpu" or int(job.get("attempts") or 0) != 1:
+            problems.append(
+                f"job {job.get('id')} before the failure ran on {job.get('worker')} in "
+                f"{job.get('attempts')} attempt(s)"
+            )
+    job = jobs[failed_index]
+    log = job.get("attempt_log") or []
+    if job.get("state") != "completed":
+        problems.append(f"the job ended {job.get('state')}, not completed")
+    if len(log) != 2 or int(job.get("attempts") or 0) != 2:
+        problems.append(f"{len(log)} attempts recorded (attempts={job.get('attempts')}), expected 2")
+    if log and (log[0].get("worker"), log[0].get("outcome")) != ("gpu", "failed"):
+        problems.append(f"first attempt: {log[0].get('worker')} {log[0].get('outcome')}, expected gpu failed")
+    if len(log) > 1 and (log[1].get("worker"), log[1].get("outcome")) != ("cpu", "completed"):
+        problems.append(
+            f"second attempt: {log[1].get('worker')} {log[1].get('outcome')}, expected cpu completed"
+        )
+    completed = sum(1 for attempt in log if attempt.get("outcome") == "completed")
+    if completed != 1:
+        problems.append(f"{completed} completed attempts, expected exactly 1")
+    if job.get("answers_to_client") != 1:
+        problems.append(f"the client received {job.get('answers_to_client')} answers, expected 1")
+    evidence = [line.strip() for line in gpu_log.splitlines() if OOM_EVIDENCE.search(line)]
+    if not evidence:
+        problems.append("the GPU worker's log shows no failed CUDA allocation")
+    return {
+        "exercised": True,
+        "passed": not problems,
+        "job_index": failed_index,
+        "failure": (log[0].get("error") if log else None),
+        "allocation_failure_lines": evidence[:8],
+        "problems": problems,
+    }
+
+
+WORDS = (
+    "river", "stone", "garden", "window", "morning", "yellow", "bridge", "market", "winter", "candle",
+    "forest", "silver", "ocean", "mountain", "letter", "kitchen", "summer", "valley", "planet", "harbor",
+)  # fmt: skip
+
+
+def prompt_words(count: int, salt: int) -> str:
+    """About `count` tokens of plain words (one token each, mostly); `salt` keeps prompts apart (no reuse of
+    a cached prompt)."""
+    words = [WORDS[(index * 7 + salt) % len(WORDS)] for index in range(count)]
+    return f"Request {salt}. Repeat the last word of this list: " + " ".join(words)
+
+
+# ------------------------------------------------------------------------------------------ the service
+def service_settings(model: Path) -> dict[str, Any]:
+    """The default config on the real GPU with the given model: CPU worker warm, automatic fallback, quick
+    failure detection, loopback only."""
+    data = Config().to_dict()
+    data["model"]["path"] = str(model)
+    data["cpu"].update(enabled=True, warm=True)
+    data["server"].update(host="127.0.0.1", api_key="")
+    data["failover"].update(fallback="auto", deadline=300.0)
+    data["supervisor"].update(DRILL_SUPERVISOR)
+    from_dict(data, source="gpu-check config")
+    return data
+
+
+def service_env(root: Path, config_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "FAILSOFT_CONFIG": str(config_path),
+        "FAILSOFT_DATA_DIR": str(root / "data"),
+        "FAILSOFT_LOG_DIR": str(root / "logs"),
+    }
+
+
+def _status(base_url: str) -> dict[str, Any] | None:
+    try:
+        response = httpx.get(base_url + "/failsoft/status", timeout=5)
+        response.raise_for_status()
+        data: dict[str, Any] = response.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return data
+
+
+def worker_view(worker: dict[str, Any]) -> dict[str, Any]:
+    health = worker.get("health") or {}
+    keys = ("n_ctx", "n_parallel", "n_gpu_layers", "runs_on", "offload", "buffers", "load_seconds", "pid")
+    return {
+        "state": worker.get("state"),
+        "pid": worker.get("pid") or health.get("pid"),
+        "restarts": worker.get("restarts"),
+        "last_failure": worker.get("last_failure"),
+        **{key: health.get(key) for key in keys if key != "pid"},
+    }
+
+
+def status_view(status: dict[str, Any]) -> dict[str, Any]:
+    workers = status.get("workers") or {}
+    return {
+        "device": status.get("device"),
+        "target": status.get("target"),
+        "engine": status.get("engine"),
+        "plan": status.get("plan"),
+        "cpu_plan": status.get("cpu_plan"),
+        "caps": status.get("caps"),
+        "workers": {role: worker_view(workers.get(role) or {}) for role in ("gpu", "cpu")},
+    }
+
+
+def phase_service(report: Report, model: Path, root: Path) -> tuple[ServeProcess, dict[str, Any]]:
+    with report.phase("service", 150) as entry:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        config_path = root / "config.toml"
+        config_path.write_text(tomli_w.dumps(service_settings(model)), encoding="utf-8")
+        entry["config"] = str(config_path)
+        doctor = subprocess.run(
+            [sys.executable, "-m", "tray_app", "doctor", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=service_env(root, config_path),
+        )
+        try:
+            entry["doctor"] = json.loads(doctor.stdout)
+        except ValueError:
+            entry["doctor"] = {"exit": doctor.returncode, "output": tail(doctor.stdout + doctor.stderr, 20)}
+        service = spawn_serve(root, config_path)
+        entry["url"] = service.base_url
+        deadline = time.monotonic() + entry["budget_seconds"] - 5
+        status = None
+        while time.monotonic() < deadline:
+            if service.process.poll() is not None:
+                raise PhaseStop(
+                    "failed",
+                    f"failsoft serve exited with {service.process.returncode}:\n{tail(service.output(), 30)}",
+                )
+            status = _status(service.base_url)
+            if workers_ready(status):
+                break
+            time.sleep(0.3)
+        else:
+            stop_process_tree(service.process)
+            raise PhaseStop("failed", f"the workers were not ready in time:\n{tail(service.output(), 30)}")
+        assert status is not None
+        entry["failsoft_status"] = status_view(status)
+        runs_on = entry["failsoft_status"]["workers"]["gpu"].get("runs_on") or ""
+        if "CUDA" not in runs_on:
+            report.problem(f"the GPU worker runs on {runs_on!r}, not on a CUDA device")
+        return service, status
+
+
+def worker_log(root: Path, role: str) -> str:
+    path = root / "logs" / f"{role}-worker.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def phase_planner(report: Report, status: dict[str, Any], root: Path) -> None:
+    with report.phase("planner", 30) as entry:
+        plan = status.get("plan") or {}
+        printed = per_backend_buffers(last_load(worker_log(root, "gpu")))
+        gpu_pid = ((status.get("workers") or {}).get("gpu") or {}).get("pid")
+        cpu_pid = ((status.get("workers") or {}).get("cpu") or {}).get("pid")
+        reading = nvml_memory(0)
+        processes = [{"pid": p.pid, "name": p.name, "used_bytes": p.used_bytes} for p in reading.processes]
+        measured = next((p.used_bytes for p in reading.processes if p.pid == gpu_pid), None)
+        entry["nvml"] = {
+            "total_bytes": reading.total_bytes,
+            "free_bytes": reading.free_bytes,
+            "processes": processes,
+            "gpu_worker_pid": gpu_pid,
+            "cpu_worker_pid": cpu_pid,
+            "reading": reading.reason,
+        }
+        if measured is None:
+            entry["nvml"]["note"] = (
+                "NVML listed no process with the GPU worker's pid (another pid namespace?)"
+            )
+        if cpu_pid is not None and any(p.pid == cpu_pid for p in reading.processes):
+            entry["cpu_worker_on_gpu"] = (
+                "the CPU worker holds GPU memory: it runs the same CUDA build with every device visible "
+                "(a CUDA context, and large batches offloaded to the GPU)"
+            )
+        entry["printed"] = printed
+        entry["compare"] = compare_buffers(plan, printed, measured)
+        entry["compute_source"] = plan.get("compute_source")
+        for name in entry["compare"]["outside_tolerance"]:
+            row = entry["compare"]["buffers"][name]
+            report.problem(
+                f"planner {name}: predicted {row['predicted_bytes'] / MIB:.2f} MiB, llama.cpp printed "
+                f"{row['printed_bytes'] / MIB:.2f} MiB (tolerance {row['tolerance']:.0%})"
+            )
+
+
+# ------------------------------------------------------------------------------------------ pressure
+def fill_device(torch: Any, device: Any, smallest: int = 512 * 1024) -> tuple[list[Any], dict[str, Any]]:
+    """Allocate with torch until a CUDA allocation fails, in blocks from 1 GiB down to `smallest`: the device
+    is then full to within less than that (plain cudaMalloc through torch's allocator, no managed memory)."""
+    blocks: list[Any] = []
+    size = 1024 * MIB
+    failures = 0
+    first_failure = ""
+    started = time.monotonic()
+    while size >= smallest:
+        try:
+            blocks.append(torch.empty(size, dtype=torch.uint8, device=device))
+        except torch.cuda.OutOfMemoryError as error:
+            failures += 1
+            first_failure = first_failure or str(error).splitlines()[0]
+            size //= 4
+    free, total = torch.cuda.mem_get_info(device)
+    return blocks, {
+        "blocks": len(blocks),
+        "taken_bytes": sum(int(block.numel()) for block in blocks),
+        "allocation_failures": failures,
+        "first_failure": first_failure,
+        "free_after_bytes": int(free),
+        "total_bytes": int(total),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+async def _job(client: ServiceClient, words: int, salt: int) -> dict[str, Any]:
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": prompt_words(words, salt)}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "seed": 1,
+    }
+    answer = await client.chat(body)
+    summary: dict[str, Any] = {
+        "prompt_words": words,
+        "http_status": answer.status,
+        "seconds": round(answer.ended_at - answer.started_at, 2),
+        "answers_to_client": answer.answers_seen(),
+        "client_error": answer.error or answer.transport_error or None,
+        "failsoft": answer.failsoft,
+    }
+    if answer.job_id:
+        record = await client.wait_job_final(answer.job_id, timeout=120)
+        keys = ("id", "state", "worker", "attempts", "fallback_reason", "attempt_log", "error")
+        summary.update({key: record.get(key) for key in keys})
+    return summary
+
+
+def job_sizes(n_ctx_per_seq: int) -> list[int]:
+    """Prompt sizes, growing: each needs more scratch memory in the worker than the one before (the largest
+    stays well inside one GPU slot, so the router never sends it to the CPU at admission)."""
+    largest = max(64, int(n_ctx_per_seq * 0.6))
+    return sorted({size for size in (48, 160, 400, 1000, largest) if size <= largest})
+
+
+async def _pressure(report: Report, entry: dict[str, Any], service: ServeProcess, root: Path) -> None:
+    try:
+        import torch
+    except ImportError as error:
+        entry["status"] = "skipped"
+        entry["message"] = f"torch is not installed ({error}): the pressure step cannot run"
+        report.problem(entry["message"])
+        return
+    if not torch.cuda.is_available():
+        entry["status"] = "skipped"
+        entry["message"] = "torch sees no CUDA device: the pressure step cannot run"
+        report.problem(entry["message"])
+        return
+    entry["torch"] = torch.__version__
+    client = ServiceClient(service.base_url)
+    try:
+        status = await client.wait_ready(timeout=60)
+        cap = int((status.get("caps") or {}).get("n_ctx_per_seq") or 512)
+        entry["baseline"] = await _job(client, 24, 0)
+        if entry["baseline"].get("worker") != "gpu":
+            report.problem(f"a small request before the pressure ran on {entry['baseline'].get('worker')}")
+        device = torch.device("cuda:0")
+        entry["nvml_free_before_bytes"] = nvml_memory(0).free_bytes
+        blocks, entry["fill"] = fill_device(torch, device)
+        entry["nvml_free_during_bytes"] = nvml_memory(0).free_bytes
+        taken, left = entry["fill"]["taken_bytes"] / MIB, entry["fill"]["free_after_bytes"] / MIB
+        say(f"pressure: took {taken:.0f} MiB, {left:.1f} MiB free")
+        jobs: list[dict[str, Any]] = []
+        try:
+            for salt, words in enumerate(job_sizes(cap), start=1):
+                if report.remaining() < 60:
+                    entry["cut_short"] = "the check's time ran low"
+                    break
+                job = await _job(client, words, salt)
+                jobs.append(job)
+                say(f"pressure: {words} words -> {job.get('worker')} in {job.get('attempts')} attempt(s)")
+                if any(a.get("outcome") == "failed" for a in job.get("attempt_log") or []):
+                    break
+        finally:
+            del blocks
+            torch.cuda.empty_cache()
+        entry["jobs"] = jobs
+        entry["failover"] = judge_failover(jobs, worker_log(root, "gpu"))
+        for problem in entry["failover"]["problems"]:
+            report.problem(f"failover: {problem}")
+        try:
+            after = await client.wait_ready(timeout=max(10.0, min(60.0, report.remaining() - 30)))
+            entry["recovered"] = status_view(after)["workers"]
+        except Exception as error:  # the report says it; the check goes on to stop the service
+            entry["recovered"] = None
+            report.problem(f"the workers were not both ready again after the memory was released: {error}")
+    finally:
+        await client.aclose()
+
+
+def phase_pressure(report: Report, service: ServeProcess, root: Path) -> None:
+    with report.phase("pressure", 150) as entry:
+        asyncio.run(
+            asyncio.wait_for(_pressure(report, entry, service, root), timeout=entry["budget_seconds"])
+        )
+
+
+def phase_teardown(report: Report, service: ServeProcess | None, root: Path, log_dir: Path) -> None:
+    with report.phase("teardown", 30) as entry:
+        if service is not None:
+            stop_process_tree(service.process)
+            entry["gpu_worker_log_tail"] = tail(worker_log(root, "gpu"), 40)
+            entry["service_log_tail"] = tail(service.output(), 20)
+        for path in (root / "logs").glob("*.log") if (root / "logs").exists() else ():
+            with contextlib.suppress(OSError):
+                shutil.copy(path, log_dir / path.name)
+        if service is not None:
+            with contextlib.suppress(OSError):
+                shutil.copy(service.output_path, log_dir / "serve.log")
+
+
+def service_phases(report_path: Path, deadline: float, model: Path, state: Path) -> int:
+    report = Report.load(report_path, deadline)
+    root = state / "service"
+    service: ServeProcess | None = None
+    try:
+        service, status = phase_service(report, model, root)
+        phase_planner(report, status, root)
+        phase_pressure(report, service, root)
+    except PhaseStop:
+        pass
+    finally:
+        with contextlib.suppress(PhaseStop):
+            phase_teardown(report, service, root, state / "logs")
+    report.write()
+    return 0
