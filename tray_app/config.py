@@ -366,3 +366,36 @@ def with_live_changes(current: Config, fresh: Config) -> tuple[Config, list[str]
             else:
                 needs_restart.append(f"{section}.{key}")
     return merged, applied, needs_restart
+
+
+def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (section, key)
+        for section, values in new.items()
+        for key, value in values.items()
+        if (old.get(section) or {}).get(key) != value
+    ]
+
+
+def edit_file(path: Path, changes: dict[str, dict[str, Any]]) -> tuple[Config, list[tuple[str, str]]]:
+    """Validate the file's config with `changes` applied, write it (0600) when something changed, and
+    return it with the keys that changed. ConfigError (nothing written) when a value is not allowed."""
+    current = load(path)
+    data = current.to_dict()
+    merged = {section: dict(values) for section, values in data.items()}
+    for section, values in changes.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: [{section}] must be a table of keys")
+        merged.setdefault(section, {}).update(values)
+    updated = from_dict(merged, source=str(path))
+    changed = changed_keys(data, updated.to_dict())
+    if changed:
+        save(updated, path)
+    return updated, changed
+
+
+def public_view(config: Config) -> dict[str, Any]:
+    """The config as the control API shows it: the API key is not repeated, only whether one is set."""
+    data = config.to_dict()
+    data["server"]["api_key"] = "(set)" if config.server.api_key else ""
+    return data

@@ -4,15 +4,18 @@ here is also tested on real llama.cpp workers (test_failover.py, test_api.py).""
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.router.conftest import arm, base_settings, client_for, failsoft_of, job_state, wait_replaced
 from tests.support.fake_worker import fake_llama_server
 from tests.support.service import ServiceHandle, running_service
+from tray_app import config
 
 CHAT: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}
 
@@ -76,3 +79,30 @@ def test_a_worker_that_goes_silent_is_found_hung(tmp_path: Path) -> None:
         answer = client.chat.completions.create(**CHAT)
         info = failsoft_of(answer)
         assert (info["worker"], info["fallback_reason"]) == ("cpu", "hung")
+
+
+def test_the_config_is_read_and_changed_through_the_api(svc: ServiceHandle) -> None:
+    """Issue 15: the tray wrote the service's file itself. The service owns it: GET shows what is in effect
+    and in the file (never the API key), PATCH writes the file (0600) and says what applied live and what
+    waits for a restart; a refused value changes nothing."""
+    base = svc.base_url + "/failsoft/config"
+    shown = httpx.get(base, timeout=10).json()
+    assert "failover.deadline" in shown["live"] and "budget.n_parallel" not in shown["live"]
+    assert shown["config"]["server"]["api_key"] == "" and shown["file"]["engine"]["llama_server"]
+    before = svc.config_path.read_bytes()
+    refused = httpx.patch(base, json={"changes": {"failover": {"deadline": "soon"}}}, timeout=10)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_config"
+    assert svc.config_path.read_bytes() == before
+    changes = {"failover": {"deadline": 42.0}, "budget": {"n_parallel": 2}}
+    answer = httpx.patch(base, json={"changes": changes}, timeout=10).json()
+    assert sorted(answer["changed"]) == ["budget.n_parallel", "failover.deadline"]
+    assert (answer["applied"], answer["needs_restart"], answer["restarted"]) == (
+        ["failover.deadline"],
+        ["budget.n_parallel"],
+        False,
+    )
+    assert svc.status()["policy"]["deadline"] == 42.0
+    assert config.load(svc.config_path).budget.n_parallel == 2
+    assert stat.S_IMODE(svc.config_path.stat().st_mode) == 0o600
+    plain = httpx.patch(base, content=b"{}", headers={"Content-Type": "text/plain"}, timeout=10)
+    assert plain.status_code == 415  # a web page cannot send it without a preflight

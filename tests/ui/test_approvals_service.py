@@ -175,6 +175,7 @@ def test_settings_apply_live_values_and_name_what_needs_a_restart(
     app.show_settings()
     dialog = app.settings
     assert dialog is not None
+    qtbot.waitUntil(dialog.save_button.isEnabled, timeout=10_000)  # the service's values are in
     dialog.deadline.setValue(75)
     assert dialog.save()
     qtbot.waitUntil(lambda: service.status()["policy"]["deadline"] == 75.0, timeout=10_000)

@@ -25,9 +25,11 @@ def test_restart_on_confirmation_applies_the_new_context_cap(
         app = tray_app_for(service)
         dialog = SettingsDialog(app.client, service.config_path)
         qtbot.addWidget(dialog)
+        qtbot.waitUntil(dialog.save_button.isEnabled, timeout=10_000)  # the service's values are in
+        assert dialog.n_parallel.value() == 4 and dialog.max_ctx.value() == 512
         dialog.n_ctx.setValue(1024)
-        assert dialog.save() is True
-        assert not dialog.restart_banner.isHidden()
+        assert dialog.save() is True  # sent: the service writes its own file and answers
+        qtbot.waitUntil(lambda: not dialog.restart_banner.isHidden(), timeout=10_000)
         assert "context cap" in dialog.restart_text.text()
 
         dialog.restart_button.click()

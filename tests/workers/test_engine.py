@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_worker import fake_llama_server
 from tray_app.engine import binary
 from tray_app.engine.tools import (
     CHATML_TOOL_CALL_CLOSER,
@@ -101,3 +102,10 @@ def test_auto_none_and_no_tools_go_unchanged() -> None:
         assert worker_tool_choice(body, CHATML_TOOL_CALL_OPENER) is body
     plain = {"messages": ASK}
     assert worker_tool_choice(plain, CHATML_TOOL_CALL_OPENER) is plain
+
+
+def test_the_fast_tiers_fake_llama_server_passes_the_same_check(tmp_path: Path) -> None:
+    """tests/support/fake_llama_server.py must keep answering like llama-server (every flag Failsoft
+    passes), or the fast tier would test a service that refuses to start."""
+    info = binary.find(str(fake_llama_server(tmp_path)))
+    assert info.commit == "fake000" and not binary.missing_flags(info.flags)

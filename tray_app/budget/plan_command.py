@@ -29,21 +29,20 @@ def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]
     _check_options(args)
     cfg = cli.load_config(args)
     notes: list[str] = []
-    if args.ctx is not None:
-        cfg.budget.n_ctx = args.ctx
-    if args.parallel is not None:
-        cfg.budget.n_parallel = args.parallel
-    if args.reserve is not None:
-        cfg.budget.reserve_percent = args.reserve
-    if args.flash_attn is not None:
-        cfg.budget.flash_attn = args.flash_attn
-    if args.cache_type is not None:
-        cfg.budget.cache_type = args.cache_type
-        if args.cache_type != "f16" and args.flash_attn is None and not cfg.budget.flash_attn:
-            # llama.cpp needs flash attention for a quantised V cache; asking for the cache type implies it.
-            cfg.budget.flash_attn = True
-            notes.append(f"flash attention turned on: a {args.cache_type} V cache needs it")
-    return config.from_dict(cfg.to_dict(), source=cfg.source), notes
+    options = {
+        "budget.n_ctx": args.ctx,
+        "budget.n_parallel": args.parallel,
+        "budget.reserve_percent": args.reserve,
+        "budget.flash_attn": args.flash_attn,
+        "budget.cache_type": args.cache_type,
+    }
+    overrides = {name: value for name, value in options.items() if value is not None}
+    if args.cache_type not in (None, "f16") and args.flash_attn is None and not cfg.budget.flash_attn:
+        # llama.cpp needs flash attention for a quantised V cache; asking for the cache type implies it.
+        overrides["budget.flash_attn"] = True
+        notes.append(f"flash attention turned on: a {args.cache_type} V cache needs it")
+    # A new config with the options over it (the loaded one is not changed in place), validated like a file.
+    return config.apply_overrides(cfg, {**cfg.overrides, **overrides}), notes
 
 
 def _bar(part: int, total: int) -> str:

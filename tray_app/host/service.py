@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -137,6 +138,18 @@ class Service:
             await self.reconfigure(fresh, "config changed: " + ", ".join(needs_restart))
             restarted, needs_restart = True, service_only
         return ConfigChange(applied, needs_restart, restarted)
+
+    async def change_config(
+        self, changes: dict[str, dict[str, Any]], *, restart: bool
+    ) -> tuple[ConfigChange, list[str]]:
+        """Write `changes` to this service's config file (validated first) and take the result over, as
+        `take_config` does; also the `section.key` names that changed in the file. Command-line overrides
+        still win over the file. ConfigError when a value is not allowed (nothing written)."""
+        path = Path(self.cfg.source) if self.cfg.source else paths.config_file()
+        saved, changed = await asyncio.to_thread(config_module.edit_file, path, changes)
+        fresh = config_module.apply_overrides(saved, self.cfg.overrides)
+        change = await self.take_config(fresh, restart=restart)
+        return change, [f"{section}.{key}" for section, key in changed]
 
     def apply_live_config(self) -> None:
         """Take over config values that need no worker restart (after /failsoft/config/reload)."""

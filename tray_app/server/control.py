@@ -82,6 +82,8 @@ class Control:
             Route("/failsoft/jobs", self.jobs, methods=["GET"]),
             Route("/failsoft/jobs/approve-all", self.approve_all, methods=["POST"]),
             Route("/failsoft/jobs/{job_id}/{action}", self.job_action, methods=["POST"]),
+            Route("/failsoft/config", self.show_config, methods=["GET"]),
+            Route("/failsoft/config", self.change_config, methods=["PATCH"]),
             Route("/failsoft/config/reload", self.reload_config, methods=["POST"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ]
@@ -229,6 +231,54 @@ class Control:
             if self.svc.executor.approve(job)
         ]
         return JSONResponse({"approved": approved})
+
+    async def show_config(self, request: Request) -> Response:
+        cfg = self.svc.cfg
+        return JSONResponse(
+            {
+                "config": config.public_view(cfg),  # in effect: the file, then command-line overrides
+                "file": config.public_view(await asyncio.to_thread(config.load, Path(cfg.source)))
+                if cfg.source
+                else None,
+                "source": cfg.source,
+                "overrides": cfg.overrides,  # set on the command line: they win over the file
+                "live": [
+                    f"{section}.{key}"
+                    for section, values in cfg.to_dict().items()
+                    for key in values
+                    if config.is_live(section, key)
+                ],
+            }
+        )
+
+    async def change_config(self, request: Request) -> Response:
+        """PATCH `{"changes": {"section": {"key": value}}, "restart": false}`: the service writes its own
+        config file and takes the change over; the answer says what applied and what waits for a restart."""
+        try:
+            body = await _json_body(request)
+        except ApiError as error:
+            return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
+        changes = body.get("changes")
+        if not isinstance(changes, dict) or not all(isinstance(v, dict) for v in changes.values()):
+            return _error(
+                400, "'changes' must be an object of sections and keys", "invalid_request", "changes"
+            )
+        if not isinstance(body.get("restart", False), bool):
+            return _error(400, "'restart' must be true or false", "invalid_request", "restart")
+        try:
+            change, changed = await self.svc.change_config(changes, restart=bool(body.get("restart")))
+        except (config.ConfigError, ValueError) as error:
+            return _error(400, str(error), "invalid_config")
+        overridden = [name for name in changed if name in self.svc.cfg.overrides]
+        return JSONResponse(
+            {
+                "changed": changed,
+                "applied": change.applied,
+                "needs_restart": change.needs_restart,
+                "restarted": change.restarted,
+                "overridden": overridden,  # changed in the file, but a command-line value still wins
+            }
+        )
 
     async def reload_config(self, request: Request) -> Response:
         try:

@@ -28,7 +28,7 @@ CONTROL_PREFIX = "/failsoft/"
 CONTROL_MAX_BODY = parse_size("64KiB")
 CONTROL_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON_TYPES = frozenset({"application/json"})
-ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
+ALLOW_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
 EXPOSE_HEADERS = (
     "X-Request-Id, X-Failsoft-Job, X-Failsoft-Worker, X-Failsoft-Attempts, Retry-After, Idempotent-Replayed"
 )

@@ -176,6 +176,17 @@ class ServiceClient(QObject):
     def approve_all(self) -> ApiCall:
         return self.post("/failsoft/jobs/approve-all")
 
+    def config(self) -> ApiCall:
+        """The config in effect and the file's own values (`GET /failsoft/config`)."""
+        return self.get("/failsoft/config")
+
+    def change_config(self, changes: dict[str, dict[str, Any]], restart: bool = False) -> ApiCall:
+        """The service writes its config file and takes the change over (`PATCH /failsoft/config`)."""
+        request = self.request("/failsoft/config", RESTART_TIMEOUT_MS if restart else CONTROL_TIMEOUT_MS)
+        request.setHeader(QNetworkRequest.KnownHeaders.ContentTypeHeader, "application/json")
+        payload = QByteArray(json.dumps({"changes": changes, "restart": restart}).encode())
+        return ApiCall(self.manager.sendCustomRequest(request, QByteArray(b"PATCH"), payload), self)
+
     def reload_config(self, restart: bool) -> ApiCall:
         timeout = RESTART_TIMEOUT_MS if restart else CONTROL_TIMEOUT_MS
         return self.post("/failsoft/config/reload", {"restart": restart}, timeout)

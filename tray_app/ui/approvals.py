@@ -6,7 +6,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -24,9 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from tray_app import config
 from tray_app.ui.api_client import ServiceClient
-from tray_app.ui.config_io import apply_changes
 from tray_app.ui.icons import app_icon
 from tray_app.ui.qt_events import QtEventBridge
 
@@ -87,10 +84,9 @@ class ApprovalsWindow(QWidget):
 
     jobs_changed = Signal(int)
 
-    def __init__(self, client: ServiceClient, bridge: QtEventBridge, config_path: Path) -> None:
+    def __init__(self, client: ServiceClient, bridge: QtEventBridge) -> None:
         super().__init__()
         self.client = client
-        self.config_path = config_path
         self.jobs: list[PendingJob] = []
         self.setWindowTitle("Failsoft — Approvals")
         self.setWindowIcon(app_icon())
@@ -257,29 +253,28 @@ class ApprovalsWindow(QWidget):
         self.message.setStyleSheet("color: #c92a2a;" if error else "color: #2b8a3e;")
         self.message.setText(text)
 
-    # the auto-approve threshold lives in the config file
+    # the auto-approve threshold: the service's setting, read and changed through its API
     def _load_threshold(self) -> None:
-        try:
-            self.threshold.setValue(config.load(self.config_path).failover.auto_approve_seconds)
-        except config.ConfigError as error:
-            self._say(str(error), error=True)
+        call = self.client.config()
+        call.succeeded.connect(self._show_threshold)
+        call.failed.connect(lambda message: self._say(f"Could not read the settings: {message}", True))
+
+    def _show_threshold(self, answer: object) -> None:
+        if isinstance(answer, dict):
+            self.threshold.setValue(float(answer["config"]["failover"]["auto_approve_seconds"]))
 
     def save_auto_approve(self) -> None:
-        try:
-            _cfg, changed = apply_changes(
-                self.config_path, {"failover": {"auto_approve_seconds": float(self.threshold.value())}}
-            )
-        except config.ConfigError as error:
-            self._say(str(error), error=True)
-            return
-        if not changed:
+        change = {"failover": {"auto_approve_seconds": float(self.threshold.value())}}
+        call = self.client.change_config(change)
+        call.succeeded.connect(self._threshold_saved)
+        call.failed.connect(lambda message: self._say(f"Not saved: {message}", error=True))
+
+    def _threshold_saved(self, answer: object) -> None:
+        changed = answer.get("changed") if isinstance(answer, dict) else None
+        if changed:
+            self._say("Saved; the service uses the new threshold now.")
+        else:
             self._say("The threshold is unchanged.")
-            return
-        call = self.client.reload_config(restart=False)
-        call.succeeded.connect(lambda _answer: self._say("Saved; the service uses the new threshold now."))
-        call.failed.connect(
-            lambda message: self._say(f"Saved, but the service did not reload: {message}", error=True)
-        )
 
     # window life
     def showEvent(self, event: QShowEvent) -> None:

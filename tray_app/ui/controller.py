@@ -180,7 +180,7 @@ class TrayApp(QObject):
     # windows, created on first use
     def show_approvals(self) -> None:
         if self.approvals is None:
-            self.approvals = ApprovalsWindow(self.client, self.bridge, self.config_path)
+            self.approvals = ApprovalsWindow(self.client, self.bridge)
             self.approvals.jobs_changed.connect(lambda _count: self.write_state())
         self._raise(self.approvals)
 

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from tray_app import config
 from tray_app.ui.api_client import ServiceClient
-from tray_app.ui.config_io import apply_changes, needs_restart
+from tray_app.ui.config_io import needs_restart
 from tray_app.ui.icons import app_icon
 
 KEY_LABELS = {
@@ -189,12 +189,33 @@ class SettingsDialog(QDialog):
             self.model_path.setText(path)
 
     def load(self) -> None:
-        """Fill the form from the config file."""
+        """Fill the form: from the service's own view of its config file when there is a service (the tray
+        never writes the service's file itself), else from the file."""
+        if self.client is not None:
+            self.save_button.setEnabled(False)  # until the form holds the service's values
+            call = self.client.config()
+            call.succeeded.connect(self._fill_from_service)
+            call.failed.connect(lambda message: self._say(f"Could not read the settings: {message}", True))
+            return
         try:
             cfg = config.load(self.config_path)
         except config.ConfigError as error:
             self._say(f"The config file has an error; fix it or save new values: {error}", error=True)
             cfg = config.Config(source=str(self.config_path))
+        self._fill(cfg)
+
+    def _fill_from_service(self, answer: object) -> None:
+        if not isinstance(answer, dict):
+            return
+        values = answer.get("file") or answer.get("config") or {}
+        try:
+            self._fill(config.from_dict(values, source=str(answer.get("source") or "")))
+        except config.ConfigError as error:
+            self._say(f"The service's config has an error: {error}", error=True)
+            return
+        self.save_button.setEnabled(True)
+
+    def _fill(self, cfg: config.Config) -> None:
         self.model_path.setText(cfg.model.path)
         self.simulate_vram.setText(cfg.device.simulate_vram)
         self.n_ctx.setValue(cfg.budget.n_ctx)
@@ -240,38 +261,43 @@ class SettingsDialog(QDialog):
         return ""
 
     def save(self) -> bool:
-        """Validate and write; False (file untouched, message shown) when a value is refused."""
+        """Validate and save: through the service (`PATCH /failsoft/config`; it writes its file and takes
+        the change over, the answer comes later), or to the file when there is no service. False (nothing
+        saved, message shown) when a value is refused here."""
+        if not self.save_button.isEnabled():
+            self._say("The settings are still being read from the service.", error=True)
+            return False
         values = self.values()
         problem = self._check_model(values["model"]["path"])
         if problem:
             self._say(f"Not saved: {problem}", error=True)
             return False
+        if self.client is not None:
+            call = self.client.change_config(values)
+            call.succeeded.connect(self._saved_by_service)
+            call.failed.connect(lambda message: self._say(f"Not saved: {message}", error=True))
+            return True
         try:
-            _cfg, changed = apply_changes(self.config_path, values)
+            _cfg, changed = config.edit_file(self.config_path, values)
         except config.ConfigError as error:
             self._say(f"Not saved: {error}", error=True)
             return False
+        self._report_saved(changed, needs_restart(changed))
+        return True
+
+    def _saved_by_service(self, answer: object) -> None:
+        if not isinstance(answer, dict):
+            return
+        changed = [_key(name) for name in answer.get("changed") or []]
+        self._report_saved(changed, [_key(name) for name in answer.get("needs_restart") or []])
+
+    def _report_saved(self, changed: list[tuple[str, str]], restart: list[tuple[str, str]]) -> None:
         if not changed:
             self._say("Nothing changed.")
-            return True
-        restart = needs_restart(changed)
+            return
         self.pending_restart = sorted(set(self.pending_restart) | set(restart))
         self._say(f"Saved {describe(changed)}.")
         self.saved.emit(changed)
-        if self.client is not None:
-            call = self.client.reload_config(restart=False)
-            call.succeeded.connect(self._reloaded)
-            call.failed.connect(
-                lambda message: self._say(f"Saved, but the service did not reload: {message}", True)
-            )
-        self._show_restart_banner()
-        return True
-
-    def _reloaded(self, answer: object) -> None:
-        if isinstance(answer, dict):
-            named = answer.get("needs_restart") or answer.get("restart_required") or []
-            extra = [tuple(str(key).split(".", 1)) for key in named if "." in str(key)]
-            self.pending_restart = sorted(set(self.pending_restart) | {(a, b) for a, b in extra})
         self._show_restart_banner()
 
     def _show_restart_banner(self) -> None:
@@ -311,3 +337,8 @@ class SettingsDialog(QDialog):
     def _say(self, text: str, error: bool = False) -> None:
         self.message.setStyleSheet("color: #c92a2a;" if error else "color: #2b8a3e;")
         self.message.setText(text)
+
+
+def _key(name: str) -> tuple[str, str]:
+    section, _, key = str(name).partition(".")
+    return section, key
