@@ -55,6 +55,7 @@ class ServiceHandle:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def status(self) -> dict[str, Any]:
+        """`GET /failsoft/status` (the shape of tray_app.contract.status.ServiceStatus)."""
         response = httpx.get(self.base_url + "/failsoft/status", headers=self.headers(), timeout=10)
         response.raise_for_status()
         data: dict[str, Any] = response.json()

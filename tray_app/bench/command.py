@@ -20,6 +20,7 @@ from tray_app.bench.throughput import LEVELS as THROUGHPUT_LEVELS
 from tray_app.bench.throughput import throughput_figures
 from tray_app.cli import load_config
 from tray_app.config import Config
+from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import DrillError, ServiceClient
 from tray_app.drill.command import default_simulated_vram, service_summary
 from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_service
@@ -48,7 +49,16 @@ def sub_rounds(rounds: int) -> int:
     return max(rounds // 6, 2)
 
 
-async def _ready_status(url: str, key: str) -> dict[str, Any]:
+def worker_url(status: ServiceStatus, role: str) -> str:
+    """Where the `role` worker listens; an error naming its state when it listens nowhere right now."""
+    worker = status["workers"].get(role, {})
+    url = worker.get("base_url")
+    if not url:
+        raise DrillError(f"the {role} worker has no address to measure: it is {worker.get('state')}")
+    return url
+
+
+async def _ready_status(url: str, key: str) -> ServiceStatus:
     client = ServiceClient(url, api_key=key)
     try:
         return await client.wait_ready()
@@ -56,31 +66,31 @@ async def _ready_status(url: str, key: str) -> dict[str, Any]:
         await client.aclose()
 
 
-async def _profiles(url: str, status: dict[str, Any], rounds: int, key: str) -> dict[str, Any]:
+async def _profiles(url: str, status: ServiceStatus, rounds: int, key: str) -> dict[str, Any]:
     workers = status["workers"]
     client = ServiceClient(url, api_key=key)
     try:
         figures: dict[str, Any] = {}
         if status.get("simulated"):
             figures["cpu"] = await profile_figures(
-                client.http, workers["cpu"]["base_url"], rounds, PROFILE_TOKENS
+                client.http, worker_url(status, "cpu"), rounds, PROFILE_TOKENS
             )
             figures["gpu_simulated"] = await profile_figures(
-                client.http, workers["gpu"]["base_url"], rounds, PROFILE_TOKENS
+                client.http, worker_url(status, "gpu"), rounds, PROFILE_TOKENS
             )
             note = (
                 "the simulated GPU worker runs the same CPU build: the profiles differ only in their budget"
             )
             return {"rounds": rounds, "max_tokens": PROFILE_TOKENS, "workers": figures, "note": note}
         figures["gpu_resident"] = await profile_figures(
-            client.http, workers["gpu"]["base_url"], rounds, PROFILE_TOKENS
+            client.http, worker_url(status, "gpu"), rounds, PROFILE_TOKENS
         )
         log_path = paths.log_dir() / "bench-split-worker.log"
         profile = split_profile(workers["gpu"]["profile"])
         with split_worker(profile, log_path) as split_url:
             figures["planned_split"] = await profile_figures(client.http, split_url, rounds, PROFILE_TOKENS)
         figures["cpu_fallback"] = await profile_figures(
-            client.http, workers["cpu"]["base_url"], rounds, PROFILE_TOKENS
+            client.http, worker_url(status, "cpu"), rounds, PROFILE_TOKENS
         )
         note = f"split: {profile.n_gpu_layers} of {status['plan'].get('n_layers')} layers on the GPU"
         return {"rounds": rounds, "max_tokens": PROFILE_TOKENS, "workers": figures, "note": note}
@@ -117,22 +127,22 @@ def bench(
         "service": service_summary(url, status, True),
     }
     results["planner_accuracy"] = planner_figures(status)
-    worker_url = status["workers"]["gpu"]["base_url"]
+    gpu_url = worker_url(status, "gpu")
     # One token first: the router's fixed cost per request, with no generation time around it to add
     # noise; then a short answer for the per-chunk cost.
     progress(f"router overhead, 1 token ({rounds} rounds)")
     results["router_fixed_cost"] = measure_overhead(
-        url, worker_url, rounds=rounds, max_tokens=1, headers=headers, router_pid=router_pid
+        url, gpu_url, rounds=rounds, max_tokens=1, headers=headers, router_pid=router_pid
     )
     progress(f"router overhead, {OVERHEAD_TOKENS} tokens ({rounds} rounds)")
     results["router_overhead"] = measure_overhead(
-        url, worker_url, rounds=rounds, max_tokens=OVERHEAD_TOKENS, headers=headers, router_pid=router_pid
+        url, gpu_url, rounds=rounds, max_tokens=OVERHEAD_TOKENS, headers=headers, router_pid=router_pid
     )
     levels = ", ".join(str(level) for level in clients)
     progress(f"throughput with {levels} concurrent clients, router vs direct")
     results["throughput"] = asyncio.run(
         throughput_figures(
-            url, worker_url, headers or {}, levels=clients, rounds=sub_rounds(rounds), max_tokens=tokens
+            url, gpu_url, headers or {}, levels=clients, rounds=sub_rounds(rounds), max_tokens=tokens
         )
     )
     progress(f"profiles ({sub_rounds(rounds)} rounds)")

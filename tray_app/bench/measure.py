@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import ServiceClient
 from tray_app.drill.records import JobTrace
 
@@ -146,7 +147,9 @@ async def failover_figures(client: ServiceClient, rounds: int) -> dict[str, Any]
     cpu_ttft: list[float] = []
     for index in range(rounds):
         status = await client.wait_ready()
-        cpu_url = status["workers"]["cpu"]["base_url"]
+        cpu_url = status["workers"]["cpu"].get("base_url")
+        if not cpu_url:
+            continue  # the CPU worker went away meanwhile: this round measures nothing
         # Two different prompts of the same shape, so that neither finds the other's prompt in the cache.
         direct, _ = await timed_stream(
             client.http, cpu_url + "/v1/chat/completions", body(2 * index), WORKER_STREAM_HEADERS
@@ -203,14 +206,12 @@ def accuracy(plan: dict[str, Any], buffers: dict[str, Any]) -> dict[str, Any]:
     return rows
 
 
-def planner_figures(status: dict[str, Any]) -> dict[str, Any]:
+def planner_figures(status: ServiceStatus) -> dict[str, Any]:
     """Both workers' plans against the buffer sizes each worker read from llama.cpp's own log at load."""
-    workers = status.get("workers") or {}
     figures: dict[str, Any] = {}
-    for role, plan_key in (("gpu", "plan"), ("cpu", "cpu_plan")):
-        health = (workers.get(role) or {}).get("health") or {}
+    for role, plan in (("gpu", status["plan"]), ("cpu", status["cpu_plan"])):
+        health = status["workers"].get(role, {}).get("health") or {}
         buffers = health.get("buffers") or {}
-        plan = status.get(plan_key) or {}
         figures[role] = {
             "n_ctx": plan.get("n_ctx"),
             "compute_source": plan.get("compute_source"),

@@ -10,10 +10,11 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
+from tray_app.contract.status import ServiceStatus
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 
 REQUEST_TIMEOUT = 600.0
@@ -124,8 +125,8 @@ class ServiceClient:
             raise DrillError(f"{method} {path} answered {response.status_code}: {message}")
         return data
 
-    async def status(self) -> dict[str, Any]:
-        return await self._json("GET", "/failsoft/status")
+    async def status(self) -> ServiceStatus:
+        return cast(ServiceStatus, await self._json("GET", "/failsoft/status"))
 
     async def arm(self, kind: str, after_tokens: int, role: str = "gpu") -> dict[str, Any]:
         await self.wait_ready()
@@ -152,14 +153,14 @@ class ServiceClient:
                 raise DrillError(f"timed out after {timeout:.0f}s waiting for {what}")
             await asyncio.sleep(interval)
 
-    async def wait_ready(self, timeout: float = 120.0) -> dict[str, Any]:
+    async def wait_ready(self, timeout: float = 120.0) -> ServiceStatus:
         from tray_app.drill.launcher import workers_ready
 
-        async def probe() -> dict[str, Any] | None:
+        async def probe() -> ServiceStatus | None:
             status = await self.status()
             return status if workers_ready(status) else None
 
-        result: dict[str, Any] = await self.wait_for(probe, "both workers to be ready", timeout, 0.1)
+        result: ServiceStatus = await self.wait_for(probe, "both workers to be ready", timeout, 0.1)
         return result
 
     async def wait_job_final(self, job_id: str, timeout: float = 60.0) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from tray_app.budget.device import nvml_memory
 from tray_app.budget.sizes import parse_size
 from tray_app.cli import load_config
 from tray_app.config import Config
+from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import DrillError, EventLog, ServiceClient
 from tray_app.drill.launcher import LaunchError, drill_config, launched_service
 from tray_app.drill.pressure import apply_pressure
@@ -50,7 +51,7 @@ def default_simulated_vram(cfg: Config) -> str | None:
     return DEFAULT_SIMULATED_VRAM if nvml_memory(cfg.device.gpu_index).kind == "none" else None
 
 
-def service_summary(url: str, status: dict[str, Any], launched: bool) -> dict[str, Any]:
+def service_summary(url: str, status: ServiceStatus, launched: bool) -> dict[str, Any]:
     return {
         "url": url,
         "launched": launched,
@@ -63,7 +64,7 @@ def service_summary(url: str, status: dict[str, Any], launched: bool) -> dict[st
     }
 
 
-async def _checked_status(client: ServiceClient) -> dict[str, Any]:
+async def _checked_status(client: ServiceClient) -> ServiceStatus:
     try:
         status = await client.status()
     except httpx.HTTPError as error:
@@ -86,14 +87,14 @@ async def _checked_status(client: ServiceClient) -> dict[str, Any]:
     return status
 
 
-async def _measured_status(client: ServiceClient) -> dict[str, Any]:
+async def _measured_status(client: ServiceClient) -> ServiceStatus:
     """/failsoft/status once the service knows the CPU worker's speed (its replay decisions depend on it)."""
 
-    async def measured() -> dict[str, Any] | None:
+    async def measured() -> ServiceStatus | None:
         status = await client.status()
         return status if float(status["policy"].get("cpu_tokens_per_second") or 0) > 0 else None
 
-    result: dict[str, Any] = await client.wait_for(
+    result: ServiceStatus = await client.wait_for(
         measured, "the CPU worker's measured speed", SPEED_WAIT, 0.2
     )
     return result

@@ -15,6 +15,7 @@ from typing import Any
 
 from tray_app.budget.device import nvml_memory
 from tray_app.budget.sizes import format_size
+from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import DrillError, ServiceClient
 from tray_app.drill.scenarios import BASE, SEA
 
@@ -23,7 +24,7 @@ TORCH_HINT = "pip install 'failsoft[drill]'"
 PLAN_KEYS = ("verdict", "fits", "n_gpu_layers", "n_layers", "n_ctx", "n_ctx_per_seq", "free_bytes", "reason")
 
 
-def _plan_view(status: dict[str, Any]) -> dict[str, Any]:
+def _plan_view(status: ServiceStatus) -> dict[str, Any]:
     plan = status.get("plan") or {}
     device = status.get("device") or {}
     view = {key: plan.get(key) for key in PLAN_KEYS}

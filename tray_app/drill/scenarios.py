@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import Answer, EventLog, ServiceClient
 from tray_app.drill.records import (
     Expectation,
@@ -59,7 +60,7 @@ TITLES = {
 class DrillContext:
     client: ServiceClient
     events: EventLog
-    status: dict[str, Any]
+    status: ServiceStatus
     _reference: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -10,13 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from tray_app.contract.roles import CHAT_ROLES
+from tray_app.contract.status import ServiceStatus
 from tray_app.engine import WORKER_KEY_ENV
 
 STOP_TIMEOUT = 20.0
@@ -83,10 +85,10 @@ def spawn_serve(
     return ServeProcess(process, port, output_path, worker_key)
 
 
-def workers_ready(status: dict[str, Any] | None) -> bool:
-    """Every worker the service has (GPU and CPU, unless absent) is ready."""
-    workers = (status or {}).get("workers") or {}
-    states = [(workers.get(role) or {}).get("state") for role in ("gpu", "cpu")]
+def workers_ready(status: ServiceStatus | dict[str, Any] | None) -> bool:
+    """Every chat worker the service has (GPU and CPU, unless absent) is ready."""
+    workers: Mapping[str, Any] = (status or {}).get("workers") or {}
+    states = [(workers.get(role) or {}).get("state") for role in CHAT_ROLES]
     present = [state for state in states if state != "absent"]
     return bool(present) and all(state == "ready" for state in present)
 

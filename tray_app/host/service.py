@@ -19,6 +19,7 @@ from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.config import Config, ConfigError
 from tray_app.contract.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
+from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
 from tray_app.host import sd_notify
 from tray_app.host.metrics import Metrics
@@ -308,7 +309,7 @@ class Service:
             "cpu_n_ctx": cpu.n_ctx,
         }
 
-    def worker_status(self, role: str) -> dict[str, Any]:
+    def worker_status(self, role: str) -> WorkerStatus:
         worker = self.workers.get(role)
         if worker is None:
             return {
@@ -319,12 +320,12 @@ class Service:
                 "restarts": 0,
                 "last_failure": None,
             }
-        status: dict[str, Any] = worker.status()
+        status: WorkerStatus = worker.status()
         status["in_flight"] = self.slots.in_flight(role)
         status["slots"] = self.slots.capacity(role)
         return status
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ServiceStatus:
         pending = len(self.registry.by_state("awaiting_approval"))
         self.metrics.approvals_pending.set(pending)
         failover = self.cfg.failover

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
+from tray_app.contract.status import JobSummary
 from tray_app.contract.vocabulary import FINAL_JOB_STATES, JOB_STATES
 from tray_app.jobs.journal import Journal, StoredJob
 
@@ -94,7 +95,7 @@ class Job:
             "fallback_reason": self.fallback_reason,
         }
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JobSummary:
         """The job as /v1/jobs/{id} and /failsoft/jobs show it."""
         messages = self.body.get("messages") or []
         last = (

@@ -614,13 +614,13 @@ class Router:
         live = self.svc.registry.by_key(key)
         record: idempotency.KeyRecord | None = None
         background = True
-        summary: dict[str, Any] = {}
+        summary: dict[str, Any] = {}  # a JobSummary, or the journal's fuller record
         if live is not None:
             record = idempotency.KeyRecord(
                 live.id, live.body_hash, live.created_at, live.state, live.effects_delivered
             )
             background = live.background
-            summary = live.summary()
+            summary = dict(live.summary())
         else:
             stored = self.svc.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
             if stored is not None:

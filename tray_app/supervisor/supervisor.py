@@ -39,6 +39,7 @@ from tray_app.budget.model_info import inspect_model
 from tray_app.budget.planner import ComputeSettings
 from tray_app.config import SupervisorConfig
 from tray_app.contract.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
+from tray_app.contract.status import WorkerStatus
 from tray_app.contract.vocabulary import WORKER_STATES, WorkerState
 from tray_app.engine import WORKER_KEY_ENV, binary, offload, simulated
 from tray_app.engine.argv import llama_server_argv, worker_env
@@ -293,7 +294,7 @@ class WorkerSupervisor:
         attempt.process.log_line(f"--- fault injected: {fault.kind} after {fault.seen_tokens} tokens (drill)")
         attempt.process.signal_group(SIGNALS[fault.kind])
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> WorkerStatus:
         attempt = self._attempt
         rss = cpu = None
         if attempt is not None and attempt.psutil_process is not None:
