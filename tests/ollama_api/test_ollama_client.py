@@ -13,7 +13,7 @@ import httpx
 import ollama
 import pytest
 
-from tests.router.conftest import arm, base_settings, job_state, wait_replaced, wait_until
+from tests.support.helpers import arm, base_settings, job_state, wait_replaced, wait_until
 from tests.support.service import ServiceHandle, running_service
 from tray_app.drill.scenarios import ADD_TOOL
 

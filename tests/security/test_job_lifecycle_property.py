@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.router.conftest import CHAT, base_settings
+from tests.support.helpers import CHAT, base_settings
 from tests.support.service import ServiceHandle, running_service
 from tray_app.contract.vocabulary import UNFINISHED_JOB_STATES
 from tray_app.drill.scenarios import ADD_TOOL, FORCE_ADD

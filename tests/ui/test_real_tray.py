@@ -14,8 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import psutil
 import pytest
 
 from tests.support.service import free_port, stop_process_tree, write_config
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.gui
 
@@ -33,17 +33,6 @@ ARTIFACTS = REPO / "test-artifacts" / "screenshots"
 DOCS_SCREENSHOTS = REPO / "docs" / "screenshots"
 SCREEN = (1100, 720)
 START_TIMEOUT = 150.0
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `condition` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def free_display() -> int:
@@ -98,7 +87,7 @@ def desktop(tmp_path: Path) -> Iterator[Desktop]:
         )
     )
     try:
-        wait_for(lambda: x_server_answers(desk), 20, "Xvfb to answer")
+        wait_until(lambda: x_server_answers(desk), 20, "Xvfb to answer")
         background = tmp_path / "background.png"
         desk.run("convert", "-size", f"{SCREEN[0]}x{SCREEN[1]}", "gradient:#e9eef3-#c3cfdb", str(background))
         # display sets the root window's background and exits non-zero by design; the screenshots show it.
@@ -109,7 +98,7 @@ def desktop(tmp_path: Path) -> Iterator[Desktop]:
             "--SetDockType", "true", "--SetPartialStrut", "true",
         ]  # fmt: skip
         desk.processes.append(subprocess.Popen(trayer, env=env, stdout=log, stderr=log))
-        wait_for(lambda: panel_window(desk), 20, "trayer's panel window")
+        wait_until(lambda: panel_window(desk), 20, "trayer's panel window")
         yield desk
     finally:
         for process in reversed(desk.processes):
@@ -165,16 +154,16 @@ class Tray:
     def open_menu(self) -> dict[str, Any]:
         x, y = self.icon_center()
         self.desktop.run("xdotool", "mousemove", str(x), str(y), "click", "3")
-        return wait_for(lambda: self.state().get("menu_geometry") and self.state(), 15, "the tray menu")
+        return wait_until(lambda: self.state().get("menu_geometry") and self.state(), 15, "the tray menu")
 
     def choose(self, mnemonic: str) -> None:
         """Open the menu and pick an entry by its underlined letter."""
         self.open_menu()
         self.desktop.run("xdotool", "key", mnemonic)
-        wait_for(lambda: not self.state().get("menu_visible"), 10, "the menu to close")
+        wait_until(lambda: not self.state().get("menu_visible"), 10, "the menu to close")
 
     def window(self, name: str) -> list[int]:
-        geometry: list[int] = wait_for(
+        geometry: list[int] = wait_until(
             lambda: self.state().get("windows", {}).get(name), 15, f"the {name} window"
         )
         return geometry
@@ -225,7 +214,7 @@ def submit_long_job(base_url: str, text: str, max_tokens: int) -> str:
 
 
 def test_tray_icon_menu_approvals_and_chat_on_a_real_desktop(desktop: Desktop, tray: Tray) -> None:
-    state = wait_for(
+    state = wait_until(
         lambda: (
             (s := tray.state()).get("workers") == {"gpu": "ready", "cpu": "ready"}
             and s.get("level") == "serving"
@@ -248,17 +237,17 @@ def test_tray_icon_menu_approvals_and_chat_on_a_real_desktop(desktop: Desktop, t
     mx, my, _width, mh = menu
     desktop.screenshot("tray-menu", (mx - 16, 0, SCREEN[0] - mx + 16, my + mh + 16))
     desktop.run("xdotool", "key", "Escape")
-    wait_for(lambda: not tray.state().get("menu_visible"), 10, "the menu to close")
+    wait_until(lambda: not tray.state().get("menu_visible"), 10, "the menu to close")
 
     submit_long_job(tray.base_url, "Summarise the attached meeting notes into a one-page brief.", 3000)
     submit_long_job(tray.base_url, "Translate the user manual for the heat pump into French.", 2400)
-    wait_for(lambda: "Approval needed" in tray.state().get("notices", []), 20, "the approval message")
-    bx, by, bw, bh = wait_for(lambda: tray.state().get("message_geometry"), 10, "the message balloon")
+    wait_until(lambda: "Approval needed" in tray.state().get("notices", []), 20, "the approval message")
+    bx, by, bw, bh = wait_until(lambda: tray.state().get("message_geometry"), 10, "the message balloon")
     desktop.screenshot("notification", (bx - 16, 0, SCREEN[0] - bx + 16, by + bh + 16))
     # Clicking the message opens the approvals window.
     desktop.run("xdotool", "mousemove", str(bx + bw // 2), str(by + bh // 2), "click", "1")
     ax, ay, aw, ah = tray.window("approvals")
-    wait_for(lambda: tray.state().get("approvals_rows") == 2, 15, "two jobs in the approvals window")
+    wait_until(lambda: tray.state().get("approvals_rows") == 2, 15, "two jobs in the approvals window")
     desktop.screenshot("approvals", (ax, ay, aw, ah))
 
     tray.choose("c")
@@ -267,7 +256,7 @@ def test_tray_icon_menu_approvals_and_chat_on_a_real_desktop(desktop: Desktop, t
     desktop.run("xdotool", "mousemove", str(cx + cw // 2), str(cy + ch - 80), "click", "1")
     desktop.run("xdotool", "type", "--delay", "15", "In one sentence: what does a GPU do?")
     desktop.run("xdotool", "key", "ctrl+Return")
-    badges = wait_for(lambda: [b for b in tray.state().get("chat_badges", []) if b], 150, "the chat answer")
+    badges = wait_until(lambda: [b for b in tray.state().get("chat_badges", []) if b], 150, "the chat answer")
     assert badges[0].startswith("GPU (simulated)"), badges
     # A drill: the GPU worker aborts mid-answer (as on a CUDA error); the answer finishes on the CPU.
     armed = httpx.post(
@@ -276,7 +265,7 @@ def test_tray_icon_menu_approvals_and_chat_on_a_real_desktop(desktop: Desktop, t
     assert armed.status_code == 200, armed.text
     desktop.run("xdotool", "type", "--delay", "15", "And what does a CPU do?")
     desktop.run("xdotool", "key", "ctrl+Return")
-    badges = wait_for(
+    badges = wait_until(
         lambda: [b for b in tray.state().get("chat_badges", []) if b][1:], 150, "the answer after the failure"
     )
     assert badges[0].startswith("Failed over to CPU: GPU worker crashed · "), badges
@@ -284,4 +273,4 @@ def test_tray_icon_menu_approvals_and_chat_on_a_real_desktop(desktop: Desktop, t
 
     tray.choose("q")
     assert tray.process.wait(timeout=60) == 0
-    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in workers), 20, "the workers to exit")
+    wait_until(lambda: not any(psutil.pid_exists(pid) for pid in workers), 20, "the workers to exit")

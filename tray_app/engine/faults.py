@@ -11,7 +11,7 @@ reaches the worker, so nothing of that request was generated.
 Not produced here: llama-server's in-stream "Compute error." (llama_decode returning -2/-3 while the process
 stays up) has no trigger short of a real device running out of memory mid-decode. The router's handling of
 it (classified `oom_decode`, replayed on the CPU) is tested against a scripted upstream that sends exactly
-what llama-server sends (tests/router/test_relay.py).
+what llama-server sends (tests/jobs/test_relay.py).
 """
 
 from __future__ import annotations

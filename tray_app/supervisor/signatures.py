@@ -1,7 +1,7 @@
 """What llama.cpp prints when a load fails or a backend dies, per backend, with where each line comes from.
 
 Every pattern is the text of a format string (or of the runtime message it prints) in the vendored
-llama.cpp (commit 0c1e570); paths are relative to its root. tests/workers/test_signatures.py checks each
+llama.cpp (commit 0c1e570); paths are relative to its root. tests/supervisor/test_signatures.py checks each
 entry against the line as printed. Two tables:
 
 - LOAD: llama-server exits with status 1 after a failed load; its load log says why (bad configuration

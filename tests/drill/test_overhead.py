@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.router.conftest import base_settings
+from tests.support.helpers import base_settings
 from tests.support.service import ServiceHandle, running_service
 from tray_app.bench.overhead import measure_overhead
 

@@ -8,9 +8,9 @@ import os
 import time
 from pathlib import Path
 
+from tests.supervisor.conftest import Recorder
 from tests.support.fake_worker import fake_llama_server
-from tests.workers.conftest import Recorder
-from tests.workers.helpers import wait_until
+from tests.support.waits import wait_until_async
 from tray_app.config import SupervisorConfig
 from tray_app.engine import binary
 from tray_app.supervisor import WorkerProfile, WorkerSupervisor
@@ -75,7 +75,7 @@ async def test_a_crash_after_ready_is_classified_and_the_worker_restarted(
     try:
         assert await supervisor.start()
         first = supervisor.pid
-        await wait_until(lambda: bool(recorder.of_type("worker_restarted", "cpu")), 20, "a restart")
+        await wait_until_async(lambda: bool(recorder.of_type("worker_restarted", "cpu")), 20, "a restart")
         failure = supervisor.last_failure
         assert failure is not None and (failure["kind"], failure["pid"]) == ("crash_abort", first)
         unhealthy = recorder.of_type("worker_unhealthy", "cpu")

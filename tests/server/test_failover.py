@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.router.conftest import (
+from tests.support.helpers import (
     CHAT,
     COUNTING,
     arm,

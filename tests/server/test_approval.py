@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.router.conftest import (
+from tests.support.helpers import (
     CHAT,
     arm,
     base_settings,

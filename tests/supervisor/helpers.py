@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-
 import openai
 import psutil
 
@@ -19,16 +15,6 @@ def client_for(supervisor: WorkerSupervisor, timeout: float = 30.0) -> openai.As
     return openai.AsyncOpenAI(
         base_url=supervisor.base_url + "/v1", api_key=key, max_retries=0, timeout=timeout
     )
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll `condition` until true; returns the seconds it took, fails the test after `timeout`."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
 
 
 def process_alive(pid: int) -> bool:

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.router.conftest import arm, base_settings, client_for, failsoft_of, job_state, wait_replaced
 from tests.support.fake_worker import fake_llama_server
+from tests.support.helpers import arm, base_settings, client_for, failsoft_of, job_state, wait_replaced
 from tests.support.service import ServiceHandle, running_service
 from tray_app import config
 

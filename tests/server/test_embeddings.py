@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.router.conftest import arm, base_settings, client_for, job_state, wait_until
+from tests.support.helpers import arm, base_settings, client_for, job_state, wait_until
 from tests.support.service import ServiceHandle, running_service
 
 pytestmark = pytest.mark.integration

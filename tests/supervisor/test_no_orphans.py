@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers.conftest import SupervisorFactory
-from tests.workers.helpers import process_alive, wait_until
+from tests.supervisor.conftest import SupervisorFactory
+from tests.supervisor.helpers import process_alive
+from tests.support.waits import wait_until_async
 from tray_app.supervisor import WorkerProfile
 
 pytestmark = pytest.mark.integration
@@ -52,7 +53,7 @@ async def test_sigkill_of_the_supervisor_process_takes_its_workers_down(
         assert all(process_alive(pid) for pid in worker_pids)
         child.kill()
         await child.wait()
-        took = await wait_until(
+        took = await wait_until_async(
             lambda: not any(process_alive(pid) for pid in worker_pids),
             5,
             "workers gone after the supervisor died",

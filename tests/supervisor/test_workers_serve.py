@@ -10,9 +10,10 @@ import time
 import httpx
 import pytest
 
+from tests.supervisor.conftest import Recorder, SupervisorFactory
+from tests.supervisor.helpers import HELLO, client_for
 from tests.support.tools import WEATHER_TOOL
-from tests.workers.conftest import Recorder, SupervisorFactory
-from tests.workers.helpers import HELLO, client_for, wait_until
+from tests.support.waits import wait_until_async
 from tray_app.budget import calibration
 from tray_app.budget.model_info import inspect_model
 from tray_app.budget.planner import ComputeSettings, PlanRequest, kv_cache_bytes
@@ -105,7 +106,7 @@ async def test_slots_serve_requests_at_once_and_health_stays_fast(
 
     async with httpx.AsyncClient(base_url=supervisor.base_url or "", trust_env=False) as http:
         long = asyncio.create_task(stream("long", 200))
-        await wait_until(lambda: "long" in first_tokens, 30, "the long stream's first token")
+        await wait_until_async(lambda: "long" in first_tokens, 30, "the long stream's first token")
         short = asyncio.create_task(stream("short", 8))
         while not long.done():
             began = time.perf_counter()
@@ -184,7 +185,7 @@ async def test_a_stream_the_client_leaves_stops_generating(
             return not any(slot["is_processing"] for slot in slots)
 
         # The one slot lets go of the abandoned generation long before its 400 tokens (about 5 s here).
-        seconds = await wait_until(idle, 3, "the slot released")
+        seconds = await wait_until_async(idle, 3, "the slot released")
         print(f"\nslot released {seconds * 1000:.0f} ms after the client left")
         answer = await client.chat.completions.create(model="m", messages=HELLO, max_tokens=4)
         assert answer.choices[0].message.content

@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.router.conftest import base_settings, client_for
+from tests.support.helpers import base_settings, client_for
 from tests.support.service import ServiceHandle, running_service
 from tests.support.tools import WEATHER_TOOL
 from tray_app.drill.scenarios import ADD_TOOL

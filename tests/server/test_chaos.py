@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from tests.router.conftest import CHAT, base_settings, client_for, failsoft_of
-from tests.router.test_failover import ADD_TOOL, FORCE_ADD
+from tests.server.test_failover import ADD_TOOL, FORCE_ADD
+from tests.support.helpers import CHAT, base_settings, client_for, failsoft_of
 from tests.support.service import ServiceHandle, running_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.router.conftest import (
+from tests.support.helpers import (
     CHAT,
     COUNTING,
     base_settings,

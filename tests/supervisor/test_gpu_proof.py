@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers.conftest import Recorder, SupervisorFactory
+from tests.supervisor.conftest import Recorder, SupervisorFactory
 from tray_app.budget.llama_log import parse_buffer_sizes
 from tray_app.config import SupervisorConfig
 from tray_app.engine import binary, offload
@@ -139,7 +139,7 @@ async def test_the_simulated_gpu_worker_is_unchanged(
 
 
 def test_a_listing_with_a_gpu_is_not_refused() -> None:
-    from tests.planner.test_engine_devices import CUDA, listing
+    from tests.budget.test_engine_devices import CUDA, listing
     from tray_app.engine.devices import parse_device_list
 
     assert offload.refusal_before_start(parse_device_list(listing(CUDA))) is None

@@ -1,17 +1,15 @@
-"""Router test helpers: a real service per module (started once), the openai client, and small waits."""
+"""Helpers for tests against a real service: request bodies, settings, the openai client, fault arming,
+config reloads and waits (the one polling helper, `wait_until`, is in tests/support/waits.py)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-import pytest
 
-from tests.support.service import ServiceHandle, running_service, write_config
+from tests.support.service import ServiceHandle, write_config
+from tests.support.waits import wait_until
 
 CHAT = [{"role": "user", "content": "Write one short sentence about the sea."}]
 # A completion that runs to max_tokens (counting, end-of-text tokens 0 and 2 banned): for tests that need a
@@ -38,17 +36,6 @@ def client_for(svc: ServiceHandle, **options: Any) -> openai.OpenAI:
     options.setdefault("max_retries", 0)
     options.setdefault("timeout", 120)
     return openai.OpenAI(base_url=svc.v1, api_key=svc.api_key or "unused", **options)
-
-
-def wait_until(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Poll `condition` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def arm(svc: ServiceHandle, kind: str, after_tokens: int = 0, role: str = "gpu") -> dict[str, Any]:
@@ -105,13 +92,3 @@ def failsoft_of(obj: Any) -> dict[str, Any]:
     assert "failsoft" in extra, f"no failsoft object in {obj}"
     data: dict[str, Any] = extra["failsoft"]
     return data
-
-
-@pytest.fixture(scope="module")
-def module_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("service")
-
-
-def start_module_service(root: Path, **kwargs: Any) -> Iterator[ServiceHandle]:
-    with running_service(root, **kwargs) as svc:
-        yield svc

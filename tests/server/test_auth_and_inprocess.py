@@ -13,7 +13,7 @@ import openai
 import psutil
 import pytest
 
-from tests.router.conftest import CHAT, base_settings, client_for, failsoft_of
+from tests.support.helpers import CHAT, base_settings, client_for, failsoft_of
 from tests.support.service import running_service, write_config
 from tray_app import config
 from tray_app.host.thread import ServiceThread

@@ -13,8 +13,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.workers.conftest import Recorder, SupervisorFactory
-from tests.workers.helpers import HELLO, client_for, process_alive, wait_until
+from tests.supervisor.conftest import Recorder, SupervisorFactory
+from tests.supervisor.helpers import HELLO, client_for, process_alive
+from tests.support.waits import wait_until_async
 from tray_app.supervisor import WorkerProfile
 
 pytestmark = pytest.mark.integration
@@ -31,7 +32,7 @@ async def test_sigkill_is_detected_and_the_worker_is_back(
     assert old_pid is not None
     killed_at = time.monotonic()
     os.kill(old_pid, signal.SIGKILL)
-    await wait_until(lambda: supervisor.status()["restarts"] == 1, 10, "a restart after SIGKILL")
+    await wait_until_async(lambda: supervisor.status()["restarts"] == 1, 10, "a restart after SIGKILL")
     assert await supervisor.ensure_ready(30)
     print(f"\nback ready {time.monotonic() - killed_at:.2f} s after SIGKILL")
     assert supervisor.pid != old_pid and not process_alive(old_pid)
@@ -62,7 +63,9 @@ async def test_injected_abort_is_a_crash(
     assert 3 <= received < 60
     # The router reports what it saw; the supervisor still classifies from how the process really ended.
     supervisor.mark_unhealthy("connection lost during a stream", "exited")
-    await wait_until(lambda: supervisor.status()["last_failure"] is not None, 10, "the failure recorded")
+    await wait_until_async(
+        lambda: supervisor.status()["last_failure"] is not None, 10, "the failure recorded"
+    )
     failure = supervisor.status()["last_failure"]
     assert failure["kind"] == "crash_abort"
     assert "SIGABRT" in failure["message"]
@@ -85,7 +88,7 @@ async def test_hung_worker_is_detected_and_replaced(
             client.chat.completions.create(model="m", messages=HELLO, max_tokens=30)
         )
         hung_at = time.monotonic()
-        await wait_until(lambda: supervisor.state != "ready", 10, "the hang detected")
+        await wait_until_async(lambda: supervisor.state != "ready", 10, "the hang detected")
         print(f"\nhang detected {time.monotonic() - hung_at:.2f} s after the request")
         with pytest.raises(openai.APIConnectionError):
             await request  # the stopped worker was killed under it
@@ -108,7 +111,7 @@ async def test_load_oom_fault_is_classified_and_backed_off(
     assert status["last_failure"]["message"].startswith("ggml_aligned_malloc: insufficient memory")
     assert status["state"] == "restarting" and status["next_retry_at"] > time.time()
     # Let it retry for a while: each try waits longer (0.5 s, 1 s, 2 s...), it never hot-loops.
-    await wait_until(lambda: len(recorder.of_type("worker_restarted")) >= 2, 15, "two retries")
+    await wait_until_async(lambda: len(recorder.of_type("worker_restarted")) >= 2, 15, "two retries")
     # Time from each failure to the next start: the backoff, doubling from backoff_initial (0.5 s).
     transitions = [(e.new, e.at) for e in recorder.of_type("worker_state")]  # type: ignore[attr-defined]
     waits = [

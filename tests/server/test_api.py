@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.router.conftest import (
+from tests.support.helpers import (
     CHAT,
     COUNTING,
     base_settings,
