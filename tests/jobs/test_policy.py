@@ -282,3 +282,27 @@ def test_route_decision(
 def test_context_refusal_names_the_limit() -> None:
     decision = policy.decide_route(replace(BIG, prompt_tokens=5000), FAST_CPU, AUTO)
     assert "5100 tokens" in decision.detail and "1024" in decision.detail
+
+
+def test_a_request_that_fits_the_gpu_is_routed_there_without_asking_about_the_cpu() -> None:
+    fits = RouteRequest(100, 100, 2048, True, 60.0)
+    assert policy.route_on_gpu(fits) == Decision("gpu", "")
+    assert policy.route_on_gpu(replace(fits, max_tokens=4000)) is None  # too big: the CPU is considered
+    assert policy.route_on_gpu(replace(fits, gpu_available=False)) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "delivered", "action", "expected"),
+    [
+        ("unavailable", False, "refuse", True),  # the GPU was restarting: wait for it, try it again
+        ("queue_timeout", False, "approval", True),
+        ("unavailable", True, "refuse", False),  # part of the answer is out: no second GPU run
+        ("crash_abort", False, "refuse", False),  # a real fault: the GPU is not retried here
+        ("unavailable", False, "cpu", False),  # the CPU takes it
+    ],
+)
+def test_the_gpu_is_tried_again_only_after_a_failure_that_was_not_its_fault(
+    kind: str, delivered: bool, action: str, expected: bool
+) -> None:
+    decision = Decision(action, "x")  # type: ignore[arg-type]
+    assert policy.try_gpu_again(kind, delivered, decision) is expected

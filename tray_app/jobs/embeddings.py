@@ -14,6 +14,7 @@ from typing import Any
 
 from tray_app.contract.events import EventBus, FallbackCompleted, FallbackStarted
 from tray_app.contract.roles import EMBED_ROLES
+from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
 from tray_app.jobs.engine import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker, upstream_headers
 from tray_app.jobs.outcomes import JobError, JobFailed, cannot_serve
@@ -140,7 +141,7 @@ class EmbeddingRunner:
                     error.kind = str(ended["kind"])
             if number:
                 self.registry.end_attempt(job, number, "failed", f"{error.kind}: {error.message}")
-            worker_fault = not error.client_error and error.kind not in ("unavailable", "queue_timeout")
+            worker_fault = not error.client_error and error.kind not in policy.NOT_WORKER_FAULTS
             if worker_fault and worker.state == "ready" and worker.pid == pid:
                 worker.mark_unhealthy(error.message, error.kind)  # its supervisor restarts it
             raise

@@ -35,8 +35,7 @@ from tray_app.jobs.relay import Relay, UpstreamError
 
 log = logging.getLogger(__name__)
 
-# Failures that say nothing about a worker's health (it was busy or not up): no unhealthy mark for them.
-NOT_WORKER_FAULTS = frozenset({"unavailable", "queue_timeout"})
+NOT_WORKER_FAULTS = policy.NOT_WORKER_FAULTS  # no unhealthy mark for these
 
 # Sampling fields carried over when a chat is resumed as a completion-style prompt.
 _SAMPLING_FIELDS = (
@@ -441,10 +440,8 @@ class Executor:
         cpu = await self._cpu_state(job.time_left())
         decision = policy.decide_replay(context, cpu, self.settings.policy)
         if (
-            decision.action != "cpu"
-            and failure.kind in NOT_WORKER_FAULTS
+            policy.try_gpu_again(failure.kind, bool(progress.delivered_text), decision)
             and gpu is not None
-            and not progress.delivered_text
             and await gpu.ensure_ready(min(self.settings.worker_ready_wait, max(job.time_left(), 0.0)))
         ):
             return policy.Decision("gpu", "")

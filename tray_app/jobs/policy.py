@@ -114,11 +114,20 @@ class RouteRequest:
     time_left: float
 
 
+def route_on_gpu(request: RouteRequest) -> Decision | None:
+    """The GPU when the request fits its profile; None when the CPU must be considered (decide_route).
+    Asked first so a request that fits the GPU never waits for the CPU worker's state."""
+    if request.gpu_available and request.prompt_tokens + request.max_tokens <= request.gpu_n_ctx_per_seq:
+        return Decision("gpu", "")
+    return None
+
+
 def decide_route(request: RouteRequest, cpu: CpuState, settings: Settings) -> Decision:
     """Capacity routing of a new request: the GPU when it fits, else the CPU by policy, else an error."""
     total = request.prompt_tokens + request.max_tokens
-    if request.gpu_available and total <= request.gpu_n_ctx_per_seq:
-        return Decision("gpu", "")
+    on_gpu = route_on_gpu(request)
+    if on_gpu is not None:
+        return on_gpu
     reason = Reason.GPU_UNAVAILABLE if not request.gpu_available else Reason.EXCEEDS_GPU_PROFILE
     unusable = _cpu_unusable(cpu, total)
     if unusable is not None:
@@ -181,3 +190,13 @@ def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) ->
         return unusable
     needed = estimate_cpu_seconds(failure.prompt_tokens, failure.remaining_tokens, cpu.tokens_per_second)
     return _cpu_route(cpu, settings, needed, failure.time_left, resume=resume)
+
+
+# Failures that say nothing about a worker's health (it was busy, or not up yet).
+NOT_WORKER_FAULTS = frozenset({"unavailable", "queue_timeout"})
+
+
+def try_gpu_again(failure_kind: str, content_delivered: bool, decision: Decision) -> bool:
+    """After a GPU attempt failed only because the worker was busy or starting (not a fault of it), and the
+    CPU is not the answer: wait for the GPU worker and try it again, if nothing reached the client yet."""
+    return decision.action != "cpu" and failure_kind in NOT_WORKER_FAULTS and not content_delivered

@@ -348,9 +348,8 @@ class Router:
         request = policy.RouteRequest(
             job.prompt_tokens, job.max_tokens, self.svc.plan_set.gpu.n_ctx_per_seq, gpu_available, deadline
         )
-        if gpu_available and request.prompt_tokens + request.max_tokens <= request.gpu_n_ctx_per_seq:
-            decision = policy.Decision("gpu", "")
-        else:
+        decision = policy.route_on_gpu(request)
+        if decision is None:
             cpu = await self.svc.cpu_state(deadline)
             decision = policy.decide_route(request, cpu, self.svc.executor.settings.policy)
         route = "refused" if decision.refused else decision.action
