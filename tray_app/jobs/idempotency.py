@@ -5,7 +5,7 @@ that key is still running is 409."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 
@@ -21,6 +21,29 @@ class KeyRecord:
     created_at: float
     state: str
     effects_delivered: bool = False  # a tool call reached the client before the job ended
+
+
+class KeyedJob(Protocol):
+    """What a job made under a key tells about it, live (Job) or from the journal (StoredJob)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def body_hash(self) -> str: ...
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def effects_delivered(self) -> bool: ...
+
+
+def record_of(job: KeyedJob) -> KeyRecord:
+    return KeyRecord(job.id, job.body_hash, job.created_at, job.state, job.effects_delivered)
 
 
 def decide(

@@ -139,12 +139,8 @@ class Relay:
                     timeout = chunk_timeout
                     response.set_deadline(loop.time() + timeout)
                     yield Chunk(data.decode(), obj)
-        except (TimeoutError, Stalled):
-            raise UpstreamError("hung", f"no output from the worker for {timeout:.1f}s") from None
-        except ConnectTimeout as error:
-            raise UpstreamError("hung", f"worker timed out: {error}") from None
-        except ConnectionFailed as error:
-            raise UpstreamError("exited", f"connection to the worker failed: {error}") from None
+        except (TimeoutError, Stalled, ConnectionFailed) as error:
+            raise _transport_error(error, f"no output from the worker for {timeout:.1f}s") from None
         finally:
             if response is not None:
                 response.abort()  # failed, cancelled or closed early: the worker must see the client go
@@ -158,18 +154,23 @@ class Relay:
                     "POST", url, body, {"Content-Type": "application/json", **headers}
                 )
                 data = await response.read()
-        except TimeoutError:
-            raise UpstreamError("hung", f"no answer from the worker in {timeout:.1f}s") from None
-        except ConnectTimeout as error:
-            raise UpstreamError("hung", f"worker timed out: {error}") from None
-        except ConnectionFailed as error:
-            raise UpstreamError("exited", f"connection to the worker failed: {error}") from None
+        except (TimeoutError, ConnectionFailed) as error:
+            raise _transport_error(error, f"no answer from the worker in {timeout:.1f}s") from None
         finally:
             if response is not None:
                 response.release()  # back to the pool if it ended; closed otherwise
         if response.status != 200:
             raise _status_error(response.status, data)
         return data
+
+
+def _transport_error(error: Exception, silence: str) -> UpstreamError:
+    """A request that got no (complete) answer: a silent worker is hung, an unreachable one has exited."""
+    if isinstance(error, ConnectTimeout):  # before ConnectionFailed: it is one
+        return UpstreamError("hung", f"worker timed out: {error}")
+    if isinstance(error, ConnectionFailed):
+        return UpstreamError("exited", f"connection to the worker failed: {error}")
+    return UpstreamError("hung", silence)  # a timeout, or a stall
 
 
 def _status_error(status: int, raw: bytes) -> UpstreamError:

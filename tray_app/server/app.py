@@ -29,6 +29,7 @@ from tray_app.host.service import BACKGROUND_DEADLINE, Service
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.jobs.engine import retry_after_seconds
+from tray_app.jobs.journal import StoredJob
 from tray_app.jobs.outcomes import JobFailed
 from tray_app.jobs.registry import Job, new_id, stored_summary
 from tray_app.server import control
@@ -253,23 +254,19 @@ class Router:
             )
         return seconds
 
+    def _made_under(self, key: str) -> tuple[Job | None, StoredJob | None]:
+        """The latest job made under this Idempotency-Key: live, or else from the journal (24 h)."""
+        live = self.svc.registry.by_key(key)
+        if live is not None:
+            return live, None
+        return None, self.svc.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
+
     def _idempotent_answer(self, key: str, parsed: ParsedRequest) -> ASGIApp | None:
         """The stored answer, a 409/422, or None when this request is new under its key."""
-        live = self.svc.registry.by_key(key)
-        record: idempotency.KeyRecord | None = None
-        stored_result: dict[str, Any] | None = None
-        if live is not None:
-            record = idempotency.KeyRecord(
-                live.id, live.body_hash, live.created_at, live.state, live.effects_delivered
-            )
-            stored_result = live.result
-        else:
-            stored = self.svc.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
-            if stored is not None:
-                record = idempotency.KeyRecord(
-                    stored.id, stored.body_hash, stored.created_at, stored.state, stored.effects_delivered
-                )
-                stored_result = stored.result
+        live, stored = self._made_under(key)
+        previous = live or stored
+        record = idempotency.record_of(previous) if previous is not None else None
+        stored_result = previous.result if previous is not None else None
         verdict = idempotency.decide(record, parsed.body_hash, time.time())
         if verdict == "new" or record is None:
             return None
@@ -610,24 +607,15 @@ class Router:
         """`Idempotency-Key` on /v1/jobs, with the rules chat uses (idempotency.decide): the same key and body
         give the job already made under it (202 while it is unfinished, 200 once completed; never a second
         job), another body is 422; a key whose job ended without an answer may make a new one."""
-        live = self.svc.registry.by_key(key)
-        record: idempotency.KeyRecord | None = None
-        background = True
+        live, stored = self._made_under(key)
+        previous = live or stored
+        record = idempotency.record_of(previous) if previous is not None else None
+        background = previous.background if previous is not None else True
         summary: dict[str, Any] = {}  # a JobSummary, or the journal's fuller record
         if live is not None:
-            record = idempotency.KeyRecord(
-                live.id, live.body_hash, live.created_at, live.state, live.effects_delivered
-            )
-            background = live.background
             summary = dict(live.summary())
-        else:
-            stored = self.svc.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
-            if stored is not None:
-                record = idempotency.KeyRecord(
-                    stored.id, stored.body_hash, stored.created_at, stored.state, stored.effects_delivered
-                )
-                background = stored.background
-                summary = stored_summary(stored, self.svc.journal.attempts(stored.id))
+        elif stored is not None:
+            summary = stored_summary(stored, self.svc.journal.attempts(stored.id))
         verdict = idempotency.decide(record, parsed.body_hash, time.time())
         if verdict == "new" or record is None:
             return None
