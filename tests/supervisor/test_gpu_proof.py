@@ -1,17 +1,18 @@
 """A GPU worker on a real (not simulated) device must prove it is on a GPU: refused before it starts when the
 build lists no GPU device, failed after load when llama.cpp's log shows no layers or weights on one. Here
-the engine is a CPU build, so a real-GPU worker is refused for real, through the supervisor and llama-server.
-"""
+the engine is a CPU build, so a real-GPU worker is refused for real, through the supervisor and llama-server;
+the passing case runs on the fake llama-server printing a GPU build's load lines (a Vulkan build on Mesa's
+lavapipe passed the same proof by hand: README, "A real GPU, honestly")."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.supervisor.conftest import Recorder, SupervisorFactory
+from tests.support.fake_worker import fake_llama_server
 from tray_app.budget.llama_log import parse_buffer_sizes
 from tray_app.config import SupervisorConfig
 from tray_app.engine import binary, offload
@@ -146,20 +147,42 @@ def test_a_listing_with_a_gpu_is_not_refused() -> None:
     assert "no GPU backend" in str(offload.refusal_before_start(DeviceListing(())))
 
 
-@pytest.mark.integration
-@pytest.mark.skipif(not os.environ.get("FAILSOFT_TEST_GPU_SERVER"), reason="set FAILSOFT_TEST_GPU_SERVER")
-async def test_a_gpu_build_passes_the_proof(
+async def real_gpu_worker(
+    tmp_path: Path,
+    gpu_profile: WorkerProfile,
+    recorder: Recorder,
+    settings: SupervisorConfig,
+    **fake: str | int,
+) -> WorkerSupervisor:
+    """A GPU worker on a real (not simulated) device, run by the fake llama-server with a GPU build's load
+    lines: the supervisor's proof reads them as it reads a real build's."""
+    engine = binary.find(str(fake_llama_server(tmp_path, gpu="Vulkan0", **fake)))
+    real = dataclasses.replace(gpu_profile, simulated_vram_bytes=None, enable_faults=False)
+    return WorkerSupervisor(real, recorder.bus, settings, log_dir=tmp_path / "logs", engine=engine)
+
+
+async def test_a_worker_whose_layers_land_on_the_gpu_passes_the_proof(
     gpu_profile: WorkerProfile, recorder: Recorder, fast_settings: SupervisorConfig, tmp_path: Path
 ) -> None:
-    """Opt-in: FAILSOFT_TEST_GPU_SERVER names a llama-server with a GPU backend and a device it can use
-    (e.g. a Vulkan build with GGML_VK_VISIBLE_DEVICES=0 on Mesa's lavapipe)."""
-    engine = binary.find(os.environ["FAILSOFT_TEST_GPU_SERVER"])
-    real = dataclasses.replace(gpu_profile, simulated_vram_bytes=None, enable_faults=False)
-    settings = dataclasses.replace(fast_settings, start_timeout=300.0, health_timeout=60.0)
-    supervisor = WorkerSupervisor(real, recorder.bus, settings, log_dir=tmp_path / "logs", engine=engine)
+    supervisor = await real_gpu_worker(tmp_path, gpu_profile, recorder, fast_settings)
     try:
         assert await supervisor.start(), supervisor.status()["reason"]
         health = supervisor.status()["health"]
-        assert health["runs_on"] != "CPU" and health["offload"]["layers"] == health["offload"]["layers_total"]
+        assert health["runs_on"] == "Vulkan0" and not health["simulated"]
+        assert (health["offload"]["layers"], health["offload"]["layers_total"]) == (31, 31)
+    finally:
+        await supervisor.aclose()
+
+
+async def test_a_worker_with_layers_left_on_the_cpu_is_refused_with_the_count(
+    gpu_profile: WorkerProfile, recorder: Recorder, fast_settings: SupervisorConfig, tmp_path: Path
+) -> None:
+    supervisor = await real_gpu_worker(tmp_path, gpu_profile, recorder, fast_settings, placed=10)
+    try:
+        assert not await supervisor.start()
+        failure = supervisor.last_failure
+        assert failure is not None and failure["kind"] == "bad_config"
+        assert "offloaded 10/31 layers to GPU, 31 were planned" in failure["message"]
+        assert supervisor.state != "ready"  # never shown, counted or routed to as a GPU
     finally:
         await supervisor.aclose()

@@ -14,6 +14,9 @@ router can script every way a worker fails without loading a model:
     FAKE_LLAMA_HANG_AFTER      stop sending (the process stays up) after this many tokens
     FAKE_LLAMA_FAULTY          which process the three above apply to: gpu (started with layers on the
                                GPU), cpu, or all (default)
+    FAKE_LLAMA_GPU             a device name (e.g. Vulkan0): list it in --list-devices and, when started
+                               with layers on the GPU, print llama.cpp's load lines for `placed` layers
+    FAKE_LLAMA_PLACED          of 31 layers, how many land on that device (default all 31)
 
 Usage: make an executable that runs `python fake_llama_server.py "$@"` (tests/support/fake_worker.py).
 """
@@ -165,8 +168,27 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.close()
 
 
+GPU = os.environ.get("FAKE_LLAMA_GPU", "")
+LAYERS = 31
+
+
+def _load_lines() -> list[str]:
+    """What llama.cpp's load_tensors prints about where the layers and weights went."""
+    if not (GPU and ON_GPU):
+        return ["load_tensors:   CPU_Mapped model buffer size =    92.00 MiB"]
+    placed = int(_number("FAKE_LLAMA_PLACED", LAYERS))
+    return [
+        f"load_tensors: offloading {min(placed, LAYERS - 1)} repeating layers to GPU",
+        f"load_tensors: offloaded {placed}/{LAYERS} layers to GPU",
+        f"load_tensors: {GPU:>12} model buffer size =    {3.0 * placed:.2f} MiB",
+        "load_tensors:   CPU_Mapped model buffer size =    21.79 MiB",
+    ]
+
+
 async def _main(port: int) -> None:
     server = await asyncio.start_server(_serve, "127.0.0.1", port)
+    for line in _load_lines():
+        print(line, file=sys.stderr, flush=True)
     print(f"load_tensors: fake model loaded, listening on 127.0.0.1:{port}", file=sys.stderr, flush=True)
     print("srv  main: model loaded", file=sys.stderr, flush=True)
     die_after = _number("FAKE_LLAMA_DIE_AFTER", -1.0) if FAULTY else -1.0
@@ -185,7 +207,8 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"{flag} N    (fake)" for flag in FLAGS.split()))
         return 0
     if "--list-devices" in argv:
-        print("Available devices:\n  (none)")
+        device = f"{GPU}: fake GPU (4096 MiB, 4000 MiB free)" if GPU else "(none)"
+        print(f"Available devices:\n  {device}")
         return 0
     if os.environ.get("FAKE_LLAMA_IGNORE_SIGTERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
