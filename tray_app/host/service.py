@@ -248,7 +248,7 @@ class Service:
                     job, "failed", {"message": "the service restarted during the stream"}, "service_restarted"
                 )
                 continue
-            job.route = "gpu"
+            self.registry.set_route(job, "gpu")
             self.spawn(job)
 
     def count_prompt(self, kind: str, body: dict[str, Any]) -> int:

@@ -69,7 +69,7 @@ class EmbeddingRunner:
                 continue
             if failure is not None and fell_back_at is None:
                 fell_back_at = time.monotonic()
-                job.fallback_reason = failure.kind
+                self.registry.name_fallback(job, failure.kind)
                 self.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
             try:
                 answer = await self._attempt(job, role, device, worker, replay=failure is not None)

@@ -224,15 +224,14 @@ class Executor:
                         continue  # the GPU worker came back while the CPU was not an option
                     if decision.action == "cpu":
                         role, resume = "cpu", decision.resume
-                        job.route = "cpu"
-                        job.fallback_reason = failure.kind
+                        self.registry.set_route(job, "cpu", failure.kind)
                         fallback_started_at = time.monotonic()
                         self._on_fallback("started")
                         self.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
                         if not deliver:
                             progress.reset_undelivered(job.kind)
                         continue
-                    job.fallback_reason = job.fallback_reason or failure.kind
+                    self.registry.name_fallback(job, failure.kind)
                     if decision.action == "approval":
                         refused = self.request_approval(job, decision)
                         if refused is not None:
@@ -460,7 +459,7 @@ class Executor:
         if self.approval_backlog() >= limit:
             detail = f"{limit} jobs already wait for approval or for the CPU (failover.max_pending_approvals)"
             return policy.Decision("refuse", policy.APPROVAL_BACKLOG_FULL, decision.estimated_seconds, detail)
-        job.route = "cpu"
+        self.registry.set_route(job, "cpu")
         self.registry.await_approval(job, decision.estimated_seconds, decision.reason)
         return None
 
@@ -477,8 +476,8 @@ class Executor:
             job = await self.approvals.queue.get()
             if job.final:
                 continue
-            job.route = "cpu"
-            job.deadline = time.monotonic() + 24 * 3600  # approved: the user accepted the wait
+            self.registry.set_route(job, "cpu")
+            self.registry.extend_deadline(job, 24 * 3600)  # approved: the user accepted the wait
             try:
                 await self.drain(job)
             except asyncio.CancelledError:
@@ -500,7 +499,7 @@ class Executor:
                 job_id=job.id,
                 reason=reason,
             )
-            job.error = error.record()
+            self.registry.client_stopped_waiting(job, error.record())
             if deliver:
                 yield Ended(error)
             return
@@ -534,8 +533,7 @@ class Executor:
         if not last or last.get("pid") != dropped.pid or last.get("kind") in (None, "exited"):
             return
         kind = str(last["kind"])
-        if job.fallback_reason == "exited":
-            job.fallback_reason = kind
+        self.registry.refine_fallback(job, "exited", kind)
         error = f"{kind}: {last.get('message')} (the router saw: {dropped.message})"
         self.registry.set_attempt_error(job, dropped.attempt, error)
 

@@ -239,6 +239,36 @@ class JobRegistry:
     def end_attempt(self, job: Job, number: int, outcome: str, error: str | None = None) -> None:
         self.journal.end_attempt(job.id, number, outcome, error)
 
+    def set_route(self, job: Job, route: str, fallback_reason: str | None = None) -> None:
+        """Where the job runs next (gpu or cpu) and, when it leaves its first choice, why."""
+        job.route = route
+        if fallback_reason:
+            job.fallback_reason = fallback_reason
+        self.journal.update_job(job.id, route=route, fallback_reason=job.fallback_reason)
+
+    def name_fallback(self, job: Job, reason: str) -> None:
+        """Record why the job left the GPU, unless a reason is recorded already."""
+        if job.fallback_reason is None:
+            self._set_fallback(job, reason)
+
+    def refine_fallback(self, job: Job, vague: str, precise: str) -> None:
+        """Replace a vague reason (a dropped connection) with what its supervisor found (an abort, a kill)."""
+        if job.fallback_reason == vague:
+            self._set_fallback(job, precise)
+
+    def _set_fallback(self, job: Job, reason: str) -> None:
+        job.fallback_reason = reason
+        self.journal.update_job(job.id, fallback_reason=reason)
+
+    def extend_deadline(self, job: Job, seconds: float) -> None:
+        """The user accepted a longer wait (an approved CPU run)."""
+        job.deadline = time.monotonic() + seconds
+
+    def client_stopped_waiting(self, job: Job, error: dict[str, Any]) -> None:
+        """The client's deadline passed while someone else runs the job (approval): what it was told; the
+        job itself goes on."""
+        job.error = error
+
     def note_effects_delivered(self, job: Job) -> None:
         """A tool call of this job reached its client; once set, it stays set (journaled)."""
         if not job.effects_delivered:

@@ -430,14 +430,12 @@ class Router:
             if decision.refused:
                 raise self._refusal(job, decision)
             if decision.action == "approval":
-                job.fallback_reason = decision.reason
+                self.svc.registry.name_fallback(job, decision.reason)
                 backlog_full = self.svc.executor.request_approval(job, decision)
                 if backlog_full is not None:
                     raise self._refusal(job, backlog_full)
                 return await self._answer(request, job, None, approval=decision.reason)
-            job.route = decision.action
-            if decision.reason:
-                job.fallback_reason = decision.reason
+            self.svc.registry.set_route(job, decision.action, decision.reason or None)
             held = await self._admit(job, job.route)
         except ApiError as error:
             return error_response(error)
@@ -588,7 +586,7 @@ class Router:
                 if backlog_full is not None:
                     raise self._refusal(job, backlog_full)
             else:
-                job.route = decision.action
+                self.svc.registry.set_route(job, decision.action)
                 self.svc.spawn(job)
         except ApiError as error:
             return error_response(error)
