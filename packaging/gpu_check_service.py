@@ -18,14 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import tomli_w
 from gpu_check import MIB, PhaseStop, Report, say, tail
 
 from tray_app.budget.device import nvml_memory
 from tray_app.config import Config, from_dict
 from tray_app.drill.client import ServiceClient
-from tray_app.drill.launcher import DRILL_SUPERVISOR
+from tray_app.drill.launcher import DRILL_SUPERVISOR, service_status
 from tray_app.engine.devices import is_gpu_buffer
 from tray_app.host.launch import ServeProcess, spawn_serve, stop_process_tree, workers_ready
 
@@ -219,16 +218,6 @@ def service_env(root: Path, config_path: Path) -> dict[str, str]:
     }
 
 
-def _status(base_url: str) -> dict[str, Any] | None:
-    try:
-        response = httpx.get(base_url + "/failsoft/status", timeout=5)
-        response.raise_for_status()
-        data: dict[str, Any] = response.json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    return data
-
-
 def worker_view(worker: dict[str, Any]) -> dict[str, Any]:
     health = worker.get("health") or {}
     keys = ("n_ctx", "n_parallel", "n_gpu_layers", "runs_on", "offload", "buffers", "load_seconds", "pid")
@@ -282,7 +271,7 @@ def phase_service(report: Report, model: Path, root: Path) -> tuple[ServeProcess
                     "failed",
                     f"failsoft serve exited with {service.process.returncode}:\n{tail(service.output(), 30)}",
                 )
-            status = _status(service.base_url)
+            status = service_status(service.base_url)
             if workers_ready(status):
                 break
             time.sleep(0.3)

@@ -55,7 +55,8 @@ def drill_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
     return data
 
 
-def _status(base_url: str) -> dict[str, Any] | None:
+def service_status(base_url: str) -> dict[str, Any] | None:
+    """`GET /failsoft/status` of the service at `base_url`; None while it does not answer."""
     try:
         response = httpx.get(base_url + "/failsoft/status", timeout=5)
         response.raise_for_status()
@@ -70,7 +71,7 @@ def _wait_ready(service: ServeProcess, timeout: float) -> None:
     while time.monotonic() < deadline:
         if service.process.poll() is not None:
             raise LaunchError(f"failsoft serve exited with {service.process.returncode}:\n{service.output()}")
-        if workers_ready(_status(service.base_url)):
+        if workers_ready(service_status(service.base_url)):
             return
         time.sleep(0.2)
     raise LaunchError(f"the service's workers were not ready after {timeout:.0f}s:\n{service.output()}")
