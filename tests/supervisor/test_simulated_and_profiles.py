@@ -116,3 +116,33 @@ def test_faults_only_when_asked(planned: tuple[config.Config, PlanSet]) -> None:
     profiles = profiles_from_plans(cfg, plans, enable_faults=True)
     assert profiles.gpu is not None and profiles.gpu.enable_faults and not profiles.gpu.fault_load_oom
     assert profiles.cpu is not None and profiles.cpu.enable_faults
+
+
+def test_the_gpu_embeddings_worker_lives_in_what_the_chat_plan_leaves_free(
+    planned: tuple[config.Config, PlanSet], model_path: Path
+) -> None:
+    """The embeddings worker on the GPU is planned (all its layers, its context) in the chat plan's free
+    share, never in its reserve; when it does not fit there, embeddings run on the CPU only, and say so."""
+    cfg, plans = planned
+    embeddings = plans.embeddings
+    assert embeddings is not None and embeddings.fits and embeddings.n_gpu_layers == embeddings.n_layers
+    assert embeddings.used_bytes <= plans.gpu.free_bytes and embeddings.n_ctx == cfg.embeddings.n_ctx
+    by_role = profiles_from_plans(cfg, plans).by_role()
+    gpu_embed, cpu_embed = by_role["gpu-embed"], by_role["cpu-embed"]
+    assert (gpu_embed.pooling, gpu_embed.n_ctx, gpu_embed.warm) == ("mean", cfg.embeddings.n_ctx, False)
+    assert gpu_embed.simulated_vram_bytes == plans.gpu.free_bytes  # not the whole card
+    assert cpu_embed.n_gpu_layers == 0 and cpu_embed.simulated_vram_bytes is None
+
+    # A card the chat plan fills (no max_ctx to stop it): nothing is left for a second copy of the model.
+    full = config.from_dict(
+        {
+            "device": {"simulate_vram": "600MiB"},
+            "model": {"path": str(model_path)},
+            "budget": {"max_ctx": 131072},
+        }
+    )
+    crowded = plan_from_config(full)
+    assert crowded.gpu.fits and crowded.embeddings is None
+    profiles = profiles_from_plans(full, crowded)
+    assert set(profiles.by_role()) == {"gpu", "cpu", "cpu-embed"}
+    assert any("embeddings on the CPU only" in note for note in profiles.notes)

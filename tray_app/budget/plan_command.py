@@ -52,17 +52,22 @@ def _bar(part: int, total: int) -> str:
     return "#" * min(filled, BAR_WIDTH) + "." * (BAR_WIDTH - min(filled, BAR_WIDTH))
 
 
-def _split_rows(plan: Plan) -> list[tuple[str, int, str]]:
+def _split_rows(plan: Plan, embeddings: Plan | None = None) -> list[tuple[str, int, str]]:
     layers = f"{plan.n_gpu_layers}/{plan.n_layers} layers"
     cache = f"{plan.cache_type_k}/{plan.cache_type_v}, n_ctx {plan.n_ctx}"
-    return [
+    embedding = embeddings.used_bytes if embeddings is not None else 0
+    rows = [
         ("weights", plan.weights_bytes, layers),
         ("KV cache", plan.kv_bytes, cache),
         ("compute", plan.compute_bytes, plan.compute_source),
         ("reserve", plan.reserve_bytes, "kept free, never planned"),
         ("other", plan.other_bytes, "other processes"),
-        ("free", plan.free_bytes, "left over"),
     ]
+    if embeddings is not None:
+        rows.append(
+            ("embedding", embedding, f"the embeddings worker, n_ctx {embeddings.n_ctx} (on first use)")
+        )
+    return [*rows, ("free", plan.free_bytes - embedding, "left over")]
 
 
 def _device_line(plans: PlanSet) -> str:
@@ -83,7 +88,7 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
         "",
     ]
     if plan.total_bytes > 0:
-        for label, size, detail in _split_rows(plan):
+        for label, size, detail in _split_rows(plan, plans.embeddings):
             lines.append(f"  {label:<9} {_bar(size, plan.total_bytes)} {format_size(size):>11}  {detail}")
         lines.append(f"  {'total':<9} {'':<{BAR_WIDTH}} {format_size(plan.total_bytes):>11}")
         lines.append("")
@@ -116,6 +121,7 @@ def plan_json(plans: PlanSet) -> dict[str, object]:
         "model": plans.model.to_dict(),
         "cpu_plan": plans.cpu.to_dict(),
         "ram": plans.ram.to_dict(),
+        "embeddings_plan": plans.embeddings.to_dict() if plans.embeddings else None,
     }
 
 

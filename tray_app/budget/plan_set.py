@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -26,6 +27,8 @@ class PlanSet:
     cpu: Plan
     ram: DeviceMemory
     target: PlanTarget  # the device the GPU plan is for, as llama.cpp's build sees it
+    # The GPU embeddings worker's plan, in what the chat plan leaves free; None: embeddings on the CPU only.
+    embeddings: Plan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,6 +38,7 @@ class PlanSet:
             "gpu": self.gpu.to_dict(),
             "cpu": self.cpu.to_dict(),
             "ram": self.ram.to_dict(),
+            "embeddings": self.embeddings.to_dict() if self.embeddings else None,
         }
 
 
@@ -110,7 +114,7 @@ def plan_from_config(
     device = gpu_memory(cfg, vram_override, gpu)
     ram = system_ram()
     listing, list_error = engine_devices(cfg) if vram_override is None else (None, "")
-    return PlanSet(
+    plans = PlanSet(
         device=device,
         model=model,
         gpu=plan_gpu(device, model, gpu_request(cfg), measured),
@@ -118,3 +122,31 @@ def plan_from_config(
         ram=ram,
         target=plan_target(device, listing, list_error, what_if=vram_override is not None),
     )
+    return replace(plans, embeddings=embeddings_gpu_plan(cfg, plans))
+
+
+def embeddings_gpu_plan(cfg: Config, plans: PlanSet) -> Plan | None:
+    """The GPU embeddings worker's plan: all of its model's layers, its context and slots, in what the chat
+    worker's plan leaves free (the reserve stays the chat plan's). None when embeddings are off, there is no
+    GPU, or it does not fit whole: then the CPU's embeddings worker serves alone, and no VRAM is taken that
+    the plan did not leave free."""
+    settings = cfg.embeddings
+    if not settings.enabled or not plans.device.available or not plans.gpu.fits:
+        return None
+    model_path = Path(settings.model).expanduser() if settings.model else cfg.model_path()
+    model = inspect_model(model_path)
+    left = replace(
+        plans.device,
+        free_bytes=plans.gpu.free_bytes,
+        used_by_others_bytes=plans.device.total_bytes - plans.gpu.free_bytes,
+    )
+    request = PlanRequest(
+        n_ctx=settings.n_ctx,
+        max_ctx=settings.n_ctx,
+        n_parallel=settings.n_parallel,
+        reserve_percent=0.0,
+        reserve_min_bytes=0,
+        min_ctx=min(settings.n_ctx, 2048),
+    )
+    plan = plan_gpu(left, model, request, calibration.measured_compute(model_path))
+    return plan if plan.fits and plan.n_gpu_layers >= plan.n_layers else None

@@ -42,6 +42,7 @@ class ServiceStatus(TypedDict):
     target: dict[str, Any]
     plan: dict[str, Any]
     cpu_plan: dict[str, Any]
+    embeddings_plan: dict[str, Any] | None
     caps: dict[str, int]
     workers: dict[str, WorkerStatus]  # gpu, cpu
     embedding_workers: dict[str, WorkerStatus]  # gpu-embed, cpu-embed

@@ -166,7 +166,7 @@ class Service:
         from tray_app.supervisor.supervisor import WorkerSupervisor
 
         profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
-        for role, profile in profiles.by_role(self.cfg).items():
+        for role, profile in profiles.by_role().items():
             self.workers[role] = WorkerSupervisor(profile, self.bus, self.cfg.supervisor, engine=self.engine)
             if not profile.embeddings:
                 self.tool_call_opener = tools.tool_call_opener(profile.chat_format)
@@ -341,6 +341,8 @@ class Service:
             "target": self.plan_set.target.to_dict(),
             "plan": self.plan_set.gpu.to_dict(),
             "cpu_plan": self.plan_set.cpu.to_dict(),
+            # The GPU embeddings worker's share of what the chat plan leaves free; None: CPU only.
+            "embeddings_plan": self.plan_set.embeddings.to_dict() if self.plan_set.embeddings else None,
             "caps": self.caps(),
             "workers": {role: self.worker_status(role) for role in CHAT_ROLES},
             "embedding_workers": {role: self.worker_status(role) for role in EMBED_ROLES.values()},
@@ -368,7 +370,7 @@ class Service:
         self.plan_set = plan_from_config(self.cfg, gpu=self.device)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
         profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
-        by_role = profiles.by_role(self.cfg)
+        by_role = profiles.by_role()
         for role, worker in self.workers.items():
             if role in by_role:
                 worker.update_profile(by_role[role])

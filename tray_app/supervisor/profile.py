@@ -58,32 +58,48 @@ class WorkerProfiles:
     cpu: WorkerProfile | None  # None: the CPU worker is disabled in the config
     notes: tuple[str, ...] = ()  # what the service should tell the user about these choices
 
-    def by_role(self, cfg: Config) -> dict[str, WorkerProfile]:
+    embeddings: tuple[WorkerProfile, ...] = ()  # gpu-embed (when the plan leaves room), cpu-embed
+
+    def by_role(self) -> dict[str, WorkerProfile]:
         """Every worker's profile by role: the chat workers, then the embeddings workers."""
         chat: dict[str, WorkerProfile] = {p.role: p for p in (self.gpu, self.cpu) if p is not None}
-        return {**chat, **{profile.role: profile for profile in self.embedding_profiles(cfg)}}
+        return {**chat, **{profile.role: profile for profile in self.embeddings}}
 
-    def embedding_profiles(self, cfg: Config) -> list[WorkerProfile]:
-        """An embeddings worker beside each chat worker, on the same device, started on first use."""
-        if not cfg.embeddings.enabled:
-            return []
-        settings = cfg.embeddings
-        model = Path(settings.model).expanduser() if settings.model else None
-        return [
-            replace(
-                chat,
-                role=EMBED_ROLES[chat.role],
-                model_path=model or chat.model_path,
-                n_ctx=settings.n_ctx,
-                n_parallel=settings.n_parallel,
-                chat_format="",
-                pooling=settings.pooling,
-                warm=False,
-                warm_reason="started on the first embeddings request",
-            )
-            for chat in (self.gpu, self.cpu)
-            if chat is not None
-        ]
+
+def embedding_profiles(
+    cfg: Config, plans: PlanSet, gpu: WorkerProfile | None, cpu: WorkerProfile | None
+) -> tuple[WorkerProfile, ...]:
+    """An embeddings worker beside each chat worker, started on first use: on the GPU only with its own
+    plan (all layers, in what the chat plan leaves free: plan_set.embeddings_gpu_plan), else CPU only."""
+    settings = cfg.embeddings
+    if not settings.enabled:
+        return ()
+    model = Path(settings.model).expanduser() if settings.model else None
+
+    def beside(chat: WorkerProfile) -> WorkerProfile:
+        return replace(
+            chat,
+            role=EMBED_ROLES[chat.role],
+            model_path=model or chat.model_path,
+            n_ctx=settings.n_ctx,
+            n_parallel=settings.n_parallel,
+            chat_format="",
+            pooling=settings.pooling,
+            warm=False,
+            warm_reason="started on the first embeddings request",
+        )
+
+    profiles = []
+    if gpu is not None and plans.embeddings is not None:
+        # On a simulated device its memory is what the chat plan left free, not the whole card.
+        simulated = plans.gpu.free_bytes if gpu.simulated_vram_bytes is not None else None
+        on_gpu = replace(
+            beside(gpu), n_gpu_layers=plans.embeddings.n_gpu_layers, simulated_vram_bytes=simulated
+        )
+        profiles.append(on_gpu)
+    if cpu is not None:
+        profiles.append(beside(cpu))
+    return tuple(profiles)
 
 
 def worker_threads(cfg: Config, role: Role, simulated_gpu: bool) -> int:
@@ -167,4 +183,7 @@ def profiles_from_plans(cfg: Config, plan_set: PlanSet, *, enable_faults: bool =
     if enable_faults:
         gpu = gpu.with_faults() if gpu else None
         cpu = cpu.with_faults() if cpu else None
-    return WorkerProfiles(gpu=gpu, cpu=cpu, notes=tuple(notes))
+    embeddings = embedding_profiles(cfg, plan_set, gpu, cpu)
+    if cfg.embeddings.enabled and gpu is not None and plan_set.embeddings is None:
+        notes.append("embeddings on the CPU only: the GPU plan leaves no room for an embeddings worker")
+    return WorkerProfiles(gpu=gpu, cpu=cpu, notes=tuple(notes), embeddings=embeddings)
