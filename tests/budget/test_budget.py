@@ -28,7 +28,8 @@ def test_default_config_on_a_simulated_gpu(model_path: object) -> None:
     assert plans.cpu.verdict == "cpu" and plans.cpu.device_kind == "ram" and not plans.cpu.simulated
     assert plans.ram.kind == "ram"
     data = plans.to_dict()
-    assert set(data) == {"device", "target", "model", "gpu", "cpu", "ram"}
+    assert set(data) == {"device", "target", "model", "gpu", "cpu", "ram", "embeddings"}
+    assert data["embeddings"]["n_gpu_layers"] == data["embeddings"]["n_layers"]  # beside the chat plan
     assert data["target"]["label"] == "simulated (no GPU)"
     assert data["gpu"]["verdict"] == "gpu"
 
