@@ -241,10 +241,11 @@ class JobRegistry:
 
     def set_route(self, job: Job, route: str, fallback_reason: str | None = None) -> None:
         """Where the job runs next (gpu or cpu) and, when it leaves its first choice, why."""
-        job.route = route
-        if fallback_reason:
-            job.fallback_reason = fallback_reason
-        self.journal.update_job(job.id, route=route, fallback_reason=job.fallback_reason)
+        reason = fallback_reason or job.fallback_reason
+        if (job.route, job.fallback_reason) == (route, reason):
+            return  # the common case, a request staying on the GPU: no journal write on the hot path
+        job.route, job.fallback_reason = route, reason
+        self.journal.update_job(job.id, route=route, fallback_reason=reason)
 
     def name_fallback(self, job: Job, reason: str) -> None:
         """Record why the job left the GPU, unless a reason is recorded already."""
