@@ -92,6 +92,28 @@ async def test_an_event_stream_connection_is_not_reused() -> None:
     assert server.connections == 3 and len(server.requests) == 3
 
 
+async def test_a_streaming_pool_connects_for_the_next_stream_while_this_one_runs() -> None:
+    """The relay's pool keeps one spare connection per worker: each stream's request is written into a
+    connection opened before the request came, not one it must wait to open."""
+
+    async def stream_then_close(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD + chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
+        return False  # llama-server's way: the connection ends with the stream
+
+    pool = UpstreamPool(spare_for_streams=True)
+    async with scripted_server(stream_then_close) as server:
+        for number in range(3):
+            opened_before = server.connections
+            response = await pool.send("POST", server.url + "/x", b"{}", {})
+            assert await response.read() == b"data: [DONE]\n\n"
+            if number > 0:
+                assert opened_before == number + 1  # this request's connection was there already
+            await asyncio.sleep(0.1)  # the spare connects
+        await pool.aclose()
+    assert len(server.requests) == 3
+    assert pool.connections_opened == 4  # the first request's own, then one spare per stream
+
+
 async def test_a_stream_that_never_ends_after_release_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loopback_http, "RELEASE_GRACE_SECONDS", 0.1)
 

@@ -91,6 +91,8 @@ def test_profiles_follow_the_plans(planned: tuple[config.Config, PlanSet]) -> No
     assert flags["--ctx-size"] == str(plans.gpu.n_ctx) and flags["--parallel"] == str(plans.gpu.n_parallel)
     assert flags["--ubatch-size"] == str(plans.gpu.n_ubatch)
     assert flags["--n-gpu-layers"] == str(plans.gpu.n_gpu_layers)
+    # An HTTP thread for each slot, the health probe, the router's spare connection and a control call.
+    assert flags["--threads-http"] == str(plans.gpu.n_parallel + 3)
     assert "--load-mode" in argv  # a simulated device: weights in real allocations under the limit
     cpu_argv = llama_server_argv(Path("/opt/llama-server"), cpu, port=1)
     assert "--load-mode" not in cpu_argv

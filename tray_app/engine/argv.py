@@ -32,6 +32,9 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         "--n-gpu-layers", str(layers),
         "--threads", str(profile.n_threads),
         "--threads-batch", str(profile.n_threads),
+        # One HTTP thread per slot, plus the health probe, the router's spare connection and a control
+        # call: an idle keep-alive connection holds a thread, and a request finding none waits unseen.
+        "--threads-http", str(max(profile.n_parallel, 1) + 3),
         "--ubatch-size", str(profile.n_ubatch),
         "--cache-type-k", profile.cache_type_k,
         "--cache-type-v", profile.cache_type_v,

@@ -24,6 +24,7 @@ REQUIRED_FLAGS = (
     "--parallel",
     "--n-gpu-layers",
     "--threads",
+    "--threads-http",
     "--ubatch-size",
     "--cache-type-k",
     "--cache-type-v",

@@ -5,7 +5,9 @@ httpx (used for everything else) spends 1.4 to 2 ms of CPU on each streamed requ
 this client spends about a tenth of that, and on the relay path httpx was most of the router's overhead.
 It speaks what the workers speak and nothing more: HTTP/1.1 with keep-alive, a request body with
 Content-Length, and chunked or Content-Length responses, parsed by httptools (the C parser uvicorn uses).
-Connections are kept per worker address and reused while they are fresh.
+Connections are kept per worker address and reused while they are fresh. llama-server closes the connection
+after every event stream, so a pool that streams keeps one spare connection per worker, opened while the
+last stream runs: the next request's connect is then off its path to the first token.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
-# uvicorn closes a keep-alive connection after 5 s idle; reusing one only well inside that avoids writing a
-# request into a connection the server is closing.
-IDLE_REUSE_SECONDS = 2.0
+# llama-server (cpp-httplib) and uvicorn close a keep-alive connection after 5 s idle; reusing one only well
+# inside that avoids writing a request into a connection the server is closing (and the one retry it costs).
+IDLE_REUSE_SECONDS = 3.0
 MAX_IDLE_PER_ADDRESS = 16
 # How long a response that was abandoned after its last event may take to end before its connection is
 # closed instead of reused.
@@ -220,9 +222,12 @@ class Response:
 class UpstreamPool:
     """Keep-alive connections per worker address."""
 
-    def __init__(self, connect_timeout: float = 5.0) -> None:
+    def __init__(self, connect_timeout: float = 5.0, *, spare_for_streams: bool = False) -> None:
         self.connect_timeout = connect_timeout
+        self.spare_for_streams = spare_for_streams
         self._idle: dict[tuple[str, int], deque[_Connection]] = {}
+        self._opening_spare: set[tuple[str, int]] = set()
+        self._spare_tasks: set[asyncio.Task[None]] = set()
         self.connections_opened = 0  # for tests and diagnostics: reuse keeps this low
 
     async def send(self, method: str, url: str, body: bytes, headers: Mapping[str, str]) -> Response:
@@ -238,6 +243,7 @@ class UpstreamPool:
             response = connection.send(request)
             try:
                 await response.headers_ready
+                self._after_headers(response, (host, port))
                 return response
             except ConnectionFailed:
                 connection.close()
@@ -253,7 +259,12 @@ class UpstreamPool:
         except BaseException:
             connection.close()
             raise
+        self._after_headers(response, (host, port))
         return response
+
+    def _after_headers(self, response: Response, address: tuple[str, int]) -> None:
+        if not response.keep_alive and self.spare_for_streams:
+            self._open_spare(address)  # the worker is busy with this request: connect for the next one
 
     def release(self, connection: _Connection) -> None:
         idle = self._idle.setdefault(connection.address, deque())
@@ -264,6 +275,8 @@ class UpstreamPool:
         idle.append(connection)
 
     async def aclose(self) -> None:
+        for task in list(self._spare_tasks):
+            task.cancel()
         for idle in self._idle.values():
             while idle:
                 idle.pop().close()
@@ -278,6 +291,23 @@ class UpstreamPool:
                 return connection
             connection.close()
         return None
+
+    def _open_spare(self, address: tuple[str, int]) -> None:
+        if address in self._opening_spare or self._idle.get(address):
+            return
+        self._opening_spare.add(address)
+        task = asyncio.get_running_loop().create_task(self._spare(address))
+        self._spare_tasks.add(task)
+        task.add_done_callback(self._spare_tasks.discard)
+
+    async def _spare(self, address: tuple[str, int]) -> None:
+        try:
+            connection = await self._connect(address)
+        except (ConnectTimeout, ConnectionFailed):
+            return  # the worker is going away: the next request finds out, with its own error
+        finally:
+            self._opening_spare.discard(address)
+        self.release(connection)
 
     async def _connect(self, address: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()

@@ -42,6 +42,8 @@ def uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # Nothing stands in front of the router: X-Forwarded-* from a local process must not be believed.
+        proxy_headers=False,
     )
 
 

@@ -78,7 +78,7 @@ class Relay:
     """Streams from the workers over `UpstreamPool` (the hot path)."""
 
     def __init__(self, connect_timeout: float = 5.0) -> None:
-        self._pool = UpstreamPool(connect_timeout)
+        self._pool = UpstreamPool(connect_timeout, spare_for_streams=True)
 
     async def aclose(self) -> None:
         await self._pool.aclose()
