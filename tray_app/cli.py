@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--url", help="a running service started with --enable-faults (default: start one)")
     _add_model_and_device(drill)
     drill.add_argument("--pressure", metavar="SIZE", help="take this much VRAM away from the GPU worker")
-    drill.add_argument("--scenario", action="append", help="run only these scenarios (a..g); repeatable")
+    drill.add_argument(
+        "--scenario", action="append", help="run only these scenarios (a..j, e.g. h,i,j), repeatable"
+    )
     drill.add_argument("--json", action="store_true", help="print the JSON report")
 
     bench = sub.add_parser(

@@ -21,6 +21,7 @@ from tray_app.budget.sizes import parse_size
 CacheType = Literal["f16", "q8_0", "q4_0"]
 FallbackPolicy = Literal["auto", "approval", "never"]
 StreamFailurePolicy = Literal["resume", "error"]
+StandInPolicy = Literal["auto", "ask", "never"]
 
 
 class ConfigError(ValueError):
@@ -29,8 +30,39 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
+    """The main model: its GPU and CPU workers start with the service and are always kept."""
+
     path: str = ""  # empty: the bundled SmolLM2
     chat_format: str = ""  # empty: the model's own template; else a llama.cpp template name (chatml, ...)
+    stand_in: str = ""  # a smaller library model that may answer on the GPU when this one cannot
+
+
+@dataclass
+class LibraryModelConfig:
+    """One `[[models]]` entry: a model loaded when a request names it, unloaded after its keep-alive."""
+
+    name: str = ""  # what a request's `model` says (required)
+    path: str = ""  # the GGUF file (required)
+    aliases: list[str] = field(default_factory=list)
+    chat_format: str = ""
+    n_ctx: int = 0  # total over the slots; 0: the most that fits, up to budget.max_ctx
+    n_parallel: int = 0  # slots; 0: budget.n_parallel
+    devices: list[str] = field(default_factory=lambda: ["gpu", "cpu"])  # where it may run
+    stand_in: str = ""  # a smaller model that may answer on the GPU when this one cannot
+    keep_alive: str = ""  # e.g. "5m", "300", "-1" (always); empty: library.keep_alive
+    preload: bool = False  # load at service start instead of on the first request
+
+
+@dataclass
+class LibraryConfig:
+    """Models besides the main one: `[[models]]` entries and the GGUF files of `folder`."""
+
+    folder: str = ""  # every *.gguf here is a model named by its file name without .gguf
+    keep_alive: str = "5m"  # how long a model stays loaded after its last request (Ollama's default)
+    max_loaded: int = 3  # library models loaded at once besides the main one; the least recently used goes
+    # A model's smaller stand-in answering on the GPU when the model cannot: "auto" (unless the request says
+    # no: X-Failsoft-Stand-In), "ask" (offered in the approval window beside the slow CPU run), "never".
+    stand_in: StandInPolicy = "auto"
 
 
 @dataclass
@@ -145,6 +177,8 @@ class Config:
     embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
+    library: LibraryConfig = field(default_factory=LibraryConfig)
+    models: list[LibraryModelConfig] = field(default_factory=list)  # [[models]]
     source: str = ""  # the file this came from, for messages
     # Command-line values ("section.key" -> value) that win over the file, also when it is read again.
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -210,27 +244,51 @@ def from_dict(data: dict[str, Any], source: str = "config") -> Config:
     """Build and validate a Config; unknown sections or keys are errors (a typo must not be ignored)."""
     config = Config(source=source)
     for section_name, section_value in data.items():
+        if section_name == "models":
+            config.models = _library_models(source, section_value)
+            continue
         section = getattr(config, section_name, None)
         if not dataclasses.is_dataclass(section):
             allowed = ", ".join(f.name for f in fields(Config) if f.name not in ("source", "overrides"))
             raise ConfigError(f"{source}: unknown section [{section_name}]; sections are {allowed}")
         if not isinstance(section_value, dict):
             raise ConfigError(f"{source}: [{section_name}] must be a table")
-        hints = get_type_hints(type(section))
-        for key, value in section_value.items():
-            if key not in hints:
-                raise ConfigError(
-                    f"{source}: unknown key {section_name}.{key}; keys are {', '.join(sorted(hints))}"
-                )
-            checked = _check_value(source, f"{section_name}.{key}", hints[key], value)
-            if (section_name, key) in _SIZE_KEYS and checked:
-                try:
-                    parse_size(checked)
-                except ValueError as error:
-                    raise ConfigError(f"{source}: {section_name}.{key}: {error}") from None
-            setattr(section, key, checked)
+        _fill_section(source, section_name, section, section_value)
     _check_relations(config)
     return config
+
+
+def _fill_section(source: str, section_name: str, section: Any, values: dict[str, Any]) -> None:
+    hints = get_type_hints(type(section))
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(
+                f"{source}: unknown key {section_name}.{key}; keys are {', '.join(sorted(hints))}"
+            )
+        checked = _check_value(source, f"{section_name}.{key}", hints[key], value)
+        if (section_name, key) in _SIZE_KEYS and checked:
+            try:
+                parse_size(checked)
+            except ValueError as error:
+                raise ConfigError(f"{source}: {section_name}.{key}: {error}") from None
+        setattr(section, key, checked)
+
+
+def _library_models(source: str, value: Any) -> list[LibraryModelConfig]:
+    """The `[[models]]` tables, each checked as a section is; names and files are checked by the library."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ConfigError(f"{source}: models must be [[models]] tables")
+    entries = []
+    for number, table in enumerate(value, 1):
+        entry = LibraryModelConfig()
+        _fill_section(source, f"models[{number}]", entry, table)
+        if not entry.name or not entry.path:
+            raise ConfigError(f"{source}: models[{number}] needs a name and a path")
+        unknown = [device for device in entry.devices if device not in ("gpu", "cpu")]
+        if unknown or not entry.devices:
+            raise ConfigError(f'{source}: models[{number}].devices must list "gpu" and/or "cpu"')
+        entries.append(entry)
+    return entries
 
 
 def _check_relations(config: Config) -> None:
@@ -345,8 +403,15 @@ LIVE_SECTIONS = ("failover", "journal")
 LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "jobs_max", "max_body", "allowed_hosts", "allowed_origins")
 
 
+LIVE_LIBRARY_KEYS = ("keep_alive", "stand_in")  # read at each request; a new folder or max waits
+
+
 def is_live(section: str, key: str) -> bool:
-    return section in LIVE_SECTIONS or (section == "server" and key in LIVE_SERVER_KEYS)
+    return (
+        section in LIVE_SECTIONS
+        or (section == "server" and key in LIVE_SERVER_KEYS)
+        or (section == "library" and key in LIVE_LIBRARY_KEYS)
+    )
 
 
 def with_live_changes(current: Config, fresh: Config) -> tuple[Config, list[str], list[str]]:
@@ -357,6 +422,10 @@ def with_live_changes(current: Config, fresh: Config) -> tuple[Config, list[str]
     needs_restart: list[str] = []
     old, new = current.to_dict(), fresh.to_dict()
     for section, values in new.items():
+        if not isinstance(values, dict):  # [[models]]: the library's workers follow it at a restart
+            if old[section] != values:
+                needs_restart.append(section)
+            continue
         for key, value in values.items():
             if old[section][key] == value:
                 continue
@@ -369,12 +438,16 @@ def with_live_changes(current: Config, fresh: Config) -> tuple[Config, list[str]
 
 
 def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
-    return [
-        (section, key)
-        for section, values in new.items()
-        for key, value in values.items()
-        if (old.get(section) or {}).get(key) != value
-    ]
+    changed = []
+    for section, values in new.items():
+        if not isinstance(values, dict):  # [[models]]: one list
+            if old.get(section) != values:
+                changed.append((section, "*"))
+            continue
+        changed += [
+            (section, key) for key, value in values.items() if (old.get(section) or {}).get(key) != value
+        ]
+    return changed
 
 
 def edit_file(path: Path, changes: dict[str, dict[str, Any]]) -> tuple[Config, list[tuple[str, str]]]:
@@ -382,8 +455,13 @@ def edit_file(path: Path, changes: dict[str, dict[str, Any]]) -> tuple[Config, l
     return it with the keys that changed. ConfigError (nothing written) when a value is not allowed."""
     current = load(path)
     data = current.to_dict()
-    merged = {section: dict(values) for section, values in data.items()}
+    merged: dict[str, Any] = {
+        section: dict(values) if isinstance(values, dict) else values for section, values in data.items()
+    }
     for section, values in changes.items():
+        if section == "models":
+            merged["models"] = values  # the whole list, checked as the file's would be
+            continue
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: [{section}] must be a table of keys")
         merged.setdefault(section, {}).update(values)

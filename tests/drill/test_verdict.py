@@ -154,7 +154,7 @@ def test_expectations() -> None:
 
 
 def test_scenario_selection() -> None:
-    assert command.selected_scenarios(None, pressure=False) == list("abcdefg")
+    assert command.selected_scenarios(None, pressure=False) == list("abcdefghij")
     assert command.selected_scenarios(None, pressure=True) == []
     assert command.selected_scenarios(["g", "c,A"], pressure=False) == ["a", "c", "g"]
     with pytest.raises(ValueError, match="unknown scenario z"):

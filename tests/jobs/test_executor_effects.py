@@ -106,7 +106,7 @@ def make_executor(journal: Journal) -> Factory:
         registry = JobRegistry(journal, bus)
         workers = {"gpu": StandInWorker("gpu"), "cpu": StandInWorker("cpu", pid=4343)}
 
-        async def cpu_state(time_left: float) -> policy.CpuState:
+        async def cpu_state(time_left: float, role: str | None = "cpu") -> policy.CpuState:
             return cpu
 
         executor = Executor(
@@ -123,7 +123,7 @@ def make_executor(journal: Journal) -> Factory:
             registry,
             bus,
             cpu_state,
-            lambda messages: ("<prompt>", []),
+            lambda messages, model: ("<prompt>", []),
         )
         return executor, registry, workers
 

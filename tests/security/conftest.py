@@ -17,6 +17,7 @@ from tray_app import config, paths
 from tray_app.contract.events import EventBus
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.library.catalog import Catalog, ModelEntry
 from tray_app.server.app import create_app
 
 BASE_URL = "http://127.0.0.1:8750"
@@ -57,9 +58,21 @@ class StandInService:
         self.workers = {"gpu": SimpleNamespace(state="ready"), "cpu": SimpleNamespace(state="ready")}
         self.plan_set = SimpleNamespace(gpu=SimpleNamespace(n_ctx_per_seq=2048))
         self.tokens = SimpleNamespace(grammar_error=lambda grammar: None)
+        main = ModelEntry(self.model_id, Path(self.model_id), ("default",), main=True)
+        self.catalog = Catalog([main])
+        self.library = SimpleNamespace(
+            roles=lambda entry: {"gpu": "gpu", "cpu": "cpu"},
+            touch=lambda name, keep_alive=None: None,
+        )
 
-    def count_prompt(self, kind: str, body: dict[str, Any]) -> int:
+    def tool_call_opener_for(self, model: str) -> str:
+        return self.tool_call_opener
+
+    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int:
         return 5
+
+    async def stand_in(self, job: Job) -> None:
+        return None  # one model: no stand-in
 
     def spawn(self, job: Job, held_slot: float | None = None) -> None:
         self.spawned.append(job.id)

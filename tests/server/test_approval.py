@@ -97,7 +97,9 @@ def test_rejected_job_ends_with_a_reason(svc: ServiceHandle) -> None:
     wait_replaced(svc, armed["pid"])
 
 
-def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(svc: ServiceHandle) -> None:
+def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(
+    svc: ServiceHandle, model_path: Path
+) -> None:
     armed = arm(svc, "abort", after_tokens=2)
     with pytest.raises(openai.InternalServerError) as raised:
         client_for(svc).chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "3"})
@@ -119,6 +121,9 @@ def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(svc
         "worker": "cpu",
         "attempts": 2,
         "fallback_reason": "crash_abort",
+        "model": model_path.name,  # the model that answered, on the device that answered
+        "device": "cpu",
+        "stand_in_for": None,
     }
     wait_replaced(svc, armed["pid"])
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support.service import ServiceHandle
+from tests.ui.local_server import LocalService
 from tray_app.ui.controller import TrayApp
 
 # Before any QApplication exists (pytest-qt creates it on first use).
@@ -84,9 +85,80 @@ def make_status(
     }
 
 
+def make_library_status(gemma_in_flight: int = 0) -> dict[str, Any]:
+    """`make_status` with a model library: the main model on the GPU and the CPU, gemma3-270m loaded on the
+    GPU with its keep-alive running, phi-4-mini not loaded."""
+    status = make_status()
+    plan = status["plan"]
+    main_vram = plan["weights_bytes"] + plan["kv_bytes"] + plan["compute_bytes"]
+    gemma_plan = {"weights_bytes": 200 * MiB, "kv_bytes": 60 * MiB, "compute_bytes": 40 * MiB, "fits": True}
+    status["models"] = [
+        {
+            "name": "qwen3-0.6b",
+            "aliases": ["default"],
+            "path": "/models/qwen3-0.6b.gguf",
+            "main": True,
+            "devices": ["gpu", "cpu"],
+            "stand_in": "gemma3-270m",
+            "where": "gpu+cpu",
+            "workers": {"gpu": "gpu", "cpu": "cpu"},
+            "vram_bytes": main_vram,
+            "plan": plan,
+            "keep_alive": -1,
+            "idle_seconds": None,
+            "unload_in": None,
+            "in_flight": 1,
+        },
+        {
+            "name": "gemma3-270m",
+            "aliases": [],
+            "path": "/models/gemma3-270m.gguf",
+            "main": False,
+            "devices": ["gpu", "cpu"],
+            "stand_in": None,
+            "where": "gpu",
+            "workers": {"gpu": "gpu@gemma3-270m", "cpu": "cpu@gemma3-270m"},
+            "vram_bytes": 300 * MiB,
+            "plan": gemma_plan,
+            "keep_alive": 300.0,
+            "idle_seconds": None if gemma_in_flight else 258.0,
+            "unload_in": None if gemma_in_flight else 42.0,
+            "in_flight": gemma_in_flight,
+        },
+        {
+            "name": "phi-4-mini",
+            "aliases": ["phi"],
+            "path": "/models/phi-4-mini.gguf",
+            "main": False,
+            "devices": ["cpu"],
+            "stand_in": None,
+            "where": "not loaded",
+            "workers": {"cpu": "cpu@phi-4-mini"},
+            "vram_bytes": 0,
+            "plan": None,
+            "keep_alive": 600.0,
+            "idle_seconds": None,
+            "unload_in": None,
+            "in_flight": 0,
+        },
+    ]
+    status["library_workers"] = {
+        "gpu@gemma3-270m": {"state": "ready", "pid": 5001, "rss_bytes": 210 * MiB, "restarts": 0},
+        "cpu@gemma3-270m": {"state": "stopped", "pid": None, "rss_bytes": None, "restarts": 0},
+    }
+    return status
+
+
 @pytest.fixture
 def status() -> dict[str, Any]:
     return make_status()
+
+
+@pytest.fixture
+def local_service() -> Iterator[LocalService]:
+    service = LocalService()
+    yield service
+    service.close()
 
 
 @pytest.fixture

@@ -7,8 +7,9 @@ from typing import Any
 from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 
+from tests.ui.conftest import MiB, make_library_status, make_status
 from tray_app.budget.sizes import format_size
-from tray_app.ui.budget_bar import SEGMENTS, BudgetBar, plan_segments
+from tray_app.ui.budget_bar import MODEL_COLORS, SEGMENTS, BudgetBar, plan_segments, status_segments
 
 
 def test_segments_follow_the_plan_and_add_up_to_the_device(status: dict[str, Any]) -> None:
@@ -79,3 +80,88 @@ def test_no_plan_yet_shows_placeholders(qtbot: QtBot) -> None:
     bar.set_status({})
     assert bar.device.text() == "no plan yet"
     assert bar.legend_labels["weights"].text() == "Weights —"
+
+
+def test_another_model_on_the_gpu_is_its_own_segment_out_of_free() -> None:
+    status = make_library_status()
+    plan = status["plan"]
+    segments = status_segments(status)
+    assert [s.key for s in segments] == [
+        "weights",
+        "kv",
+        "compute",
+        "model:gemma3-270m",
+        "reserve",
+        "other",
+        "free",
+    ]
+    assert sum(s.bytes for s in segments) == plan["total_bytes"]
+    by_key = {s.key: s for s in segments}
+    gemma = by_key["model:gemma3-270m"]
+    assert (gemma.label, gemma.bytes) == ("gemma3-270m", 300 * MiB)
+    assert gemma.detail == "Weights 200.00 MiB, KV cache 60.00 MiB, Compute 40.00 MiB"
+    assert by_key["free"].bytes == plan["free_bytes"] - 300 * MiB
+    # The main model keeps its own split; the model that is not loaded has no share.
+    assert [by_key[k].bytes for k in ("weights", "kv", "compute")] == [
+        plan["weights_bytes"],
+        plan["kv_bytes"],
+        plan["compute_bytes"],
+    ]
+    assert not any("phi" in s.key for s in segments)
+
+
+def test_models_beyond_the_free_part_come_out_of_other_processes() -> None:
+    status = make_library_status()
+    status["plan"] = dict(status["plan"], free_bytes=100 * MiB)
+    status["plan"]["total_bytes"] = sum(
+        status["plan"][key]
+        for key in (
+            "weights_bytes",
+            "kv_bytes",
+            "compute_bytes",
+            "reserve_bytes",
+            "other_bytes",
+            "free_bytes",
+        )
+    )
+    segments = {s.key: s for s in status_segments(status)}
+    assert segments["free"].bytes == 0
+    assert segments["other"].bytes == status["plan"]["other_bytes"] - 200 * MiB
+    assert sum(s.bytes for s in segments.values()) == status["plan"]["total_bytes"]
+
+
+def test_bar_legend_and_tooltip_name_the_other_model(qtbot: QtBot) -> None:
+    status = make_library_status()
+    bar = BudgetBar()
+    qtbot.addWidget(bar)
+    bar.set_status(status)
+    label = bar.model_legend_labels["model:gemma3-270m"]
+    assert label.text() == "gemma3-270m <b>300.00 MiB</b>"
+    assert (
+        label.toolTip()
+        == "gemma3-270m: 300.00 MiB (Weights 200.00 MiB, KV cache 60.00 MiB, Compute 40.00 MiB)"
+    )
+    assert label.toolTip() in bar.canvas.toolTip()
+    assert format_size(status["plan"]["free_bytes"] - 300 * MiB) in bar.legend_labels["free"].text()
+    # Unloaded: its legend entry goes, and free gets its share back.
+    bar.set_status(make_status())
+    assert bar.model_legend_labels == {}
+    assert bar.model_legend.count() == 0
+    assert format_size(status["plan"]["free_bytes"]) in bar.legend_labels["free"].text()
+
+
+def test_painted_bar_shows_the_other_model_in_its_colour(qtbot: QtBot) -> None:
+    bar = BudgetBar()
+    qtbot.addWidget(bar)
+    bar.resize(600, 200)
+    bar.set_status(make_library_status())
+    bar.show()
+    qtbot.waitExposed(bar)
+    canvas = bar.canvas
+    image = canvas.grab().toImage()
+    widths = canvas.segment_widths(canvas.width() - 1)
+    index = [s.key for s in canvas.segments].index("model:gemma3-270m")
+    middle = 0.5 + sum(widths[:index]) + widths[index] / 2
+    assert widths[index] >= 6
+    pixel = image.pixelColor(int(middle), image.height() // 2)
+    assert pixel.name() == MODEL_COLORS[0]

@@ -1,10 +1,16 @@
-"""The badge under an answer: who served it, why, and how fast."""
+"""The badges under an answer: who served it, why, and how fast; which model on which device."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from tray_app.ui.chat import Badge, answer_badge
+import pytest
+from pytestqt.qtbot import QtBot
+
+from tests.ui.local_server import LocalService
+from tray_app.ui.api_client import ServiceClient
+from tray_app.ui.chat import Badge, ChatWindow, answer_badge, model_badge, with_header_model
+from tray_app.ui.qt_events import QtEventBridge
 
 
 @pytest.mark.parametrize(
@@ -47,3 +53,86 @@ def test_tooltip_spells_out_the_reason_code() -> None:
 
 def test_no_rate_from_a_single_token() -> None:
     assert answer_badge({"worker": "gpu", "attempts": 1}, tokens=1, seconds=0.5).text == "GPU"
+
+
+STAND_IN = {
+    "worker": "gpu@gemma3-270m",
+    "attempts": 1,
+    "fallback_reason": None,
+    "model": "gemma3-270m",
+    "device": "gpu",
+    "stand_in_for": "qwen3-8b",
+}
+
+
+def test_a_stand_in_answer_names_the_model_and_the_one_it_stood_in_for() -> None:
+    assert answer_badge(STAND_IN, tokens=80, seconds=2.0).text == "GPU · 40.0 tok/s"
+    badge = model_badge(STAND_IN)
+    assert badge is not None
+    assert (badge.kind, badge.text) == ("stand_in", "gemma3-270m on GPU · stand-in for qwen3-8b")
+    assert badge.detail == (
+        "Answered by gemma3-270m on the GPU, standing in for qwen3-8b, which could not answer on the GPU"
+    )
+
+
+@pytest.mark.parametrize(
+    "failsoft",
+    [
+        {"worker": "cpu@gemma3-270m", "attempts": 1, "model": "gemma3-270m", "device": "cpu"},
+        {"worker": "cpu@gemma3-270m", "attempts": 1, "model": "gemma3-270m"},  # no device: from the role
+        {"worker": "cpu", "attempts": 1, "model": "gemma3-270m", "device": "cpu", "stand_in_for": None},
+    ],
+)
+def test_a_cpu_answer_is_never_called_gpu(failsoft: dict[str, object]) -> None:
+    badge = answer_badge(failsoft, tokens=80, seconds=2.0)
+    assert (badge.kind, badge.text) == ("cpu", "CPU · 40.0 tok/s")
+    named = model_badge(failsoft)
+    assert named is not None and (named.kind, named.text) == ("cpu", "gemma3-270m on CPU")
+
+
+def test_the_main_model_on_the_gpu() -> None:
+    badge = model_badge({"worker": "gpu", "model": "qwen3-8b", "device": "gpu", "stand_in_for": None})
+    assert badge is not None and (badge.kind, badge.text) == ("gpu", "qwen3-8b on GPU")
+
+
+def test_a_service_that_names_no_model_shows_no_model_badge() -> None:
+    assert model_badge({"worker": "gpu", "attempts": 1}) is None
+
+
+def test_headers_fill_in_the_model_but_not_a_device_the_answer_contradicts() -> None:
+    headers = {"x-failsoft-model": "qwen3-8b", "x-failsoft-device": "gpu"}
+    # A job read back after a failover: its worker is the CPU, whatever the first headers said.
+    info = with_header_model({"worker": "cpu", "attempts": 2, "fallback_reason": "oom_decode"}, headers)
+    named = model_badge(info)
+    assert named is not None and named.text == "qwen3-8b on CPU"
+    assert answer_badge(info, 0, 0.0).kind == "failover"
+    # The answer's own model wins over the headers.
+    assert with_header_model(STAND_IN, headers)["model"] == "gemma3-270m"
+
+
+def test_the_chat_window_shows_both_badges_for_a_stand_in_answer(
+    qtbot: QtBot, local_service: LocalService
+) -> None:
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "Hello"}}]},
+        {"choices": [{"index": 0, "delta": {"content": " there"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "failsoft": STAND_IN},
+    ]
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    headers = {
+        "Content-Type": "text/event-stream",
+        "X-Failsoft-Model": "gemma3-270m",
+        "X-Failsoft-Device": "gpu",
+    }
+    local_service.answer("POST", "/v1/chat/completions", 200, body.encode(), headers)
+    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
+    qtbot.addWidget(chat)
+    chat.input.setPlainText("Hi")
+    with qtbot.waitSignal(chat.answer_finished, timeout=10_000) as finished:
+        chat.send()
+    assert finished.args == ["gpu"]
+    answer = chat.answers[-1]
+    assert answer.text.text() == "Hello there"
+    assert answer.badge.text().startswith("GPU")
+    assert answer.model_badge.text() == "gemma3-270m on GPU · stand-in for qwen3-8b"
+    assert not answer.model_badge.isHidden()

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from tests.ui.conftest import make_status
-from tray_app.ui.state import DEGRADED, DOWN, SERVING, summarize
+from tests.ui.conftest import make_library_status, make_status
+from tray_app.ui.state import (
+    DEGRADED,
+    DOWN,
+    SERVING,
+    WHERE_WORDS,
+    device_name,
+    gpu_guests,
+    library,
+    model_line,
+    summarize,
+)
 
 
 def test_gpu_ready_is_serving_and_marked_simulated() -> None:
@@ -65,3 +75,34 @@ def test_starting_service_is_amber_not_down() -> None:
     assert summary.headline == "Starting the service…"
     # Once the service answers, its own state wins.
     assert summarize(make_status(), reachable=True, starting=True).level == SERVING
+
+
+# Every value of ModelStatus.where (until the contract names them).
+WHERE_VALUES = ("gpu", "cpu", "gpu+cpu", "loading", "unloading", "not loaded")  # ModelStatus.where
+
+
+def test_every_place_a_model_can_be_has_words() -> None:
+    missing = [where for where in WHERE_VALUES if where not in WHERE_WORDS]
+    assert not missing, f"no words in the tray for {missing}"
+
+
+def test_a_model_line_names_where_vram_and_the_keep_alive() -> None:
+    main, gemma, phi = library(make_library_status())
+    assert (
+        model_line(main) == "qwen3-0.6b · main · on the GPU and the CPU · 344.00 MiB VRAM · 1 request running"
+    )
+    assert model_line(gemma) == "gemma3-270m · on the GPU · 300.00 MiB VRAM · unloads in 42 s"
+    assert model_line(dict(gemma, unload_in=754.0)) == (
+        "gemma3-270m · on the GPU · 300.00 MiB VRAM · unloads in 12 min 34 s"
+    )
+    assert model_line(phi) == "phi-4-mini · not loaded"
+    assert model_line(dict(phi, where="loading")) == "phi-4-mini · loading…"
+
+
+def test_only_other_models_holding_vram_are_gpu_guests() -> None:
+    assert [m["name"] for m in gpu_guests(make_library_status())] == ["gemma3-270m"]
+    assert gpu_guests(make_status()) == []
+
+
+def test_an_unknown_device_keeps_its_own_name() -> None:
+    assert (device_name("gpu"), device_name("cpu"), device_name("npu")) == ("GPU", "CPU", "NPU")

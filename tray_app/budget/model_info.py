@@ -15,11 +15,17 @@ from typing import Any
 from tray_app import paths
 
 log = logging.getLogger(__name__)
-_CACHE_FORMAT = 3
+_CACHE_FORMAT = 4
 # Already read in this process, by (path, size, mtime): the service re-plans often (config reload, pressure).
 _memo: dict[tuple[str, int, int], ModelInfo] = {}
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 _READ_ERRORS = (OSError, ValueError, IndexError, KeyError, TypeError, OverflowError)
+# Architectures whose sliding-window layers llama.cpp caches apart, each in a window-sized cache
+# (llama_kv_cache_iswa), with the pattern it assumes when the file names none: every n-th layer attends to the
+# whole context, the others to the last `sliding_window` tokens. Checked against the KV buffers llama-server
+# prints. Other architectures with a sliding window are planned with full-size caches: more than llama.cpp
+# allocates, never less.
+SWA_PATTERNS = {"gemma3": 6}
 
 
 class ModelFileError(ValueError):
@@ -46,6 +52,8 @@ class ModelInfo:
     output_layer_bytes: int  # what goes to the output device: output norm + output (the embedding when tied)
     tied_embeddings: bool  # no output matrix in the file: llama.cpp copies the token embedding for the output
     chat_template: str = ""  # the model's own Jinja chat template ("tokenizer.chat_template"), if any
+    n_swa: int = 0  # the sliding window in tokens of the layers flagged in swa_layers
+    swa_layers: tuple[bool, ...] = ()  # per layer: attends to a sliding window only; empty: no such layer
 
     @property
     def weights_bytes(self) -> int:
@@ -59,6 +67,7 @@ class ModelInfo:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["n_head_kv"] = list(self.n_head_kv)
+        data["swa_layers"] = list(self.swa_layers)
         data["layer_bytes"] = list(self.layer_bytes)
         data["weights_bytes"] = self.weights_bytes
         return data
@@ -84,6 +93,17 @@ def _per_layer(value: Any, n_layers: int, default: int) -> tuple[int, ...]:
             raise ValueError(f"per-layer value has {len(value)} entries for {n_layers} layers")
         return tuple(int(v) for v in value)
     return (int(value),) * n_layers
+
+
+def _swa_layers(pattern: Any, n_layers: int, default_pattern: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window, as llama.cpp decides (load_swa_pattern): a per-layer list in the
+    file, else every n-th layer (n from the file, else the architecture's) attends to everything."""
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise ValueError(f"sliding window pattern has {len(pattern)} entries for {n_layers} layers")
+        return tuple(bool(v) for v in pattern)
+    n_pattern = default_pattern if pattern is None else int(pattern)
+    return tuple(n_pattern == 0 or layer % n_pattern < n_pattern - 1 for layer in range(n_layers))
 
 
 def _reader_class() -> Any:
@@ -144,7 +164,10 @@ def _cached(path: Path) -> ModelInfo | None:
             return None
         data = {f.name: data[f.name] for f in fields(ModelInfo)}
         data.update(
-            path=str(path), n_head_kv=tuple(data["n_head_kv"]), layer_bytes=tuple(data["layer_bytes"])
+            path=str(path),
+            n_head_kv=tuple(data["n_head_kv"]),
+            layer_bytes=tuple(data["layer_bytes"]),
+            swa_layers=tuple(data["swa_layers"]),
         )
         return ModelInfo(**data)
     except FileNotFoundError:
@@ -209,6 +232,14 @@ def _inspect(path: Path) -> ModelInfo:
         n_ctx_train = _required_int(reader, path, f"{arch}.context_length")
         n_ff_value = _field(reader, f"{arch}.feed_forward_length")
         chat_template = _field(reader, "tokenizer.chat_template")
+        n_swa = int(_field(reader, f"{arch}.attention.sliding_window") or 0) if arch in SWA_PATTERNS else 0
+        swa_layers = (
+            _swa_layers(
+                _field(reader, f"{arch}.attention.sliding_window_pattern"), n_layers, SWA_PATTERNS[arch]
+            )
+            if n_swa > 0
+            else ()
+        )
     except _READ_ERRORS as error:
         raise ModelFileError(f"{path}: unexpected GGUF metadata ({error})") from None
     n_ff = int(max(n_ff_value) if isinstance(n_ff_value, list) else (n_ff_value or 4 * n_embd))
@@ -237,4 +268,6 @@ def _inspect(path: Path) -> ModelInfo:
         output_layer_bytes=output_bytes,
         tied_embeddings=tied,
         chat_template=chat_template if isinstance(chat_template, str) else "",
+        n_swa=n_swa if any(swa_layers) else 0,
+        swa_layers=swa_layers if any(swa_layers) else (),
     )

@@ -7,9 +7,11 @@ import json
 import sys
 
 from tray_app import cli, config
+from tray_app.budget.library_plan import ModelPlans, library_share, plan_library_model
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.budget.planner import Plan, PlanError
 from tray_app.budget.sizes import format_size, parse_size
+from tray_app.library.catalog import catalog_from_config
 
 BAR_WIDTH = 32
 
@@ -112,6 +114,41 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def library_lines(library: list[ModelPlans], share: int) -> list[str]:
+    """Each other model's share of the GPU (all its layers, or the CPU only) and whether all fit at once."""
+    if not library:
+        return []
+    lines = ["", f"other models (loaded on demand, in the {format_size(share)} the main model leaves):"]
+    for plans in library:
+        gpu = plans.gpu
+        where = (
+            f"GPU {format_size(plans.vram_bytes)} (weights {format_size(gpu.weights_bytes)}, KV "
+            f"{format_size(gpu.kv_bytes)}, compute {format_size(gpu.compute_bytes)}; n_ctx {gpu.n_ctx}, "
+            f"{gpu.n_parallel} slots)"
+            if gpu is not None
+            else f"CPU only: {plans.gpu_note}"
+        )
+        cpu = (
+            f"; CPU n_ctx {plans.cpu.n_ctx}, {format_size(plans.cpu.used_bytes)} of RAM" if plans.cpu else ""
+        )
+        lines.append(f"  {plans.name}: {where}{cpu}")
+    together = sum(plans.vram_bytes for plans in library)
+    verdict = (
+        "all fit at once" if together <= share else "not all at once: idle ones are unloaded to make room"
+    )
+    lines.append(f"  together on the GPU: {format_size(together)} of {format_size(share)} ({verdict})")
+    return lines
+
+
+def library_plans(cfg: config.Config, plans: PlanSet) -> tuple[list[ModelPlans], int]:
+    """The library's models planned beside the main model's plans, and the GPU share they have."""
+    catalog = catalog_from_config(cfg)
+    share = library_share(plans)
+    return [plan_library_model(cfg, entry, plans) for entry in catalog.others()], (
+        share.free_bytes if share else 0
+    )
+
+
 def plan_json(plans: PlanSet) -> dict[str, object]:
     """The GPU plan's keys at the top level (sizes in bytes); the device, model and CPU plan beside them."""
     return {
@@ -132,12 +169,18 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--vram must be a positive size")
         cfg, notes = _apply_overrides(args)
         plans = plan_from_config(cfg, vram_override=vram)
+        library, share = library_plans(cfg, plans)
     except (ValueError, PlanError) as error:
         # ConfigError, ModelFileError and PlanError are ValueErrors with messages meant for the user.
         print(f"failsoft plan: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({**plan_json(plans), "notes": notes}, indent=2))
+        models = [model.to_dict() for model in library]
+        print(
+            json.dumps(
+                {**plan_json(plans), "models": models, "library_share_bytes": share, "notes": notes}, indent=2
+            )
+        )
     else:
-        print(render_table(plans, notes))
+        print("\n".join([render_table(plans, notes), *library_lines(library, share)]))
     return 0

@@ -128,9 +128,23 @@ def padded_context(n_ctx: int, n_parallel: int) -> tuple[int, int]:
     return per_seq * n_parallel, per_seq
 
 
-def kv_cache_bytes(model: ModelInfo, n_ctx: int, request: PlanRequest, layers: range | None = None) -> int:
-    """Σ over layers of n_ctx × (row of K + row of V): exactly what llama.cpp allocates for these layers."""
+def kv_cache_bytes(
+    model: ModelInfo,
+    n_ctx: int,
+    request: PlanRequest,
+    layers: range | None = None,
+    n_parallel: int | None = None,
+) -> int:
+    """Σ over layers of cells × (row of K + row of V): exactly what llama.cpp allocates for these layers.
+
+    A layer has n_ctx cells, except a sliding-window layer (llama_kv_cache_iswa): each of the `n_parallel`
+    sequences (default: the request's) keeps its window plus one ubatch, padded to 256, at most its own
+    context. That is llama-server's cache as the workers run it (no --swa-full, no --kv-unified).
+    """
     layers = layers if layers is not None else range(model.n_layers)
+    n_parallel = n_parallel or request.n_parallel
+    window = min(n_ctx // n_parallel, model.n_swa + request.n_ubatch)
+    swa_cells = n_parallel * -(-window // CTX_PAD) * CTX_PAD
     # Without flash attention V is stored transposed, every layer padded to the widest V (llama.cpp does so).
     widest_v = max(model.n_head_kv, default=0) * model.head_dim_v
     total = 0
@@ -140,7 +154,8 @@ def kv_cache_bytes(model: ModelInfo, n_ctx: int, request: PlanRequest, layers: r
             continue  # a layer without attention has no cache
         k_row = cache_row_bytes(request.cache_type_k, n_head_kv * model.head_dim_k)
         v_width = n_head_kv * model.head_dim_v if request.flash_attn else widest_v
-        total += n_ctx * (k_row + cache_row_bytes(request.cache_type_v, v_width))
+        cells = swa_cells if model.swa_layers and model.swa_layers[layer] else n_ctx
+        total += cells * (k_row + cache_row_bytes(request.cache_type_v, v_width))
     return total
 
 
@@ -248,7 +263,9 @@ class _Budget:
     def need(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> int:
         if n_gpu_layers == 0:
             return 0
-        kv = kv_cache_bytes(self.model, n_ctx, self.request, _gpu_blocks(self.model, n_gpu_layers))
+        kv = kv_cache_bytes(
+            self.model, n_ctx, self.request, _gpu_blocks(self.model, n_gpu_layers), n_parallel
+        )
         return self.weights(n_gpu_layers) + kv + self.compute(n_ctx, n_parallel)[0] + self.output(n_parallel)
 
     def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> bool:
@@ -276,7 +293,7 @@ class _Budget:
     def plan(self, verdict: Verdict, n_gpu_layers: int, n_ctx: int, n_parallel: int, reason: str) -> Plan:
         model, request, device = self.model, self.request, self.device
         on_gpu = _gpu_blocks(model, n_gpu_layers)
-        kv = kv_cache_bytes(model, n_ctx, request, on_gpu) if n_gpu_layers else 0
+        kv = kv_cache_bytes(model, n_ctx, request, on_gpu, n_parallel) if n_gpu_layers else 0
         compute, source = self.compute(n_ctx, n_parallel) if n_gpu_layers else (0, "estimate")
         weights = self.weights(n_gpu_layers)
         other = min(device.used_by_others_bytes, device.total_bytes)
@@ -308,7 +325,7 @@ class _Budget:
             n_ubatch=request.n_ubatch,
             compute_source=source,
             host_weights_bytes=0 if self.host else host_weights_bytes(model, n_gpu_layers),
-            host_kv_bytes=kv_cache_bytes(model, n_ctx, request) - kv,
+            host_kv_bytes=kv_cache_bytes(model, n_ctx, request, None, n_parallel) - kv,
         )
 
 

@@ -112,6 +112,7 @@ class ApprovalNeeded(Event):
     job_id: str
     estimated_seconds: float
     preview: str
+    stand_in: str | None = None  # a smaller model the user may pick instead: it answers on the GPU now
 
 
 @dataclass(frozen=True)

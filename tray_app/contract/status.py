@@ -31,6 +31,25 @@ class WorkerStatus(TypedDict, total=False):
     slots: int
 
 
+class ModelStatus(TypedDict):
+    """One model of the library (`GET /failsoft/status` "models", `GET /v1/models` "failsoft")."""
+
+    name: str  # what a request's `model` names (aliases also work)
+    aliases: list[str]
+    path: str
+    main: bool  # the config's [model]: its GPU and CPU workers are the "gpu" and "cpu" ones, always kept
+    devices: list[str]  # where it may run: "gpu", "cpu"
+    stand_in: str | None  # the smaller model that may answer on the GPU when this one cannot
+    where: str  # "gpu", "cpu", "gpu+cpu", "loading", "unloading" or "not loaded"
+    workers: dict[str, str]  # device -> worker role ("gpu", "cpu" for the main model; "gpu@name", ...)
+    vram_bytes: int  # the planned GPU share of its GPU worker while loaded (weights + KV + compute), else 0
+    plan: dict[str, Any] | None  # its GPU plan (budget split) when it may use the GPU and one fits
+    keep_alive: float  # seconds it stays loaded after its last request; -1: always
+    idle_seconds: float | None  # since its last request ended; None while one runs or never used
+    unload_in: float | None  # seconds until its keep-alive ends; None: not loaded, busy or kept
+    in_flight: int  # requests on its workers now
+
+
 class ServiceStatus(TypedDict):
     version: str
     simulated: bool
@@ -44,7 +63,9 @@ class ServiceStatus(TypedDict):
     cpu_plan: dict[str, Any]
     embeddings_plan: dict[str, Any] | None
     caps: dict[str, int]
-    workers: dict[str, WorkerStatus]  # gpu, cpu
+    workers: dict[str, WorkerStatus]  # gpu, cpu (the main model's)
+    models: list[ModelStatus]  # the main model first, then the library's
+    library_workers: dict[str, WorkerStatus]  # gpu@name, cpu@name of the library's other models
     embedding_workers: dict[str, WorkerStatus]  # gpu-embed, cpu-embed
     queue: dict[str, int]
     approvals: dict[str, int]
@@ -60,6 +81,9 @@ class JobSummary(TypedDict):
     state: str  # a JobState
     route: str
     worker: str | None
+    model: str  # the model that answered (or answers) on its route
+    stand_in_for: str | None  # the model the client asked for, when a stand-in answered
+    stand_in_offer: str | None  # awaiting approval: a smaller model the user may pick (GPU, now)
     attempts: int
     fallback_reason: str | None
     estimated_seconds: float | None

@@ -64,3 +64,5 @@ class Reason(StrEnum):
     FALLBACK_DISABLED = "fallback_disabled"
     CONTEXT_EXCEEDED = "context_length_exceeded"
     APPROVAL_BACKLOG_FULL = "approval_backlog_full"
+    STAND_IN = "stand_in"  # the asked model could not use the GPU; its smaller stand-in answered there
+    MODEL_DOES_NOT_FIT = "model_does_not_fit"  # no room on the GPU even after unloading idle models

@@ -114,8 +114,10 @@ class ServiceClient:
         await self.http.aclose()
 
     # ------------------------------------------------------------------------------- control API
-    async def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        response = await self.http.request(method, path, json=body, timeout=30)
+    async def _json(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        response = await self.http.request(method, path, json=body, timeout=timeout)
         try:
             data: dict[str, Any] = response.json()
         except ValueError:
@@ -136,6 +138,13 @@ class ServiceClient:
 
     async def pressure(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self._json("POST", "/failsoft/debug/pressure", body)
+
+    async def model_action(
+        self, name: str, action: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """`POST /failsoft/models/{name}/load` (body: {"device": ...}) or `/unload`; the model's status."""
+        # A load waits for the worker to be ready (the service's start timeout), longer than a control call.
+        return await self._json("POST", f"/failsoft/models/{name}/{action}", body or {}, REQUEST_TIMEOUT)
 
     async def job(self, job_id: str) -> dict[str, Any]:
         return await self._json("GET", f"/v1/jobs/{job_id}")

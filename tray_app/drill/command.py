@@ -34,7 +34,8 @@ Progress = Callable[[str], None]
 
 
 def selected_scenarios(requested: list[str] | None, *, pressure: bool) -> list[str]:
-    """The scenario keys to run, in order: all by default, none with --pressure alone; "a,b" works too."""
+    """The scenario keys to run, in order: all (a to j) by default, none with --pressure alone; "h,i,j"
+    works too."""
     if not requested:
         return [] if pressure else list(SCENARIOS)
     keys = [key.strip().lower() for item in requested for key in item.split(",") if key.strip()]
@@ -118,6 +119,8 @@ async def drill(
     launched: bool,
     progress: Progress,
     api_key: str = "",
+    stand_in_enabled: bool = True,
+    max_loaded: int | None = None,
 ) -> DrillReport:
     client = ServiceClient(url, api_key)
     events = EventLog(client)
@@ -131,7 +134,7 @@ async def drill(
         if pressure is not None:
             progress(f"memory pressure: taking {pressure} bytes")
             report.pressure = await apply_pressure(client, pressure)
-        ctx = DrillContext(client, events, status)
+        ctx = DrillContext(client, events, status, stand_in_enabled, max_loaded)
         for key in keys:
             progress(f"scenario {key}: {TITLES[key]}")
             report.scenarios.append(await _play(ctx, key))
@@ -149,13 +152,34 @@ def _run_drill(
 ) -> DrillReport:
     cfg = load_config(args)
     if args.url:
-        # A service on this machine is usually the configured one: its API key (if any) is the config's.
-        key = cfg.server.api_key
-        return asyncio.run(drill(args.url, keys, pressure, launched=False, progress=progress, api_key=key))
+        # A service on this machine is usually the configured one: its API key (if any) is the config's,
+        # and so are its library settings, which its status does not show.
+        return asyncio.run(
+            drill(
+                args.url,
+                keys,
+                pressure,
+                launched=False,
+                progress=progress,
+                api_key=cfg.server.api_key,
+                stand_in_enabled=cfg.library.stand_in == "auto",
+                max_loaded=cfg.library.max_loaded,
+            )
+        )
     settings = drill_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
     progress("starting `failsoft serve --enable-faults` for the drill (stopped at the end)")
     with launched_service(settings) as service:
-        return asyncio.run(drill(service.base_url, keys, pressure, launched=True, progress=progress))
+        return asyncio.run(
+            drill(
+                service.base_url,
+                keys,
+                pressure,
+                launched=True,
+                progress=progress,
+                stand_in_enabled=settings["library"]["stand_in"] == "auto",
+                max_loaded=int(settings["library"]["max_loaded"]),
+            )
+        )
 
 
 def run(args: argparse.Namespace) -> int:

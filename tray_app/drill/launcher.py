@@ -20,6 +20,7 @@ import tomli_w
 
 from tray_app.config import Config, from_dict
 from tray_app.host.launch import ServeProcess, spawn_serve, stop_process_tree, workers_ready
+from tray_app.library.catalog import catalog_from_config
 
 READY_TIMEOUT = 180.0
 # The drill's GPU slots get a small context and the CPU's larger ones, so that a request can exceed the GPU
@@ -35,6 +36,15 @@ DRILL_SUPERVISOR = {
     "stable_after": 1.0,
 }
 
+# Scenarios h to j need a library model with a stand-in and a second library model. When the config names no
+# model with a stand-in, the drill adds two: the main model's own GGUF under other names (the drill checks
+# routing, not answers), each with an explicit context so its plan is predictable. One library model loaded
+# on the GPU at a time, so that loading a second one must unload the first (scenario j).
+DRILL_BIG = "drill-big"
+DRILL_OTHER = "drill-other"
+DRILL_MODEL_CTX = 1024
+DRILL_MAX_LOADED = 1
+
 
 class LaunchError(RuntimeError):
     """The service did not come up; the message carries what it printed."""
@@ -42,7 +52,8 @@ class LaunchError(RuntimeError):
 
 def drill_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
     """The user's config with what a drill needs: faults allowed by the command line, a GPU context smaller
-    than the CPU's, fast health checks, automatic fallback with resumed streams, loopback only."""
+    than the CPU's, fast health checks, automatic fallback with resumed streams, loopback only, stand-ins
+    allowed, one library model on the GPU at a time, and library models for the ladder (`drill_models`)."""
     data = cfg.to_dict()
     if simulate_vram:
         data["device"]["simulate_vram"] = simulate_vram
@@ -51,8 +62,56 @@ def drill_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
     data["server"].update(host="127.0.0.1", api_key="", queue_timeout=120.0)
     data["failover"].update(fallback="auto", stream_after_content="resume", deadline=120.0)
     data["supervisor"].update(DRILL_SUPERVISOR)
-    from_dict(data, source="drill config")  # fails here, with the key named, rather than in the child
+    data["library"].update(stand_in="auto", max_loaded=DRILL_MAX_LOADED)
+    data["models"] = [*drill_models(cfg), *data["models"]]  # first: the scenarios take the first that fit
+    # Fails here, with the key or model named, rather than in the child.
+    catalog_from_config(from_dict(data, source="drill config"))
     return data
+
+
+def drill_models(cfg: Config) -> list[dict[str, Any]]:
+    """The library models the drill adds to `cfg`'s for scenarios h to j: none when the config already has
+    a model with a stand-in (that may use the GPU) and a second one; else `drill-big` (its stand-in the main
+    model) and/or `drill-other`, both the main model's GGUF."""
+    main = cfg.model_path()
+    taken = {main.name, main.stem, str(main), "default"}
+    for model in cfg.models:
+        taken |= {model.name, *model.aliases}
+    big = next(
+        (model for model in cfg.models if model.stand_in and "gpu" in model.devices and model.name), None
+    )
+    others = [
+        model
+        for model in cfg.models
+        if big is not None and model is not big and model.name != big.stand_in and "gpu" in model.devices
+    ]
+    added: list[dict[str, Any]] = []
+    if big is None:
+        added.append(_drill_model(_free_name(DRILL_BIG, taken), str(main), stand_in=main.name))
+    if not others:
+        added.append(_drill_model(_free_name(DRILL_OTHER, taken), str(main)))
+    return added
+
+
+def _drill_model(name: str, path: str, stand_in: str = "") -> dict[str, Any]:
+    return {
+        "name": name,
+        "path": path,
+        "n_ctx": DRILL_MODEL_CTX,
+        "n_parallel": 1,
+        "devices": ["gpu", "cpu"],
+        "stand_in": stand_in,
+        "keep_alive": "-1",  # only the drill unloads them (or the eviction rule)
+    }
+
+
+def _free_name(base: str, taken: set[str]) -> str:
+    name, number = base, 1
+    while name in taken:
+        number += 1
+        name = f"{base}-{number}"
+    taken.add(name)
+    return name
 
 
 def service_status(base_url: str) -> dict[str, Any] | None:

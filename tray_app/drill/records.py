@@ -60,6 +60,11 @@ class ScenarioRecord:
     doubled: int = 0
     notes: list[str] = field(default_factory=list)
     skipped: str = ""  # why the scenario could not run against this service
+    # Who answered: "<model> on GPU|CPU" (", stand-in for <asked>"), one per answer ("; " between them), and
+    # who should have (empty: not checked). Checks beyond the route decision that failed (eviction, pids).
+    answered_by: str = ""
+    expected_answerer: str = ""
+    failed_checks: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def set_output(self, text: str) -> None:
@@ -86,7 +91,21 @@ def verdict(record: ScenarioRecord) -> list[str]:
         )
     if not record.decision_ok:
         problems.append(f"unexpected decision: expected {record.expected}, got {record.actual}")
+    if record.expected_answerer and record.answered_by != record.expected_answerer:
+        problems.append(f"answered by {record.answered_by or 'nobody'}, expected {record.expected_answerer}")
+    problems += record.failed_checks
     return problems
+
+
+def answerer(failsoft: dict[str, Any] | None) -> str:
+    """Who answered, from an answer's failsoft object: "<model> on GPU" (", stand-in for <asked>")."""
+    if not failsoft:
+        return ""
+    device = str(failsoft.get("device") or str(failsoft.get("worker") or "").partition("@")[0])
+    described = f"{failsoft.get('model') or '?'} on {device.upper() or '?'}"
+    if failsoft.get("stand_in_for"):
+        described += f", stand-in for {failsoft['stand_in_for']}"
+    return described
 
 
 @dataclass(frozen=True)
@@ -117,7 +136,7 @@ class JobTrace:
         return float(failed.get("ended_at") or 0.0), kind.strip(), message.strip()
 
     def cpu_started(self) -> float | None:
-        cpu = next((attempt for attempt in self.attempts if attempt.get("worker") == "cpu"), None)
+        cpu = next((attempt for attempt in self.attempts if _on_cpu(str(attempt.get("worker")))), None)
         return float(cpu["started_at"]) if cpu is not None else None
 
     def completed_attempts(self) -> int:
@@ -136,6 +155,11 @@ class JobTrace:
     def refusal_detail(self) -> str:
         refused = [event for event in self.events if event.type == "fallback_refused"]
         return str(refused[-1].data.get("detail", "")) if refused else ""
+
+
+def _on_cpu(worker: str) -> bool:
+    """The main model's CPU worker ("cpu") or a library model's ("cpu@name")."""
+    return worker.partition("@")[0] == "cpu"
 
 
 def account(answer: Answer, trace: JobTrace | None, *, client_closed: bool = False) -> tuple[int, int, str]:

@@ -59,7 +59,7 @@ def _error(record: ScenarioRecord) -> str:
 
 def _row(record: ScenarioRecord) -> list[str]:
     if record.skipped:
-        return [record.key, record.title, "skipped", "", "", "", "", "", "", ""]
+        return [record.key, record.title, "skipped", "", "", "", "", "", "", "", ""]
     tools = f"{record.tool_executions}/{record.tool_calls_intended}" if record.tool_calls_intended else "-"
     same = {None: "", True: " (=)", False: " (differs)"}[record.same_as_unfaulted]
     return [
@@ -67,6 +67,7 @@ def _row(record: ScenarioRecord) -> list[str]:
         record.title,
         "ok" if not record.problems else "FAIL",
         record.actual,
+        record.answered_by or "-",
         _error(record),
         _seconds(record.cpu_started_at),
         _seconds(record.total_seconds),
@@ -81,6 +82,7 @@ HEADER = [
     "scenario",
     "result",
     "decision (route, reason -> state)",
+    "answered by",
     "first error",
     "CPU start",
     "total",
@@ -122,6 +124,9 @@ def _details(record: ScenarioRecord) -> list[str]:
         f"   expected {record.expected}; got {record.actual}",
         f"   why: {record.decision_why or '-'}",
     ]
+    if record.answered_by or record.expected_answerer:
+        expected = f" (expected {record.expected_answerer})" if record.expected_answerer else ""
+        lines.append(f"   answered by {record.answered_by or 'nobody'}{expected}")
     if record.first_error_kind:
         lines.append(f"   first error {_error(record)}: {record.first_error_message}")
     lines.append(f"   jobs {', '.join(record.job_ids) or '-'}; answer sha256 {record.output_sha256}")
@@ -155,7 +160,7 @@ def text(report: DrillReport) -> str:
             "",
             "conn: the client's connection ended normally (closed*: closed by the "
             "client on purpose); tools: executions/intended calls; (=): same answer as a run without "
-            "faults",
+            "faults; answered by: the model and device that answered (a stand-in says for which model)",
             "",
         ]
         for record in report.scenarios:

@@ -1,4 +1,5 @@
-"""The drill's scenarios, a to g. Each plays one situation against the real service and returns its record,
+"""The drill's scenarios, a to j (h to j, the model library's ladder and eviction: tray_app.drill.ladder).
+Each plays one situation against the real service and returns its record,
 read from what the client received, the job's journal record (/v1/jobs/{id}) and the service's events."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tray_app.drill.records import (
     JobTrace,
     ScenarioRecord,
     account,
+    answerer,
     explain,
 )
 from tray_app.jobs import policy
@@ -53,6 +55,9 @@ TITLES = {
     "e": "agent turn with a simulated tool under a GPU fault",
     "f": "GPU worker crash mid-generation (abort)",
     "g": "GPU worker hangs mid-generation (SIGSTOP, streamed)",
+    "h": "GPU pressure: a big model's request answered by its stand-in",
+    "i": "GPU pressure, stand-in refused: the big model on its CPU",
+    "j": "eviction: an idle model makes room, a busy one never",
 }
 
 
@@ -61,6 +66,10 @@ class DrillContext:
     client: ServiceClient
     events: EventLog
     status: ServiceStatus
+    # The library settings the service runs with (not in its status): the drill's own service sets them;
+    # against --url they are this machine's config, as for the API key. None: not known.
+    stand_in_enabled: bool = True
+    max_loaded: int | None = None
     _reference: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -113,6 +122,17 @@ class DrillContext:
         )
         return _expectation(policy.decide_route(request, self.cpu_state(), self.policy_settings), ())
 
+    def expect_cpu_route(
+        self, prompt_tokens: int, max_tokens: int, n_ctx_per_seq: int, cpu_n_ctx: int
+    ) -> Expectation:
+        """A new request for a model that cannot use the GPU now: its CPU worker (`cpu_n_ctx` per slot) by the
+        policy, as the service decides with gpu_available False. `n_ctx_per_seq`: the model's context per
+        request as the service counts it (its GPU plan's, or its CPU plan's without one)."""
+        request = policy.RouteRequest(prompt_tokens, max_tokens, n_ctx_per_seq, False, self._deadline())
+        speed = float(self.status["policy"].get("cpu_tokens_per_second") or 0.0)
+        cpu = policy.CpuState(True, True, True, speed, cpu_n_ctx)
+        return _expectation(policy.decide_route(request, cpu, self.policy_settings), ())
+
     def expect_replay(
         self, *, streamed: bool, content_delivered: bool, remaining: int, kinds: tuple[str, ...]
     ) -> Expectation:
@@ -161,6 +181,7 @@ async def _finish(
     record.set_output(answer.text or json.dumps(answer.tool_calls))
     record.connection_survived = None if client_closed else answer.connection_ok
     record.total_seconds = round(answer.ended_at - start, 3)
+    record.answered_by = answerer(answer.failsoft)
     if answer.error:
         record.notes.append(f"error to the client: {answer.error.get('code')}: {answer.error.get('message')}")
     if trace is None:
@@ -428,4 +449,13 @@ SCENARIOS: dict[str, Scenario] = {
     "e": agent_turn,
     "f": lambda ctx: mid_generation_fault(ctx, "abort", streamed=False),
     "g": lambda ctx: mid_generation_fault(ctx, "hang", streamed=True),
+    "h": lambda ctx: _ladder("h", ctx),
+    "i": lambda ctx: _ladder("i", ctx),
+    "j": lambda ctx: _ladder("j", ctx),
 }
+
+
+async def _ladder(key: str, ctx: DrillContext) -> ScenarioRecord:
+    from tray_app.drill import ladder  # it builds on this module's helpers
+
+    return await ladder.SCENARIOS[key](ctx)

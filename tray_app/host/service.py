@@ -16,20 +16,24 @@ from tray_app import __version__, paths
 from tray_app import config as config_module
 from tray_app.budget.device import SimulatedDevice, probe_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
+from tray_app.budget.planner import Plan
 from tray_app.config import Config, ConfigError
 from tray_app.contract.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
 from tray_app.host import sd_notify
+from tray_app.host.library import Library, LoadRefused
 from tray_app.host.metrics import Metrics
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool, TokenCounter
 from tray_app.jobs.embeddings import EmbeddingRunner
-from tray_app.jobs.engine import Executor, ExecutorSettings, Worker
+from tray_app.jobs.engine import Executor, ExecutorSettings, StandIn, Worker
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.library.catalog import catalog_from_config
+from tray_app.supervisor.profile import WorkerProfile, library_profiles
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
@@ -58,9 +62,13 @@ class Service:
         except binary.EngineError as error:
             raise ConfigError(str(error)) from None
         self.model_id = self.model_path.name
-        # How the workers' chat template opens a tool call: taken from the profiles they start with.
+        # How the main model's workers' chat template opens a tool call (from the profiles they start with);
+        # the library's models have their own (tool_call_opener_for).
         self.tool_call_opener = ""
-        self.model_names = {self.model_id, self.model_path.stem, str(self.model_path), "default"}
+        self._openers: dict[str, str] = {}
+        self.catalog = catalog_from_config(cfg)
+        # Every name a request may use: the main model's, and the library's models' and aliases.
+        self.model_names = {name for entry in self.catalog.entries for name in entry.names()}
         self.metrics = Metrics()
         self.bus.add_listener(self.metrics.on_event)
         self.workers: dict[str, Any] = {}
@@ -72,6 +80,8 @@ class Service:
             on_failure=lambda reason: self.bus.publish(JournalFailed(reason=reason)),  # the writer's thread
         )
         self.registry = JobRegistry(self.journal, self.bus)
+        self.library = Library(self.catalog, self.workers.get, self.registry, self.bus, lambda: self.tokens)
+        self.library.replan(cfg, self.plan_set)
         self.slots = SlotPool(self._capacities(), cfg.server.queue_max, self._queue_changed)
         self.executor = Executor(
             self._executor_settings(),
@@ -81,8 +91,9 @@ class Service:
             self.registry,
             self.bus,
             self.cpu_state,
-            lambda *args, **kwargs: self.tokens.chat_prompt(*args, **kwargs),  # the model may change
+            lambda messages, model: self.library.tokens(model).chat_prompt(messages),  # models may change
             lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
+            self.stand_in,
         )
         self.embeddings = EmbeddingRunner(
             self._executor_settings(), self.worker, self.slots, self.relay, self.registry, self.bus
@@ -93,10 +104,17 @@ class Service:
     # ------------------------------------------------------------------------------------ set-up
     def _capacities(self) -> dict[str, int]:
         embed = max(self.cfg.embeddings.n_parallel, 1)
+        library: dict[str, int] = {}
+        for entry in self.catalog.others():
+            plans = self.library.plans[entry.name]
+            for device, plan in (("gpu", plans.gpu), ("cpu", plans.cpu)):
+                if plan is not None:
+                    library[entry.role(device)] = max(plan.n_parallel, 1)
         return {
             "gpu": max(self.plan_set.gpu.n_parallel, 1),
             "cpu": max(self.plan_set.cpu.n_parallel, 1),
             **{role: embed for role in EMBED_ROLES.values()},
+            **library,
         }
 
     def _executor_settings(self) -> ExecutorSettings:
@@ -132,8 +150,9 @@ class Service:
             self.apply_live_config()
             if any(name.startswith("journal.") for name in applied):
                 self.journal.set_retention(merged.journal.retention_days, merged.journal.max_jobs)
-        # The address and API key belong to the listening socket: only a service restart changes them.
-        service_only = [name for name in needs_restart if name.startswith("server.")]
+        # The address and API key belong to the listening socket, and the library's models to the set of
+        # workers made at start: only a service restart changes them.
+        service_only = [name for name in needs_restart if name.startswith(("server.", "library.", "models"))]
         restarted = False
         if restart and len(service_only) < len(needs_restart):
             await self.reconfigure(fresh, "config changed: " + ", ".join(needs_restart))
@@ -170,12 +189,18 @@ class Service:
             self.workers[role] = WorkerSupervisor(profile, self.bus, self.cfg.supervisor, engine=self.engine)
             if not profile.embeddings:
                 self.tool_call_opener = tools.tool_call_opener(profile.chat_format)
+        for profile in self._library_profiles():
+            self.workers[profile.role] = WorkerSupervisor(
+                profile, self.bus, self.cfg.supervisor, engine=self.engine
+            )
+            self._openers[profile.role.partition("@")[2]] = tools.tool_call_opener(profile.chat_format)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
         for worker in self.workers.values():
             if worker.profile.warm:
                 # Not awaited: the API answers (status "starting") while the workers load.
                 self._tasks.append(asyncio.create_task(worker.start(), name=f"start-{worker.role}"))
         self._tasks.append(asyncio.create_task(self.executor.run_approved(), name="approved-jobs"))
+        self._tasks.append(asyncio.create_task(self.library.reap(), name="keep-alive"))
         self._tasks.append(asyncio.create_task(self._tell_systemd(), name="systemd-notify"))
         self._speed_task = asyncio.create_task(self._measure_cpu_speed(), name="cpu-speed")
         self._tasks.append(self._speed_task)
@@ -251,19 +276,67 @@ class Service:
             self.registry.set_route(job, "gpu")
             self.spawn(job)
 
-    def count_prompt(self, kind: str, body: dict[str, Any]) -> int:
-        return self.tokens.count_chat(body) if kind == "chat" else self.tokens.count_completion(body)
+    def tool_call_opener_for(self, model: str) -> str:
+        """How model `model`'s workers open a tool call ("" when the router does not know it)."""
+        return self._openers.get(model, self.tool_call_opener)
+
+    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int:
+        tokens = self.library.tokens(model)
+        return tokens.count_chat(body) if kind == "chat" else tokens.count_completion(body)
+
+    def _library_profiles(self) -> list[WorkerProfile]:
+        profiles = []
+        for entry in self.catalog.others():
+            plans = self.library.plans[entry.name]
+            profiles += library_profiles(
+                self.cfg, entry, plans, self.plan_set, enable_faults=self.enable_faults
+            )
+        return profiles
+
+    async def stand_in(self, job: Job, *, offer: bool = False, chosen: bool = False) -> StandIn | None:
+        """The job's stand-in on the GPU, ready to answer now: only for a job still on its own model, when
+        the request allows it, the stand-in fits the request and its GPU worker is ready (or, for a library
+        model, could be loaded). Which question: may it answer on its own (library.stand_in "auto"), may
+        the approval window offer it (`offer`, "ask": checked, not loaded), or the user picked it
+        (`chosen`: loaded now)."""
+        mode = self.cfg.library.stand_in
+        wanted = "ask" if offer or chosen else "auto"
+        if job.stand_in_for or not job.may_stand_in or mode != wanted:
+            return None
+        asked = self.catalog.find(job.asked_model)
+        stand = self.catalog.stand_in_for(asked) if asked is not None else None
+        role = self.library.roles(stand).get("gpu") if stand is not None else None
+        if stand is None or role is None:
+            return None
+        n_ctx = self.plan_set.gpu.n_ctx_per_seq if stand.main else self.library.n_ctx_per_seq(stand, "gpu")
+        prompt_tokens = self.count_prompt(job.kind, job.body, stand.name)
+        if prompt_tokens + job.max_tokens > n_ctx:
+            return None
+        wait = min(max(job.time_left(), 0.0), self.cfg.supervisor.start_timeout)
+        if chosen:
+            wait = self.cfg.supervisor.start_timeout  # the user is waiting for exactly this
+        if stand.main or offer:
+            if stand.main and self.workers[role].state != "ready":
+                return None
+        else:
+            try:
+                if not await self.library.load(stand, "gpu", wait):
+                    return None
+            except LoadRefused:
+                return None
+        return StandIn(stand.name, role, prompt_tokens, n_ctx)
 
     # ----------------------------------------------------------------------------- policy inputs
     def cpu_tokens_per_second(self) -> float:
         fixed = self.cfg.failover.cpu_tokens_per_second
         return fixed if fixed > 0 else self.executor.cpu_speed.tokens_per_second
 
-    async def cpu_state(self, time_left: float) -> policy.CpuState:
-        worker = self.workers.get("cpu")
-        plan = self.plan_set.cpu
-        if worker is None:
-            return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq)
+    async def cpu_state(self, time_left: float, role: str | None = "cpu") -> policy.CpuState:
+        """The CPU worker `role` (the main model's, or a library model's "cpu@name") as the policy sees it."""
+        worker = self.workers.get(role) if role else None
+        plan = self._cpu_plan(role)
+        if worker is None or plan is None:
+            return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq if plan else 0)
         ready = worker.state == "ready"
         speed = self._speed_task
         if self.cpu_tokens_per_second() <= 0 and speed is not None and not speed.done():
@@ -279,6 +352,13 @@ class Service:
         if not ready and ram_ok and worker.state == "stopped":
             ready = await worker.ensure_ready(min(max(time_left, 0.0), self.cfg.supervisor.start_timeout))
         return policy.CpuState(True, ready, ram_ok, self.cpu_tokens_per_second(), plan.n_ctx_per_seq)
+
+    def _cpu_plan(self, role: str | None) -> Plan | None:
+        if role == "cpu":
+            return self.plan_set.cpu
+        entry = self.catalog.find(role.partition("@")[2]) if role else None
+        plans = self.library.plans.get(entry.name) if entry is not None else None
+        return plans.cpu if plans is not None else None
 
     async def _measure_cpu_speed(self) -> None:
         """One short generation on the CPU worker once ready: the first speed estimate for the policy."""
@@ -308,6 +388,9 @@ class Service:
             "n_parallel": gpu.n_parallel,
             "cpu_n_ctx": cpu.n_ctx,
         }
+
+    def _in_flight(self, role: str) -> int:
+        return self.slots.in_flight(role) if role in self.workers else 0
 
     def worker_status(self, role: str) -> WorkerStatus:
         worker = self.workers.get(role)
@@ -345,6 +428,12 @@ class Service:
             "embeddings_plan": self.plan_set.embeddings.to_dict() if self.plan_set.embeddings else None,
             "caps": self.caps(),
             "workers": {role: self.worker_status(role) for role in CHAT_ROLES},
+            "models": self.library.status(self.plan_set, self._in_flight),
+            "library_workers": {
+                role: self.worker_status(role)
+                for entry in self.catalog.others()
+                for role in self.library.roles(entry).values()
+            },
             "embedding_workers": {role: self.worker_status(role) for role in EMBED_ROLES.values()},
             "queue": {"depth": self.slots.depth, "limit": self.cfg.server.queue_max},
             "approvals": {"pending": pending},
@@ -368,9 +457,10 @@ class Service:
         from tray_app.supervisor.profile import profiles_from_plans
 
         self.plan_set = plan_from_config(self.cfg, gpu=self.device)
+        self.library.replan(self.cfg, self.plan_set)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
         profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
-        by_role = profiles.by_role()
+        by_role = {**profiles.by_role(), **{p.role: p for p in self._library_profiles()}}
         for role, worker in self.workers.items():
             if role in by_role:
                 worker.update_profile(by_role[role])
@@ -387,7 +477,8 @@ class Service:
             self.tokens = TokenCounter(model_path)
             self.model_path = model_path
             self.model_id = model_path.name
-            self.model_names = {self.model_id, model_path.stem, str(model_path), "default"}
+            self.catalog = self.library.catalog = catalog_from_config(fresh)
+            self.model_names = {name for entry in self.catalog.entries for name in entry.names()}
         if fresh.device != self.cfg.device:
             self.device = probe_gpu(fresh.device)
         fresh.source = self.cfg.source

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -105,6 +105,17 @@ class Worker(Protocol):
 
 
 @dataclass(frozen=True)
+class StandIn:
+    """A stand-in that can answer a job on the GPU now: its name, its GPU worker, the prompt in its
+    tokens and its context per slot."""
+
+    model: str
+    gpu_role: str
+    prompt_tokens: int
+    n_ctx_per_seq: int
+
+
+@dataclass(frozen=True)
 class _Dropped:
     """An attempt whose worker went away mid-answer: which process, and what the router saw."""
 
@@ -176,9 +187,10 @@ class Executor:
         relay: Relay,
         registry: JobRegistry,
         bus: EventBus,
-        cpu_state: Callable[[float], Any],
-        chat_prompt: Callable[[list[dict[str, Any]]], tuple[str, list[str]]],
+        cpu_state: Callable[[float, str | None], Any],
+        chat_prompt: Callable[[list[dict[str, Any]], str], tuple[str, list[str]]],
         on_fallback: Callable[[str], None] = lambda outcome: None,
+        stand_in: Callable[..., Awaitable[StandIn | None]] | None = None,
     ) -> None:
         self.settings = settings
         self.workers = workers
@@ -186,7 +198,11 @@ class Executor:
         self.relay = relay
         self.registry = registry
         self.bus = bus
-        self._cpu_state = cpu_state  # async: (time_left) -> policy.CpuState
+        self._cpu_state = cpu_state  # async: (time_left, CPU worker role) -> policy.CpuState
+        # async (job, offer=False): the job's stand-in on the GPU now, if the config lets it answer on its
+        # own; with offer=True, one the approval window may offer instead ("ask").
+        self._stand_in = stand_in
+        self._stand_in_runs: set[asyncio.Task[None]] = set()
         self._chat_prompt = chat_prompt
         self._on_fallback = on_fallback
         self.cpu_speed = CpuSpeed()
@@ -213,7 +229,9 @@ class Executor:
                 except UpstreamError as failure:
                     slot = None
                     if failure.kind == "exited" and progress.worker_pid is not None and dropped is None:
-                        dropped = _Dropped(role, progress.worker_pid, job.attempts, failure.message)
+                        dropped = _Dropped(
+                            job.worker_role(role) or role, progress.worker_pid, job.attempts, failure.message
+                        )
                     if failure.client_error or role == "cpu":
                         self._name_the_crash(job, dropped)
                         for piece in self._fail_upstream(job, failure, deliver):
@@ -221,7 +239,7 @@ class Executor:
                         return
                     decision = await self._decide_after_failure(job, failure, progress, deliver)
                     if decision.action == "gpu":
-                        continue  # the GPU worker came back while the CPU was not an option
+                        continue  # the GPU worker came back, or the stand-in answers there
                     if decision.action == "cpu":
                         role, resume = "cpu", decision.resume
                         self.registry.set_route(job, "cpu", failure.kind)
@@ -233,7 +251,8 @@ class Executor:
                         continue
                     self.registry.name_fallback(job, failure.kind)
                     if decision.action == "approval":
-                        refused = self.request_approval(job, decision)
+                        offer = await self._stand_in(job, offer=True) if self._stand_in else None
+                        refused = self.request_approval(job, decision, offer.model if offer else None)
                         if refused is not None:
                             for piece in self._refuse(job, refused, deliver):
                                 yield piece
@@ -249,8 +268,8 @@ class Executor:
                 self._name_the_crash(job, dropped)
                 result = progress.assembler.result(job.prompt_tokens, {})
                 result["failsoft"] = job.failsoft()
-                if self.settings.model_id:
-                    result["model"] = self.settings.model_id
+                if job.model or self.settings.model_id:
+                    result["model"] = job.model or self.settings.model_id
                 if self.registry.complete(job, result):
                     if fallback_started_at is not None:
                         self._on_fallback("completed")
@@ -296,18 +315,21 @@ class Executor:
     async def _attempt(
         self, job: Job, role: str, progress: Progress, resume: bool, slot: float | None, deliver: bool
     ) -> AsyncGenerator[Outcome, None]:
+        worker_role = job.worker_role(role)
+        if worker_role is None:
+            raise UpstreamError("unavailable", f"{job.model} may not run on the {role.upper()}")
         if slot is None:
             wait = min(self.settings.queue_timeout, max(job.time_left(), 1.0))
             try:
-                slot = await self.slots.acquire(role, job.id, wait, accepted=True)
+                slot = await self.slots.acquire(worker_role, job.id, wait, accepted=True)
             except QueueTimeout as timeout:
-                raise UpstreamError("queue_timeout", f"no free {role} slot: {timeout}") from None
+                raise UpstreamError("queue_timeout", f"no free {worker_role} slot: {timeout}") from None
         number = 0
         started = time.monotonic()
         try:
-            worker = await self._ready_worker(job, role)
+            worker = await self._ready_worker(job, role, worker_role)
             progress.worker_pid = worker.pid
-            number = self.registry.start_attempt(job, role)
+            number = self.registry.start_attempt(job, worker_role)
             if not number:
                 return  # the job ended (cancelled) while it waited for a slot or a worker: no late start
             url, body = self._upstream(job, worker, progress, resume)
@@ -330,7 +352,7 @@ class Executor:
                                 self.registry.note_effects_delivered(job)  # before the piece leaves
                             yield out
             self.registry.end_attempt(job, number, "completed")
-            if role == "cpu":
+            if worker_role == "cpu":  # the main model's CPU worker: the speed the policy estimates with
                 self.cpu_speed.record(progress.assembler.tokens, time.monotonic() - started)
         except UpstreamError as failure:
             if number:
@@ -341,12 +363,12 @@ class Executor:
                 self.registry.end_attempt(job, number, "cancelled")
             raise
         finally:
-            self.slots.release(role, slot)
+            self.slots.release(worker_role, slot)
 
-    async def _ready_worker(self, job: Job, role: str) -> Worker:
-        worker = self.workers(role)
+    async def _ready_worker(self, job: Job, role: str, worker_role: str) -> Worker:
+        worker = self.workers(worker_role)
         if worker is None:
-            raise UpstreamError("unavailable", f"there is no {role} worker")
+            raise UpstreamError("unavailable", f"there is no {worker_role} worker")
         if worker.state == "ready" and worker.base_url:
             return worker
         if role == "gpu":
@@ -364,7 +386,7 @@ class Executor:
             return base + path, job.upstream_body()
         remaining = max(job.max_tokens - progress.delivered_tokens, 1)
         if job.kind == "chat":
-            prompt, stops = self._chat_prompt(job.body["messages"])
+            prompt, stops = self._chat_prompt(job.body["messages"], job.model)
             user_stop = job.body.get("stop")
             stops = stops + ([user_stop] if isinstance(user_stop, str) else list(user_stop or []))
             body: dict[str, Any] = {name: job.body[name] for name in _SAMPLING_FIELDS if name in job.body}
@@ -418,7 +440,8 @@ class Executor:
     async def _decide_after_failure(
         self, job: Job, failure: UpstreamError, progress: Progress, deliver: bool
     ) -> policy.Decision:
-        gpu = self.workers("gpu")
+        gpu_role = job.worker_role("gpu")
+        gpu = self.workers(gpu_role) if gpu_role else None
         if gpu is not None and failure.kind not in NOT_WORKER_FAULTS:
             self._report(gpu, progress.worker_pid, failure)
             if failure.kind == "exited" and progress.worker_pid is not None:
@@ -436,7 +459,25 @@ class Executor:
             time_left=job.time_left(),
             constrained=constrained_output(job.body),
         )
-        cpu = await self._cpu_state(job.time_left())
+        worker_fault = failure.kind not in NOT_WORKER_FAULTS
+        stand_in = await self._stand_in(job) if self._stand_in is not None and worker_fault else None
+        case = policy.StandInCase(
+            allowed=stand_in is not None,
+            available=stand_in is not None,
+            fits=stand_in is not None
+            and stand_in.prompt_tokens + context.remaining_tokens <= stand_in.n_ctx_per_seq,
+            content_delivered=bool(progress.delivered_text),
+            tool_call_delivered=progress.tool_call_delivered,
+        )
+        if stand_in is not None and policy.stand_in_first(case):
+            self.registry.substitute(
+                job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
+            )
+            self.bus.publish(RouteDecided(job_id=job.id, route="gpu", reason=policy.STAND_IN))
+            if not deliver:
+                progress.reset_undelivered(job.kind)
+            return policy.Decision("gpu", policy.STAND_IN)
+        cpu = await self._cpu_state(job.time_left(), job.worker_role("cpu"))
         decision = policy.decide_replay(context, cpu, self.settings.policy)
         if (
             policy.try_gpu_again(failure.kind, bool(progress.delivered_text), decision)
@@ -452,15 +493,18 @@ class Executor:
         """Jobs in the user's hands, plus approved ones still in line for the CPU."""
         return self.registry.count("awaiting_approval") + self.approvals.queue.qsize()
 
-    def request_approval(self, job: Job, decision: policy.Decision) -> policy.Decision | None:
-        """Put `job` in the user's hands; a refusal instead when the backlog is full (checked and taken
-        in one step, with no await between, so two requests cannot both take the last place)."""
+    def request_approval(
+        self, job: Job, decision: policy.Decision, stand_in_offer: str | None = None
+    ) -> policy.Decision | None:
+        """Put `job` in the user's hands (with a stand-in they may pick instead); a refusal instead when the
+        backlog is full (checked and taken in one step, with no await between, so two requests cannot both
+        take the last place)."""
         limit = self.settings.max_pending_approvals
         if self.approval_backlog() >= limit:
             detail = f"{limit} jobs already wait for approval or for the CPU (failover.max_pending_approvals)"
             return policy.Decision("refuse", policy.APPROVAL_BACKLOG_FULL, decision.estimated_seconds, detail)
         self.registry.set_route(job, "cpu")
-        self.registry.await_approval(job, decision.estimated_seconds, decision.reason)
+        self.registry.await_approval(job, decision.estimated_seconds, decision.reason, stand_in_offer)
         return None
 
     def approve(self, job: Job) -> bool:
@@ -468,6 +512,20 @@ class Executor:
             return False
         self.registry.set_state(job, "queued", "approved")
         self.approvals.queue.put_nowait(job)
+        return True
+
+    def run_stand_in(self, job: Job, stand_in: StandIn) -> bool:
+        """The user picked the stand-in for a job awaiting approval: it runs on the GPU now (the client still
+        waiting gets its answer; a background job keeps it)."""
+        if job.state != "awaiting_approval":
+            return False
+        self.registry.substitute(
+            job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
+        )
+        self.registry.set_state(job, "queued", "stand-in chosen")
+        task = asyncio.get_running_loop().create_task(self.drain(job), name=f"stand-in-{job.id}")
+        self._stand_in_runs.add(task)
+        task.add_done_callback(self._stand_in_runs.discard)
         return True
 
     async def run_approved(self) -> None:
@@ -553,7 +611,8 @@ class Executor:
             code = code if isinstance(code, str) else "invalid_request"
             error = JobError(400, code, failure.message, type="invalid_request_error")
         else:
-            cpu = self.workers("cpu")
+            cpu_role = job.worker_role("cpu")
+            cpu = self.workers(cpu_role) if cpu_role else None
             if cpu is not None and failure.kind not in NOT_WORKER_FAULTS:
                 self._report(cpu, None, failure)
             reason = {"unavailable": policy.NO_CPU_WORKER, "queue_timeout": "queue_timeout"}.get(

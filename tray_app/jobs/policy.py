@@ -27,6 +27,7 @@ FALLBACK_DISABLED = Reason.FALLBACK_DISABLED
 CONTEXT_EXCEEDED = Reason.CONTEXT_EXCEEDED
 CONSTRAINED_STREAM_STARTED = Reason.CONSTRAINED_STREAM_STARTED
 APPROVAL_BACKLOG_FULL = Reason.APPROVAL_BACKLOG_FULL
+STAND_IN = Reason.STAND_IN
 
 # Prompt processing runs much faster than generation; this keeps the estimate honest for long prompts
 # without a second measurement.
@@ -200,3 +201,27 @@ def try_gpu_again(failure_kind: str, content_delivered: bool, decision: Decision
     """After a GPU attempt failed only because the worker was busy or starting (not a fault of it), and the
     CPU is not the answer: wait for the GPU worker and try it again, if nothing reached the client yet."""
     return decision.action != "cpu" and failure_kind in NOT_WORKER_FAULTS and not content_delivered
+
+
+@dataclass(frozen=True)
+class StandInCase:
+    """The ladder's middle rung: the asked model cannot use the GPU (now, or after a failure there)."""
+
+    allowed: bool  # by the config (library.stand_in) and by the request (X-Failsoft-Stand-In)
+    available: bool  # the stand-in's GPU worker is ready, or can be loaded now
+    fits: bool  # the request fits the stand-in's context per slot
+    content_delivered: bool = False
+    tool_call_delivered: bool = False
+
+
+def stand_in_first(case: StandInCase) -> bool:
+    """Whether the stand-in on the GPU answers before this model on the CPU is considered. Only while the
+    client has nothing of the first model's answer: a second model cannot continue another's text, and a
+    delivered tool call is never run again (the same safety rules as a CPU replay)."""
+    return (
+        case.allowed
+        and case.available
+        and case.fits
+        and not case.content_delivered
+        and not case.tool_call_delivered
+    )

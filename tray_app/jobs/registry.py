@@ -68,6 +68,13 @@ class Job:
     result: dict[str, Any] | None = None
     estimated_seconds: float | None = None
     effects_delivered: bool = False  # a tool call reached the client: its action may have run
+    asked_model: str = ""  # the model the client's request named (its library name)
+    # Device -> the model that answers there (the asked one; on the GPU its stand-in after a substitution)
+    # and that model's worker: "gpu"/"cpu" for the main model, "gpu@name"/"cpu@name" for another.
+    models: dict[str, str] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=lambda: {"gpu": "gpu", "cpu": "cpu"})
+    may_stand_in: bool = True  # the request allows another model to answer (X-Failsoft-Stand-In)
+    stand_in_offer: str | None = None  # awaiting approval: the stand-in the user may pick instead
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[Any] | None = None
     _upstream: bytes | None = None
@@ -87,12 +94,29 @@ class Job:
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
 
+    def worker_role(self, device: str) -> str | None:
+        """Which worker serves this job's model on `device` (None: the model may not run there)."""
+        return self.roles.get(device)
+
+    @property
+    def model(self) -> str:
+        """The model that answers on the job's current route."""
+        return self.models.get(self.route, self.asked_model)
+
+    @property
+    def stand_in_for(self) -> str | None:
+        """The model the client asked for, when another (its stand-in) answers."""
+        return self.asked_model if self.asked_model and self.asked_model != self.model else None
+
     def failsoft(self) -> dict[str, Any]:
         return {
             "job_id": self.id,
             "worker": self.worker,
             "attempts": self.attempts,
             "fallback_reason": self.fallback_reason,
+            "model": self.model,
+            "device": self.route if self.route in ("gpu", "cpu") else None,
+            "stand_in_for": self.stand_in_for,
         }
 
     def summary(self) -> JobSummary:
@@ -110,6 +134,9 @@ class Job:
             "state": self.state,
             "route": self.route,
             "worker": self.worker,
+            "model": self.model,
+            "stand_in_for": self.stand_in_for,
+            "stand_in_offer": self.stand_in_offer if self.state == "awaiting_approval" else None,
             "attempts": self.attempts,
             "fallback_reason": self.fallback_reason,
             "estimated_seconds": self.estimated_seconds,
@@ -123,7 +150,11 @@ class Job:
 
 
 def stored_summary(stored: StoredJob, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A job no longer held in memory, from the journal; who answered comes from its stored answer."""
+    answered = (stored.result or {}).get("failsoft") or {}
     return {
+        "model": answered.get("model") or stored.body.get("model"),
+        "stand_in_for": answered.get("stand_in_for"),
         "id": stored.id,
         "request_id": stored.request_id,
         "kind": stored.kind,
@@ -247,6 +278,16 @@ class JobRegistry:
         job.route, job.fallback_reason = route, reason
         self.journal.update_job(job.id, route=route, fallback_reason=reason)
 
+    def substitute(self, job: Job, model: str, gpu_role: str, prompt_tokens: int, reason: str) -> None:
+        """The asked model's stand-in answers on the GPU from now on (its CPU rung stays the asked model's),
+        and why: never silent, the answer's failsoft object and headers name the model that answered.
+        `prompt_tokens`: the larger of the two models' counts, so either's context check holds."""
+        job.models = {**job.models, "gpu": model}
+        job.roles = {**job.roles, "gpu": gpu_role}
+        job.prompt_tokens = max(job.prompt_tokens, prompt_tokens)
+        job.route, job.fallback_reason = "gpu", reason
+        self.journal.update_job(job.id, route="gpu", fallback_reason=reason)
+
     def name_fallback(self, job: Job, reason: str) -> None:
         """Record why the job left the GPU, unless a reason is recorded already."""
         if job.fallback_reason is None:
@@ -279,21 +320,29 @@ class JobRegistry:
     def set_attempt_error(self, job: Job, number: int, error: str) -> None:
         self.journal.set_attempt_error(job.id, number, error)
 
-    def await_approval(self, job: Job, estimated_seconds: float, reason: str) -> bool:
-        """Put the job in the user's hands; False (no event) when it ended already."""
+    def await_approval(
+        self, job: Job, estimated_seconds: float, reason: str, stand_in_offer: str | None = None
+    ) -> bool:
+        """Put the job in the user's hands (with a stand-in they may pick instead of the slow CPU run);
+        False (no event) when it ended already."""
         if not self._allowed(job, "awaiting_approval"):
             return False
         # An unknown CPU speed gives an infinite estimate: stored as unknown (None; -1 in the event).
         known = math.isfinite(estimated_seconds)
         job.estimated_seconds = estimated_seconds if known else None
         job.fallback_reason = job.fallback_reason or reason
+        job.stand_in_offer = stand_in_offer
         self.journal.update_job(
             job.id, estimated_seconds=job.estimated_seconds, fallback_reason=job.fallback_reason
         )
         self.set_state(job, "awaiting_approval", reason)
         preview = self.summary_preview(job)
         event_estimate = estimated_seconds if known else -1.0
-        self.bus.publish(ApprovalNeeded(job_id=job.id, estimated_seconds=event_estimate, preview=preview))
+        self.bus.publish(
+            ApprovalNeeded(
+                job_id=job.id, estimated_seconds=event_estimate, preview=preview, stand_in=stand_in_offer
+            )
+        )
         return True
 
     @staticmethod

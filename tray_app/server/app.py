@@ -25,6 +25,7 @@ from tray_app.budget.sizes import parse_size
 from tray_app.config import ServerConfig
 from tray_app.contract.events import RouteDecided
 from tray_app.engine.tools import worker_tool_choice
+from tray_app.host.library import LoadRefused
 from tray_app.host.service import BACKGROUND_DEADLINE, Service
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens
@@ -32,6 +33,7 @@ from tray_app.jobs.engine import retry_after_seconds
 from tray_app.jobs.journal import StoredJob
 from tray_app.jobs.outcomes import JobFailed
 from tray_app.jobs.registry import Job, new_id, stored_summary
+from tray_app.library.catalog import ModelEntry
 from tray_app.server import control
 from tray_app.server.embedding_requests import parse_embedding_request
 from tray_app.server.errors import ApiError, bad_request, from_job_error, unavailable
@@ -44,8 +46,10 @@ from tray_app.server.requests import (
     body_hash,
     check_model,
     check_model_name,
+    keep_alive_option,
     parse_json_object,
     parse_request,
+    stand_in_allowed,
 )
 from tray_app.server.streaming import include_usage, outcome_bytes, result_to_stream
 
@@ -190,6 +194,9 @@ async def wait_for_disconnect(receive: Receive) -> None:
 
 def job_headers(job: Job, complete: bool = True) -> dict[str, str]:
     headers = {"X-Request-Id": job.request_id, "X-Failsoft-Job": job.id}
+    if job.model:  # who answers: named before the first token, never left for the client to guess
+        headers["X-Failsoft-Model"] = job.model
+        headers["X-Failsoft-Device"] = job.route if job.route in ("gpu", "cpu") else ""
     if complete:
         headers["X-Failsoft-Worker"] = job.worker or ""
         headers["X-Failsoft-Attempts"] = str(job.attempts)
@@ -300,14 +307,26 @@ class Router:
             )
         return Response(json.dumps(stored_result), media_type="application/json", headers=headers)
 
+    def _model(self, name: str | None) -> ModelEntry:
+        """The model a request names (none: the main model); 404 listing what exists otherwise."""
+        entry = self.svc.catalog.find(name)
+        if entry is None:
+            check_model_name(name, self.svc.model_names)  # raises the 404 with the names
+            raise AssertionError("unreachable")
+        return entry
+
     def _new_job(self, request: Request, parsed: ParsedRequest, *, background: bool, deadline: float) -> Job:
+        entry = self._model(parsed.model)
         body = dict(parsed.body)
+        keep_alive = keep_alive_option(body.pop("keep_alive", None))
+        may_stand_in = stand_in_allowed(
+            request.headers.get("x-failsoft-stand-in"), body.pop("stand_in", None)
+        )
         if parsed.kind == "chat":
             body["messages"] = [_worker_compatible(message) for message in body["messages"]]
-            body = worker_tool_choice(body, self.svc.tool_call_opener)
-        if body.get("model") is None:
-            # Otherwise llama.cpp names the model by its file path in every chunk.
-            body["model"] = self.svc.model_id
+            body = worker_tool_choice(body, self.svc.tool_call_opener_for(entry.name))
+        # Otherwise llama.cpp names the model by its file path in every chunk.
+        body["model"] = entry.name
         if body.get("seed") is None:
             # Pinned before the first attempt, so a replay on the same weights samples the same way.
             body["seed"] = secrets.randbelow(2**31)
@@ -315,11 +334,17 @@ class Router:
         if grammar and (problem := self.svc.tokens.grammar_error(grammar)) is not None:
             # Refused with the parser's own words before any worker sees it (tray_app.jobs.grammar_check).
             raise bad_request(f"'grammar' is not valid GBNF: {problem}", "grammar", code="invalid_grammar")
-        prompt_tokens = self.svc.count_prompt(parsed.kind, body)
+        prompt_tokens = self.svc.count_prompt(parsed.kind, body, entry.name)
         if prompt_tokens == 0:
             # Nothing to continue from: this model adds no start token to an empty prompt.
             raise bad_request("the prompt is empty", "prompt", code="empty_prompt")
-        n_ctx = self.svc.plan_set.gpu.n_ctx_per_seq
+        roles = self.svc.library.roles(entry)
+        if not roles:
+            devices = ", ".join(entry.devices)
+            raise unavailable(
+                f"{entry.name} has no worker here (devices: {devices})", "no_worker_for_model", 30
+            )
+        n_ctx = self.context_per_slot(entry)
         max_tokens = requested_tokens(prompt_tokens, parsed.max_tokens, n_ctx)
         if parsed.max_tokens is None:
             body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
@@ -335,23 +360,68 @@ class Router:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             deadline=time.monotonic() + deadline,
+            asked_model=entry.name,
+            models=dict.fromkeys(roles, entry.name),
+            roles=roles,
+            may_stand_in=may_stand_in,
         )
         self.svc.registry.add(job)  # registers its Idempotency-Key too
+        self.svc.library.touch(entry.name, keep_alive)
         return job
 
+    def context_per_slot(self, entry: ModelEntry) -> int:
+        """The context one request may use: the GPU plan's per slot (the CPU's for a CPU-only model)."""
+        if entry.main:
+            return self.svc.plan_set.gpu.n_ctx_per_seq
+        library = self.svc.library
+        return library.n_ctx_per_seq(entry, "gpu") or library.n_ctx_per_seq(entry, "cpu")
+
     async def _route(self, job: Job, deadline: float) -> policy.Decision:
-        gpu = self.svc.workers.get("gpu")
-        gpu_available = gpu is not None and gpu.state not in ("failed", "stopped")
+        entry = self._model(job.asked_model)
+        n_ctx = self.context_per_slot(entry)
         request = policy.RouteRequest(
-            job.prompt_tokens, job.max_tokens, self.svc.plan_set.gpu.n_ctx_per_seq, gpu_available, deadline
+            job.prompt_tokens, job.max_tokens, n_ctx, await self._gpu_available(job, entry, n_ctx), deadline
         )
         decision = policy.route_on_gpu(request)
         if decision is None:
-            cpu = await self.svc.cpu_state(deadline)
+            decision = await self._stand_in_route(job)
+        if decision is None:
+            cpu = await self.svc.cpu_state(deadline, job.worker_role("cpu"))
             decision = policy.decide_route(request, cpu, self.svc.executor.settings.policy)
         route = "refused" if decision.refused else decision.action
         self.svc.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason))
         return decision
+
+    async def _gpu_available(self, job: Job, entry: ModelEntry, n_ctx: int) -> bool:
+        """Whether the job's model can answer on the GPU: the main model's worker is up; another model's
+        is loaded now if the request fits it (making room by unloading idle models, see host.library)."""
+        role = job.worker_role("gpu")
+        worker = self.svc.workers.get(role) if role else None
+        if worker is None:
+            return False
+        if entry.main:
+            return bool(worker.state not in ("failed", "stopped"))
+        if job.prompt_tokens + job.max_tokens > n_ctx:
+            return False
+        wait = min(max(job.time_left(), 0.0), self.svc.cfg.supervisor.start_timeout)
+        try:
+            return await self.svc.library.load(entry, "gpu", wait)
+        except LoadRefused as refused:
+            self.svc.registry.name_fallback(job, refused.code)
+            return False
+
+    async def _stand_in_route(self, job: Job) -> policy.Decision | None:
+        """The ladder's middle rung at admission: the asked model cannot use the GPU, its stand-in can."""
+        stand_in = await self.svc.stand_in(job)
+        if stand_in is None:
+            return None
+        fits = stand_in.prompt_tokens + job.max_tokens <= stand_in.n_ctx_per_seq
+        if not policy.stand_in_first(policy.StandInCase(allowed=True, available=True, fits=fits)):
+            return None
+        self.svc.registry.substitute(
+            job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
+        )
+        return policy.Decision("gpu", policy.STAND_IN)
 
     def _refusal(self, job: Job, decision: policy.Decision) -> ApiError:
         if decision.reason == policy.CONTEXT_EXCEEDED:
@@ -431,12 +501,15 @@ class Router:
                 raise self._refusal(job, decision)
             if decision.action == "approval":
                 self.svc.registry.name_fallback(job, decision.reason)
-                backlog_full = self.svc.executor.request_approval(job, decision)
+                offer = await self.svc.stand_in(job, offer=True)
+                backlog_full = self.svc.executor.request_approval(
+                    job, decision, offer.model if offer else None
+                )
                 if backlog_full is not None:
                     raise self._refusal(job, backlog_full)
                 return await self._answer(request, job, None, approval=decision.reason)
             self.svc.registry.set_route(job, decision.action, decision.reason or None)
-            held = await self._admit(job, job.route)
+            held = await self._admit(job, job.worker_role(job.route) or job.route)
         except ApiError as error:
             return error_response(error)
         return await self._answer(request, job, held)
@@ -541,14 +614,30 @@ class Router:
         return Response(json.dumps(answer), media_type="application/json", headers=job_headers(job))
 
     async def models(self, request: Request) -> Response:
-        model = {
-            "id": self.svc.model_id,
-            "object": "model",
-            "created": int(self.svc.started_at),
-            "owned_by": "failsoft",
-            "failsoft": {"path": str(self.svc.model_path), "caps": self.svc.caps()},
-        }
-        return JSONResponse({"object": "list", "data": [model]})
+        """Every model a request may name, the main one first, each with where it is loaded now."""
+        statuses = self.svc.library.status(self.svc.plan_set, self.svc.slots.in_flight)
+        data = []
+        for status in statuses:
+            extra: dict[str, Any] = {
+                "path": status["path"],
+                "aliases": [name for name in status["aliases"] if "/" not in name and "\\" not in name],
+                "main": status["main"],
+                "where": status["where"],
+                "devices": status["devices"],
+                "stand_in": status["stand_in"],
+            }
+            if status["main"]:
+                extra["caps"] = self.svc.caps()
+            data.append(
+                {
+                    "id": status["name"],
+                    "object": "model",
+                    "created": int(self.svc.started_at),
+                    "owned_by": "failsoft",
+                    "failsoft": extra,
+                }
+            )
+        return JSONResponse({"object": "list", "data": data})
 
     # ------------------------------------------------------------------------------ background jobs
     async def create_job(self, request: Request) -> Response:
@@ -582,7 +671,10 @@ class Router:
             if decision.refused:
                 raise self._refusal(job, decision)
             if decision.action == "approval":
-                backlog_full = self.svc.executor.request_approval(job, decision)
+                offer = await self.svc.stand_in(job, offer=True)
+                backlog_full = self.svc.executor.request_approval(
+                    job, decision, offer.model if offer else None
+                )
                 if backlog_full is not None:
                     raise self._refusal(job, backlog_full)
             else:

@@ -21,6 +21,7 @@ from tray_app.budget.sizes import parse_size
 from tray_app.contract.events import Event
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.engine.faults import FAULT_KINDS
+from tray_app.host.library import LoadRefused
 from tray_app.host.metrics import CONTENT_TYPE_LATEST
 from tray_app.host.service import Service
 from tray_app.jobs.registry import STATES
@@ -79,6 +80,7 @@ class Control:
             Route("/failsoft/status", self.status, methods=["GET"]),
             Route("/failsoft/events", self.events, methods=["GET"]),
             Route("/failsoft/workers/{role}/{action}", self.worker_action, methods=["POST"]),
+            Route("/failsoft/models/{name}/{action}", self.model_action, methods=["POST"]),
             Route("/failsoft/jobs", self.jobs, methods=["GET"]),
             Route("/failsoft/jobs/approve-all", self.approve_all, methods=["POST"]),
             Route("/failsoft/jobs/{job_id}/{action}", self.job_action, methods=["POST"]),
@@ -177,8 +179,9 @@ class Control:
 
     async def worker_action(self, request: Request) -> Response:
         role, action = request.path_params["role"], request.path_params["action"]
-        if role not in ROLES:
-            return _error(404, f"unknown worker {role!r}; workers are {', '.join(ROLES)}", "worker_not_found")
+        if role not in ROLES and role not in self.svc.workers:
+            names = ", ".join([*ROLES, *(name for name in self.svc.workers if name not in ROLES)])
+            return _error(404, f"unknown worker {role!r}; workers are {names}", "worker_not_found")
         worker = self.svc.workers.get(role)
         if worker is None:
             return _error(404, f"this service has no {role} worker", "worker_not_found")
@@ -191,6 +194,47 @@ class Control:
         else:
             return _error(404, f"unknown action {action!r}; use restart, stop or start", "not_found")
         return JSONResponse({"role": role, **self.svc.worker_status(role)})
+
+    async def model_action(self, request: Request) -> Response:
+        """Load a model now (on the GPU when it may and fits, making room; else the CPU), or unload one."""
+        name, action = request.path_params["name"], request.path_params["action"]
+        library = self.svc.library
+        entry = library.catalog.find(name)
+        if entry is None:
+            names = ", ".join(library.catalog.names())
+            return _error(404, f"no model {name!r}; models are {names}", "model_not_found")
+        if action not in ("load", "unload"):
+            return _error(404, f"unknown action {action!r}; use load or unload", "not_found")
+        try:
+            body = await _json_body(request)
+        except ApiError as error:
+            return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
+        if action == "unload":
+            if entry.main:
+                message = f"{entry.name} is the main model: its workers are always kept"
+                return _error(409, message, "main_model")
+            if library.busy(entry.name):
+                return _error(409, f"{entry.name} has requests in flight", "model_busy")
+            await library.unload(entry.name)
+            return JSONResponse(self._model_status(entry.name))
+        device = body.get("device", "auto")
+        roles = library.roles(entry)
+        if device == "auto":
+            device = "gpu" if "gpu" in roles else "cpu"
+        if device not in ("gpu", "cpu"):
+            return _error(400, "'device' must be auto, gpu or cpu", "invalid_device", "device")
+        try:
+            ready = await library.load(entry, device, self.svc.cfg.supervisor.start_timeout)
+        except LoadRefused as refused:
+            return _error(409, str(refused), refused.code)
+        if not ready:
+            message = f"{entry.name} did not become ready on the {device.upper()}"
+            return _error(503, message, "model_not_ready")
+        return JSONResponse(self._model_status(entry.name))
+
+    def _model_status(self, name: str) -> dict[str, Any]:
+        statuses = self.svc.library.status(self.svc.plan_set, self.svc.slots.in_flight)
+        return dict(next(status for status in statuses if status["name"] == name))
 
     async def jobs(self, request: Request) -> Response:
         state = request.query_params.get("state")
@@ -209,11 +253,16 @@ class Control:
         job = self.svc.registry.get(job_id)
         if job is None:
             return _error(404, f"no live job {job_id}", "job_not_found")
-        if action not in ("approve", "reject"):
-            return _error(404, f"unknown action {action!r}; use approve or reject", "not_found")
+        if action not in ("approve", "reject", "stand-in"):
+            return _error(404, f"unknown action {action!r}; use approve, reject or stand-in", "not_found")
         if job.state != "awaiting_approval":
             return _error(409, f"job {job_id} is {job.state}, not awaiting approval", "not_awaiting_approval")
-        if action == "approve":
+        if action == "stand-in":
+            # The user picked the smaller model on the GPU now over the big one on the CPU later.
+            stand_in = await self.svc.stand_in(job, chosen=True) if job.stand_in_offer else None
+            if stand_in is None or not self.svc.executor.run_stand_in(job, stand_in):
+                return _error(409, f"job {job_id} has no stand-in that can answer now", "no_stand_in")
+        elif action == "approve":
             self.svc.executor.approve(job)
         else:
             self.svc.registry.fail(
@@ -322,7 +371,7 @@ class Control:
         role = body.get("role", "gpu")
         kind = body.get("kind")
         after = body.get("after_tokens", 0)
-        if role not in ROLES or self.svc.workers.get(role) is None:
+        if not isinstance(role, str) or self.svc.workers.get(role) is None:
             return _error(400, f"no {role!r} worker to arm", "invalid_role", "role")
         if kind not in FAULT_KINDS:
             return _error(400, f"'kind' must be one of {', '.join(FAULT_KINDS)}", "invalid_fault", "kind")

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tray_app.library.keep_alive import parse_keep_alive
 from tray_app.server.errors import ApiError, bad_request
 
 Kind = Literal["chat", "completion"]
@@ -228,3 +229,27 @@ def check_model_name(model: str | None, known: set[str]) -> None:
             code="model_not_found",
             param="model",
         )
+
+
+def keep_alive_option(value: Any) -> float | None:
+    """A request's `keep_alive` (Ollama's field, also taken on the OpenAI routes): how long its model
+    stays loaded after it; None when the request sets none. 400 when it is not a duration."""
+    if value is None:
+        return None
+    try:
+        return parse_keep_alive(value)
+    except ValueError as error:
+        raise bad_request(str(error), "keep_alive") from None
+
+
+STAND_IN_REFUSED = ("no", "false", "0", "never", "refuse")
+
+
+def stand_in_allowed(header: str | None, option: Any) -> bool:
+    """Whether the request lets a smaller model answer in its model's place (the ladder): allowed unless
+    the `X-Failsoft-Stand-In` header says no, or the body's `stand_in` is false."""
+    if option is not None and not isinstance(option, bool):
+        raise bad_request("'stand_in' must be true or false", "stand_in")
+    if option is False:
+        return False
+    return header is None or header.strip().lower() not in STAND_IN_REFUSED

@@ -6,17 +6,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tray_app.budget.library_plan import ModelPlans, library_share
 from tray_app.budget.model_info import inspect_model
 from tray_app.budget.plan_set import PlanSet, physical_cores
 from tray_app.budget.planner import Plan
 from tray_app.config import Config
 from tray_app.contract.roles import EMBED_ROLES, Role
 from tray_app.engine.tools import template_for
+from tray_app.library.catalog import ModelEntry
 
 
 @dataclass(frozen=True)
 class WorkerProfile:
-    role: Role
+    role: str  # a Role for the main model's workers; "gpu@name" and "cpu@name" for a library model's
     model_path: Path
     n_ctx: int
     n_gpu_layers: int
@@ -116,8 +118,11 @@ def worker_threads(cfg: Config, role: Role, simulated_gpu: bool) -> int:
     return gpu_share if role == "gpu" else max(cores - gpu_share, 1)
 
 
-def _from_plan(cfg: Config, plan: Plan, model_path: Path, threads: int) -> dict[str, Any]:
+def _from_plan(
+    cfg: Config, plan: Plan, model_path: Path, threads: int, chat_format: str | None = None
+) -> dict[str, Any]:
     """What both workers take the same way from their plan and the config."""
+    wanted = cfg.model.chat_format if chat_format is None else chat_format
     return {
         "model_path": model_path,
         "n_ctx": plan.n_ctx,
@@ -127,7 +132,7 @@ def _from_plan(cfg: Config, plan: Plan, model_path: Path, threads: int) -> dict[
         "cache_type_k": plan.cache_type_k,
         "cache_type_v": plan.cache_type_v,
         "flash_attn": plan.flash_attn,
-        "chat_format": template_for(inspect_model(model_path).chat_template, cfg.model.chat_format),
+        "chat_format": template_for(inspect_model(model_path).chat_template, wanted),
         "log_requests": cfg.supervisor.log_requests,
     }
 
@@ -187,3 +192,38 @@ def profiles_from_plans(cfg: Config, plan_set: PlanSet, *, enable_faults: bool =
     if cfg.embeddings.enabled and gpu is not None and plan_set.embeddings is None:
         notes.append("embeddings on the CPU only: the GPU plan leaves no room for an embeddings worker")
     return WorkerProfiles(gpu=gpu, cpu=cpu, notes=tuple(notes), embeddings=embeddings)
+
+
+def library_profiles(
+    cfg: Config, entry: ModelEntry, plans: ModelPlans, plan_set: PlanSet, *, enable_faults: bool = False
+) -> list[WorkerProfile]:
+    """A library model's workers: on the GPU when its plan fits there, on the CPU when it may use it; both
+    started on its first request (or at start with `preload`), stopped after its keep-alive."""
+    simulated = plan_set.device.available and plan_set.device.simulated
+    warm_reason = "preloaded (preload = true)" if entry.preload else "loaded when a request names it"
+    profiles = []
+    share = library_share(plan_set)
+    if plans.gpu is not None and share is not None:
+        threads = worker_threads(cfg, "gpu", simulated)
+        profiles.append(
+            WorkerProfile(
+                role=entry.role("gpu"),
+                n_gpu_layers=plans.gpu.n_gpu_layers,
+                simulated_vram_bytes=share.free_bytes if simulated else None,
+                warm=entry.preload,
+                warm_reason=warm_reason,
+                **_from_plan(cfg, plans.gpu, entry.path, threads, entry.chat_format),
+            )
+        )
+    if plans.cpu is not None and cfg.cpu.enabled:
+        threads = worker_threads(cfg, "cpu", simulated)
+        profiles.append(
+            WorkerProfile(
+                role=entry.role("cpu"),
+                n_gpu_layers=0,
+                warm=entry.preload and plans.gpu is None,
+                warm_reason=warm_reason,
+                **_from_plan(cfg, plans.cpu, entry.path, threads, entry.chat_format),
+            )
+        )
+    return [profile.with_faults() for profile in profiles] if enable_faults else profiles

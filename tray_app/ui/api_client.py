@@ -15,6 +15,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from PySide6.QtCore import QByteArray, QObject, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkProxy, QNetworkReply, QNetworkRequest
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_MS = 15_000
 RESTART_TIMEOUT_MS = 180_000  # a reload with restart answers once both workers loaded again
+LOAD_TIMEOUT_MS = 180_000  # a model's load answers once its workers loaded
 RECONNECT_DELAYS_MS = (500, 1000, 2000, 5000)
 
 
@@ -164,11 +166,22 @@ class ServiceClient(QObject):
         """`action` is restart, stop or start."""
         return self.post(f"/failsoft/workers/{role}/{action}")
 
+    def load_model(self, name: str, device: str = "auto") -> ApiCall:
+        """`device` is auto, gpu or cpu; answers the model's status once it is loaded."""
+        return self.post(f"/failsoft/models/{quote(name, safe='')}/load", {"device": device}, LOAD_TIMEOUT_MS)
+
+    def unload_model(self, name: str) -> ApiCall:
+        return self.post(f"/failsoft/models/{quote(name, safe='')}/unload")
+
     def awaiting_approval(self) -> ApiCall:
         return self.get("/failsoft/jobs?state=awaiting_approval")
 
     def approve(self, job_id: str) -> ApiCall:
         return self.post(f"/failsoft/jobs/{job_id}/approve")
+
+    def job_action(self, job_id: str, action: str) -> ApiCall:
+        """approve, reject, or stand-in (the smaller model answers on the GPU now)."""
+        return self.post(f"/failsoft/jobs/{job_id}/{action}")
 
     def reject(self, job_id: str) -> ApiCall:
         return self.post(f"/failsoft/jobs/{job_id}/reject")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +25,12 @@ from PySide6.QtWidgets import (
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.icons import app_icon
 from tray_app.ui.qt_events import QtEventBridge
+from tray_app.ui.state import format_duration
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("Waiting", "CPU time (est.)", "Prompt", "Job")
+COLUMNS = ("Waiting", "CPU time (est.)", "Or now on the GPU", "Prompt", "Job")
+PROMPT_COLUMN, JOB_COLUMN = 3, 4
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,15 @@ class PendingJob:
     estimated_seconds: float
     preview: str
     created_at: float
+    model: str = ""  # the model asked for (its CPU run waits for approval)
+    stand_in: str | None = None  # a smaller model the user may pick instead: it answers on the GPU now
+
+    def choice(self) -> str:
+        """The approval's question in words: the big model on the CPU in about N s, or the small one now."""
+        cpu = format_duration(self.estimated_seconds) if self.estimated_seconds else "an unknown time"
+        if not self.stand_in:
+            return f"{self.model or 'the model'} on the CPU in about {cpu}"
+        return f"{self.stand_in} on the GPU now, or {self.model or 'the model'} on the CPU in about {cpu}?"
 
 
 def _first(job: dict[str, Any], *names: str) -> Any:
@@ -63,20 +73,11 @@ def pending_jobs(answer: object) -> list[PendingJob]:
                 estimated_seconds=float(_first(job, "estimated_seconds", "estimated_cpu_seconds") or 0),
                 preview=str(_first(job, "preview", "prompt_preview") or ""),
                 created_at=float(_first(job, "created_at", "created", "queued_at") or time.time()),
+                model=str(job.get("model") or ""),
+                stand_in=job.get("stand_in_offer") or None,
             )
         )
     return sorted(jobs, key=lambda job: job.created_at)
-
-
-def format_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "unknown"
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
-    return f"{seconds // 3600:.0f} h {(seconds % 3600) // 60:02.0f} min"
 
 
 class ApprovalsWindow(QWidget):
@@ -96,7 +97,9 @@ class ApprovalsWindow(QWidget):
         self.heading.setStyleSheet("font-size: 15px; font-weight: 600;")
         explain = QLabel(
             "These jobs could not run on the GPU and would take a while on the CPU worker. "
-            "Approved jobs run on the CPU in order; rejected ones end with an error to their client."
+            "Approved jobs run on the CPU in order; rejected ones end with an error to their client. "
+            'Where a smaller model can answer on the GPU now, "Smaller model now" runs the job on it '
+            "(its answer names the model that answered)."
         )
         explain.setWordWrap(True)
         explain.setStyleSheet("color: #495057;")
@@ -135,8 +138,9 @@ class ApprovalsWindow(QWidget):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
-        header.setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(PROMPT_COLUMN, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(JOB_COLUMN, QHeaderView.ResizeMode.ResizeToContents)
         self.table.setWordWrap(False)
         self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.table.itemSelectionChanged.connect(self._update_buttons)
@@ -144,6 +148,11 @@ class ApprovalsWindow(QWidget):
 
     def _build_buttons(self) -> QHBoxLayout:
         self.approve_button = QPushButton("Approve")
+        self.stand_in_button = QPushButton("Smaller model now")
+        self.stand_in_button.setToolTip(
+            "Answer with the smaller model on the GPU now instead of waiting for the CPU"
+        )
+        self.stand_in_button.clicked.connect(lambda: self._act_on_selected("stand-in"))
         self.reject_button = QPushButton("Reject")
         self.approve_all_button = QPushButton("Approve all")
         self.approve_button.setDefault(True)
@@ -152,6 +161,7 @@ class ApprovalsWindow(QWidget):
         self.approve_all_button.clicked.connect(self.approve_all)
         buttons = QHBoxLayout()
         buttons.addWidget(self.approve_button)
+        buttons.addWidget(self.stand_in_button)
         buttons.addWidget(self.reject_button)
         buttons.addStretch(1)
         buttons.addWidget(self.approve_all_button)
@@ -187,14 +197,17 @@ class ApprovalsWindow(QWidget):
             cells = (
                 format_duration(time.time() - job.created_at),
                 format_duration(job.estimated_seconds) if job.estimated_seconds else "unknown",
+                job.stand_in or "—",
                 " ".join(job.preview.split())[:200],
                 job.job_id.removeprefix("job-")[:10],
             )
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if column == 2:
+                    item.setToolTip(job.choice())
+                if column == PROMPT_COLUMN:
                     item.setToolTip(job.preview)
-                if column == 3:
+                if column == JOB_COLUMN:
                     item.setToolTip(job.job_id)
                 if column in (0, 1):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
@@ -223,16 +236,25 @@ class ApprovalsWindow(QWidget):
         return [self.jobs[row].job_id for row in rows if row < len(self.jobs)]
 
     def _update_buttons(self) -> None:
-        has_selection = bool(self.selected_job_ids())
+        selected = set(self.selected_job_ids())
+        has_selection = bool(selected)
         self.approve_button.setEnabled(has_selection)
+        offers = [job for job in self.jobs if job.job_id in selected and job.stand_in]
+        self.stand_in_button.setEnabled(bool(offers))
+        self.stand_in_button.setToolTip(
+            offers[0].choice() if offers else "No smaller model can answer the selected job on the GPU"
+        )
         self.reject_button.setEnabled(has_selection)
         self.approve_all_button.setEnabled(bool(self.jobs))
 
     # actions
     def _act_on_selected(self, action: str) -> None:
+        offered = {job.job_id for job in self.jobs if job.stand_in}
         for job_id in self.selected_job_ids():
-            call = self.client.approve(job_id) if action == "approve" else self.client.reject(job_id)
-            verb = "Approved" if action == "approve" else "Rejected"
+            if action == "stand-in" and job_id not in offered:
+                continue
+            call = self.client.job_action(job_id, action)
+            verb = {"approve": "Approved", "reject": "Rejected", "stand-in": "Smaller model answers"}[action]
             call.succeeded.connect(
                 lambda _answer, job_id=job_id, verb=verb: self._done(f"{verb} job {job_id}.")
             )

@@ -1,16 +1,19 @@
-"""The VRAM budget as one stacked bar: weights, KV cache, compute, reserve, other processes and free, with a
-legend of sizes and the caps the plan leads to. Fed with /failsoft/status dicts and `budget` events."""
+"""The VRAM budget as one stacked bar: the main model's weights, KV cache and compute, a share per other
+model loaded on the GPU, reserve, other processes and free, with a legend of sizes and the caps the plan
+leads to. Fed with /failsoft/status dicts and `budget` events."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import html
+from dataclasses import dataclass, replace
 from typing import Any
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPaintEvent, QPen
-from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QLayout, QSizePolicy, QVBoxLayout, QWidget
 
 from tray_app.budget.sizes import format_size
+from tray_app.ui.state import gpu_guests
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class Segment:
     label: str
     color: str
     bytes: int
+    detail: str = ""  # added to the tooltip: another model's own split
 
 
 # (key, legend label, colour, plan keys summed into it). The output (logits) buffer lives in host memory, so
@@ -33,6 +37,12 @@ SEGMENTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 
 
+MAIN_MODEL_KEYS = ("weights", "kv", "compute")  # the other models' shares are drawn after these
+# Each other model on the GPU gets a colour of its own, in the library's order.
+MODEL_COLORS = ("#7048e8", "#2f9e44", "#f59f00", "#ae3ec9", "#74b816")
+LEGEND_COLUMNS = 3
+
+
 def plan_segments(plan: dict[str, Any]) -> list[Segment]:
     """The bar's segments from a plan dict (sizes in bytes); missing keys count as zero."""
     segments = []
@@ -40,6 +50,45 @@ def plan_segments(plan: dict[str, Any]) -> list[Segment]:
         total = sum(int(plan.get(name) or 0) for name in plan_keys)
         segments.append(Segment(key, label, color, max(total, 0)))
     return segments
+
+
+def plan_split(plan: dict[str, Any]) -> str:
+    """ "Weights 200.00 MiB, KV cache 60.00 MiB, Compute 40.00 MiB": a model's own share, in parts."""
+    parts = [s for s in plan_segments(plan) if s.key in MAIN_MODEL_KEYS]
+    return ", ".join(f"{s.label} {format_size(s.bytes)}" for s in parts)
+
+
+def model_segments(status: dict[str, Any]) -> list[Segment]:
+    """A segment per other model holding GPU memory, labelled with its name."""
+    segments = []
+    for index, model in enumerate(gpu_guests(status)):
+        plan = model.get("plan")
+        segments.append(
+            Segment(
+                f"model:{model['name']}",
+                str(model["name"]),
+                MODEL_COLORS[index % len(MODEL_COLORS)],
+                int(model["vram_bytes"]),
+                plan_split(plan) if isinstance(plan, dict) else "",
+            )
+        )
+    return segments
+
+
+def status_segments(status: dict[str, Any]) -> list[Segment]:
+    """The GPU plan's split with the other models' shares taken out of the free part, so the bar still adds
+    up to the device. When free is short of them, the rest comes out of "other processes": a worker that
+    loaded after the device was measured is counted there."""
+    segments = plan_segments(status.get("plan") or {})
+    guests = model_segments(status)
+    owed = sum(guest.bytes for guest in guests)
+    for key in ("free", "other"):
+        index = next(i for i, segment in enumerate(segments) if segment.key == key)
+        taken = min(owed, segments[index].bytes)
+        segments[index] = replace(segments[index], bytes=segments[index].bytes - taken)
+        owed -= taken
+    at = len(MAIN_MODEL_KEYS)
+    return segments[:at] + guests + segments[at:]
 
 
 def caps_text(plan: dict[str, Any], caps: dict[str, Any]) -> str:
@@ -59,6 +108,32 @@ def caps_text(plan: dict[str, Any], caps: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def _legend_cell(color: str, border: str, text: QLabel) -> QHBoxLayout:
+    swatch = QLabel()
+    swatch.setFixedSize(10, 10)
+    swatch.setStyleSheet(f"background: {color}; border: 1px solid {border}; border-radius: 2px;")
+    cell = QHBoxLayout()
+    cell.setSpacing(5)
+    cell.addWidget(swatch)
+    cell.addWidget(text)
+    cell.addStretch(1)
+    return cell
+
+
+def segment_tip(segment: Segment) -> str:
+    tip = f"{segment.label}: {format_size(segment.bytes)}"
+    return f"{tip} ({segment.detail})" if segment.detail else tip
+
+
+def _clear(layout: QLayout) -> None:
+    while (item := layout.takeAt(0)) is not None:
+        if (widget := item.widget()) is not None:
+            widget.deleteLater()
+        elif (inner := item.layout()) is not None:
+            _clear(inner)
+            inner.deleteLater()
+
+
 class BarCanvas(QWidget):
     """The painted bar itself."""
 
@@ -73,7 +148,7 @@ class BarCanvas(QWidget):
 
     def set_segments(self, segments: list[Segment]) -> None:
         self.segments = segments
-        self.setToolTip("\n".join(f"{s.label}: {format_size(s.bytes)}" for s in segments if s.bytes))
+        self.setToolTip("\n".join(segment_tip(s) for s in segments if s.bytes))
         self.update()
 
     def segment_widths(self, width: float) -> list[float]:
@@ -137,25 +212,20 @@ class BudgetBar(QWidget):
         self.canvas = BarCanvas()
         layout.addWidget(self.canvas)
 
-        legend = QGridLayout()
-        legend.setHorizontalSpacing(14)
-        legend.setVerticalSpacing(3)
+        legend = self._legend_grid()
         self.legend_labels: dict[str, QLabel] = {}
         for index, (key, label, color, _keys) in enumerate(SEGMENTS):
-            swatch = QLabel()
-            swatch.setFixedSize(10, 10)
-            border = "#adb5bd" if key == "free" else color
-            swatch.setStyleSheet(f"background: {color}; border: 1px solid {border}; border-radius: 2px;")
             text = QLabel(f"{label} —")
             text.setObjectName(f"legend-{key}")
             self.legend_labels[key] = text
-            cell = QHBoxLayout()
-            cell.setSpacing(5)
-            cell.addWidget(swatch)
-            cell.addWidget(text)
-            cell.addStretch(1)
-            legend.addLayout(cell, index // 3, index % 3)
+            border = "#adb5bd" if key == "free" else color
+            legend.addLayout(_legend_cell(color, border, text), *divmod(index, LEGEND_COLUMNS))
         layout.addLayout(legend)
+        # The other models on the GPU, a row of their own that changes as they load and unload.
+        self.model_legend = self._legend_grid()
+        self.model_legend_labels: dict[str, QLabel] = {}
+        self._model_legend_shown: list[tuple[str, str]] = []
+        layout.addLayout(self.model_legend)
 
         self.caps = QLabel("")
         self.caps.setWordWrap(True)
@@ -167,19 +237,27 @@ class BudgetBar(QWidget):
         self.segments: list[Segment] = []
         self.set_status({})
 
+    @staticmethod
+    def _legend_grid() -> QGridLayout:
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(14)
+        grid.setVerticalSpacing(3)
+        return grid
+
     def set_status(self, status: dict[str, Any]) -> None:
-        """Show the GPU plan and caps of an /failsoft/status dict."""
+        """Show the GPU plan, the other models' shares and the caps of an /failsoft/status dict."""
         plan = status.get("plan") or {}
         caps = status.get("caps") or {}
-        self._show(plan, caps, bool(status.get("simulated") or plan.get("simulated")))
-
-    def _show(self, plan: dict[str, Any], caps: dict[str, Any], simulated: bool) -> None:
-        self.segments = plan_segments(plan)
+        simulated = bool(status.get("simulated") or plan.get("simulated"))
+        self.segments = status_segments(status)
         self.canvas.set_segments(self.segments)
+        guests = [segment for segment in self.segments if segment.key not in self.legend_labels]
+        self._show_model_legend(guests)
         for segment in self.segments:
-            self.legend_labels[segment.key].setText(
-                f"{segment.label} <b>{format_size(segment.bytes)}</b>" if plan else f"{segment.label} —"
-            )
+            label = self.legend_labels.get(segment.key) or self.model_legend_labels[segment.key]
+            name = html.escape(segment.label)
+            label.setText(f"{name} <b>{format_size(segment.bytes)}</b>" if plan else f"{name} —")
+            label.setToolTip(segment_tip(segment) if segment.detail else "")
         total = int(plan.get("total_bytes") or sum(s.bytes for s in self.segments))
         device = format_size(total) if total else "no plan yet"
         if simulated:
@@ -190,3 +268,19 @@ class BudgetBar(QWidget):
         self.reason.setText(reason)
         self.reason.setVisible(bool(reason) and not self.compact)
         self.canvas.setToolTip(reason + "\n\n" + self.canvas.toolTip() if reason else self.canvas.toolTip())
+
+    def _show_model_legend(self, guests: list[Segment]) -> None:
+        """Rebuilt only when the models on the GPU change, not on every status."""
+        shown = [(guest.key, guest.color) for guest in guests]
+        if shown == self._model_legend_shown:
+            return
+        self._model_legend_shown = shown
+        _clear(self.model_legend)
+        self.model_legend_labels = {}
+        for index, guest in enumerate(guests):
+            text = QLabel(html.escape(guest.label))
+            text.setObjectName(f"legend-{guest.key}")
+            self.model_legend_labels[guest.key] = text
+            self.model_legend.addLayout(
+                _legend_cell(guest.color, guest.color, text), *divmod(index, LEGEND_COLUMNS)
+            )

@@ -1,5 +1,6 @@
 """The chat window: a conversation with the service, tokens shown as they stream, a stop button, and under
-each answer a badge saying who served it (GPU, CPU, or failed over, with the reason) and how fast."""
+each answer a badge saying who served it (GPU, CPU, or failed over, with the reason) and how fast, and one
+naming the model and device that answered (and the model it stood in for)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ from PySide6.QtWidgets import (
 
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ApiCall, ChatStream, ServiceClient
-from tray_app.ui.approvals import format_duration, job_list
+from tray_app.ui.approvals import job_list
 from tray_app.ui.icons import app_icon
 from tray_app.ui.notifications import reason_text
 from tray_app.ui.qt_events import QtEventBridge
+from tray_app.ui.state import device_name, format_duration, where_text
 
 JOB_POLL_MS = 1000
 BADGE_COLORS = {
@@ -36,6 +38,7 @@ BADGE_COLORS = {
     "failover": ("#a05a00", "#fff4e6"),
     "failed": ("#c92a2a", "#fff5f5"),
     "stopped": ("#495057", "#f1f3f5"),
+    "stand_in": ("#a05a00", "#fff4e6"),  # a smaller model answered for the one asked
 }
 
 
@@ -65,10 +68,15 @@ def tokens_per_second(tokens: int, seconds: float) -> float | None:
     return tokens / seconds
 
 
+def answered_on(failsoft: dict[str, Any]) -> str:
+    """The device that answered: the service's `device`, else the worker's role ("cpu@gemma3-270m": cpu)."""
+    return str(failsoft.get("device") or str(failsoft.get("worker") or "").partition("@")[0])
+
+
 def answer_badge(failsoft: dict[str, Any], tokens: int, seconds: float, simulated: bool = False) -> Badge:
     """Who served the answer: a replay after a GPU failure is "failed over", a request the GPU profile could
     not take is "CPU" with its reason."""
-    worker = str(failsoft.get("worker") or "")
+    worker = answered_on(failsoft)
     reason = str(failsoft.get("fallback_reason") or "")
     attempts = int(failsoft.get("attempts") or 1)
     rate = tokens_per_second(tokens, seconds)
@@ -86,6 +94,36 @@ def answer_badge(failsoft: dict[str, Any], tokens: int, seconds: float, simulate
         retried = f" · {attempts} attempts" if attempts > 1 else ""
         return Badge("gpu", f"GPU{' (simulated)' if simulated else ''}{retried}{speed}", detail)
     return Badge("gpu" if worker else "stopped", f"{worker or 'Unknown worker'}{speed}", detail)
+
+
+def model_badge(failsoft: dict[str, Any]) -> Badge | None:
+    """ "gemma3-270m on GPU · stand-in for qwen3-8b"; None from a service that does not name the model."""
+    model = str(failsoft.get("model") or "")
+    if not model:
+        return None
+    device = answered_on(failsoft)
+    text = f"{model} on {device_name(device)}" if device else model
+    detail = f"Answered by {model} {where_text(device)}" if device else f"Answered by {model}"
+    stand_in_for = str(failsoft.get("stand_in_for") or "")
+    if stand_in_for:
+        return Badge(
+            "stand_in",
+            f"{text} · stand-in for {stand_in_for}",
+            f"{detail}, standing in for {stand_in_for}, which could not answer on the GPU",
+        )
+    return Badge(device if device in ("gpu", "cpu") else "stopped", text, detail)
+
+
+def with_header_model(failsoft: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """The answer's `failsoft` object, with the model from the X-Failsoft-* headers when it names none (a job
+    result read back after its stream ended). The header's device only counts when nothing else says where
+    it ran: a failover after the headers moves the answer to the CPU."""
+    info = dict(failsoft)
+    if not info.get("model") and headers.get("x-failsoft-model"):
+        info["model"] = headers["x-failsoft-model"]
+        if not answered_on(info) and headers.get("x-failsoft-device"):
+            info["device"] = headers["x-failsoft-device"]
+    return info
 
 
 def _completion_text(result: dict[str, Any]) -> str:
@@ -115,6 +153,8 @@ class AnswerView(QFrame):
         self.badge = QLabel("")
         self.badge.hide()
         self.badge_kind = ""
+        self.model_badge = QLabel("")
+        self.model_badge.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
@@ -123,6 +163,7 @@ class AnswerView(QFrame):
         layout.addWidget(self.progress)
         badge_row = QHBoxLayout()
         badge_row.addWidget(self.badge)
+        badge_row.addWidget(self.model_badge)
         badge_row.addStretch(1)
         layout.addLayout(badge_row)
         self.setStyleSheet("#answer { background: #ffffff; border: 1px solid #dee2e6; border-radius: 10px; }")
@@ -143,18 +184,24 @@ class AnswerView(QFrame):
             self.progress.setValue(min(value, maximum))
         self.progress.show()
 
-    def set_badge(self, badge: Badge) -> None:
-        foreground, background = BADGE_COLORS[badge.kind]
+    def set_badge(self, badge: Badge, model: Badge | None = None) -> None:
         self.badge_kind = badge.kind
-        self.badge.setText(badge.text)
-        self.badge.setToolTip(badge.detail)
-        self.badge.setStyleSheet(
-            f"color: {foreground}; background: {background}; border: 1px solid {foreground};"
-            " border-radius: 8px; padding: 2px 8px; font-size: 11px; font-weight: 600;"
-        )
-        self.badge.show()
+        _paint_badge(self.badge, badge)
+        if model is not None:
+            _paint_badge(self.model_badge, model)
         self.set_phase("")
         self.progress.hide()
+
+
+def _paint_badge(label: QLabel, badge: Badge) -> None:
+    foreground, background = BADGE_COLORS[badge.kind]
+    label.setText(badge.text)
+    label.setToolTip(badge.detail)
+    label.setStyleSheet(
+        f"color: {foreground}; background: {background}; border: 1px solid {foreground};"
+        " border-radius: 8px; padding: 2px 8px; font-size: 11px; font-weight: 600;"
+    )
+    label.show()
 
 
 class Exchange:
@@ -166,6 +213,7 @@ class Exchange:
         self.stream = stream
         self.max_tokens = max_tokens
         self.job_id = ""
+        self.headers: dict[str, str] = {}
         self.on_cpu = False
         self.estimated_seconds = 0.0
         self.cpu_started: float | None = None
@@ -184,8 +232,11 @@ class Exchange:
     # the stream
     def _started(self, headers: dict[str, str]) -> None:
         self.job_id = headers.get("x-failsoft-job", self.job_id)
+        self.headers = headers
         if not self.tokens:
-            self.view.set_phase("Generating…")
+            model, device = headers.get("x-failsoft-model"), headers.get("x-failsoft-device")
+            on = f" with {model} on {device_name(device)}" if model and device else ""
+            self.view.set_phase(f"Generating{on}…")
 
     def _delta(self, text: str) -> None:
         now = time.monotonic()
@@ -202,7 +253,8 @@ class Exchange:
     def _finished(self, failsoft: dict[str, Any]) -> None:
         tokens = int(self.stream.usage.get("completion_tokens") or self.tokens)
         seconds = time.monotonic() - self.first_token_at if self.first_token_at is not None else 0.0
-        self._end(answer_badge(failsoft, tokens, seconds, self.window.simulated))
+        info = with_header_model(failsoft, self.headers)
+        self._end(answer_badge(info, tokens, seconds, self.window.simulated), model_badge(info))
 
     def _failed(self, message: str, error: dict[str, Any]) -> None:
         job_id = str(error.get("job_id") or "")
@@ -287,17 +339,18 @@ class Exchange:
                 "attempts": job.get("attempts"),
                 "fallback_reason": job.get("fallback_reason"),
             }
-            self._end(answer_badge(info, tokens, seconds, self.window.simulated))
+            info = with_header_model(info, self.headers)
+            self._end(answer_badge(info, tokens, seconds, self.window.simulated), model_badge(info))
         else:
             message = str((job.get("error") or {}).get("message") or state)
             self._end(Badge("failed", f"Job {state} — {message}"))
 
-    def _end(self, badge: Badge) -> None:
+    def _end(self, badge: Badge, model: Badge | None = None) -> None:
         if self.done:
             return
         self.done = True
         self.poll.stop()
-        self.view.set_badge(badge)
+        self.view.set_badge(badge, model)
         self.window.exchange_ended(self, badge)
 
 
@@ -434,4 +487,5 @@ class ChatWindow(QWidget):
 
     def scroll_to_end(self) -> None:
         bar = self.transcript_scroll.verticalScrollBar()
-        QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))
+        # The bar as the timer's context: a window closed before the timer fires drops the call with it.
+        QTimer.singleShot(0, bar, lambda: bar.setValue(bar.maximum()))

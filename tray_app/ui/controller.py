@@ -236,6 +236,8 @@ class TrayApp(QObject):
             "windows": windows,
             "notices": [notice.title for notice in self.notifications.shown],
             "chat_badges": [answer.badge.text() for answer in self.chat.answers] if self.chat else [],
+            "chat_models": [answer.model_badge.text() for answer in self.chat.answers] if self.chat else [],
+            "models": {name: menu.title() for name, menu in self.tray.library.models.items()},
             "approvals_rows": len(self.approvals.jobs) if self.approvals else 0,
             "menu_geometry": self._menu_geometry(),
             "message_geometry": self._message_geometry(),

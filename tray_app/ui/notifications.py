@@ -37,12 +37,21 @@ REASONS = {
     "fallback_disabled": "fallback is turned off in the settings",
     "context_length_exceeded": "the request does not fit any worker's context",
     "cpu_too_slow": "the CPU would miss the deadline",
+    "stand_in": "a smaller model answered on the GPU",
     "cpu_ram_insufficient": "there is not enough RAM for the CPU worker",
     "no_cpu_worker": "no CPU worker is available",
     "effects_delivered": "a tool call was already delivered",
     "stream_started": "part of the answer was already sent",
     "constrained_stream_started": "part of an answer bound to a grammar, schema or tools was already sent",
     "approval_backlog_full": "too many jobs already wait for approval",
+    # Why loading or unloading a library model was refused (the error codes of /failsoft/models/...).
+    "model_does_not_fit": "the model does not fit in the memory free now",
+    "model_not_found": "the service has no model by that name",
+    "model_busy": "requests are running on the model",
+    "model_not_on_device": "the model has no worker on that device",
+    "model_not_ready": "the model did not become ready in time",
+    "no_worker_for_model": "the model has no worker here",
+    "main_model": "the main model is always kept loaded",
 }
 
 

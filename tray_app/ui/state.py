@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,17 @@ DOWN = "down"
 # Worker states in which the worker is on its way back rather than gone.
 RECOVERING_STATES = {"starting", "restarting", "unhealthy"}
 
+# Where a library model is (`ModelStatus.where`), in words; the tray has words for every value.
+WHERE_WORDS = {
+    "gpu": "on the GPU",
+    "cpu": "on the CPU",
+    "gpu+cpu": "on the GPU and the CPU",
+    "loading": "loading…",
+    "unloading": "unloading…",
+    "not loaded": "not loaded",
+}
+DEVICE_NAMES = {"gpu": "GPU", "cpu": "CPU"}
+
 
 @dataclass(frozen=True)
 class TraySummary:
@@ -21,6 +33,21 @@ class TraySummary:
     headline: str  # short: "GPU serving", "CPU fallback active", ...
     tooltip: str  # one line with the essentials
     simulated: bool
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "unknown"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
+    return f"{seconds // 3600:.0f} h {(seconds % 3600) // 60:02.0f} min"
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return one if count == 1 else many.format(count)
 
 
 def worker_state(status: dict[str, Any], role: str) -> str:
@@ -88,3 +115,111 @@ def summarize(
         parts.append(f"{pending} awaiting approval")
     tooltip = "Failsoft: " + " · ".join(part for part in parts if part)
     return TraySummary(level, headline, tooltip, bool(status.get("simulated")))
+
+
+# The model library (`status["models"]`, main model first). Until the contract's ModelStatus lands the dicts
+# are read by key; a service without a library has no "models" and the tray shows none.
+
+
+def device_name(device: str) -> str:
+    """ "GPU", "CPU"; an unknown device keeps its own name, so a CPU answer is never called "GPU"."""
+    return DEVICE_NAMES.get(device, device.upper() or "unknown device")
+
+
+def where_text(where: str) -> str:
+    return WHERE_WORDS.get(where, where or "unknown")
+
+
+def library(status: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in status.get("models") or [] if isinstance(m, dict) and m.get("name")]
+
+
+def is_loaded(model: dict[str, Any]) -> bool:
+    return str(model.get("where") or "not loaded") not in ("not loaded", "loading")
+
+
+def model_line(model: dict[str, Any]) -> str:
+    """ "gemma3-270m · on the GPU · 300.00 MiB VRAM · unloads in 42 s"."""
+    parts = [str(model["name"])]
+    if model.get("main"):
+        parts.append("main")
+    parts.append(where_text(str(model.get("where") or "")))
+    vram = int(model.get("vram_bytes") or 0)
+    if vram > 0:
+        parts.append(f"{format_size(vram)} VRAM")
+    in_flight = int(model.get("in_flight") or 0)
+    if in_flight:
+        parts.append(_plural(in_flight, "1 request running", "{} requests running"))
+    unload_in = model.get("unload_in")
+    if isinstance(unload_in, int | float):
+        parts.append(f"unloads in {format_duration(unload_in)}")
+    return " · ".join(parts)
+
+
+def model_worker(status: dict[str, Any], role: str) -> dict[str, Any]:
+    """A model's worker by role: the main model's are in "workers", the others' in "library_workers"."""
+    for key in ("library_workers", "workers"):
+        worker = (status.get(key) or {}).get(role)
+        if isinstance(worker, dict):
+            return worker
+    return {}
+
+
+def model_details(model: dict[str, Any], status: dict[str, Any]) -> list[str]:
+    """The lines of a model's submenu above its actions."""
+    lines = []
+    if model.get("aliases"):
+        lines.append("Also called " + ", ".join(str(alias) for alias in model["aliases"]))
+    devices = [device_name(str(device)) for device in model.get("devices") or []]
+    if devices:
+        lines.append("May run on the " + " or the ".join(devices))
+    if model.get("stand_in"):
+        lines.append(f"Stand-in on the GPU: {model['stand_in']}")
+    keep_alive = float(model.get("keep_alive") or 0)
+    if model.get("main") or keep_alive < 0:
+        lines.append("Always kept loaded")
+    else:
+        lines.append(f"Unloads {format_duration(keep_alive)} after its last request")
+    idle = model.get("idle_seconds")
+    if isinstance(idle, int | float) and is_loaded(model):
+        lines.append(f"Idle for {format_duration(idle)}")
+    if not model.get("main"):  # the main model's workers have their own menus
+        for device, role in (model.get("workers") or {}).items():
+            worker = model_worker(status, str(role))
+            line = f"{device_name(str(device))} worker {role}: {worker.get('state') or 'not running'}"
+            if worker.get("pid"):
+                line += f" · pid {worker['pid']}"
+            if worker.get("rss_bytes"):
+                line += f" · {format_size(worker['rss_bytes'])}"
+            lines.append(line)
+    return lines
+
+
+def load_block(model: dict[str, Any]) -> str:
+    """Why "Load" is off for a model, in words; "" when it can be loaded."""
+    where = str(model.get("where") or "not loaded")
+    if model.get("main"):
+        return "The main model is always loaded; its workers have their own menus"
+    if where == "loading":
+        return "Loading now"
+    if where != "not loaded":
+        return f"Already loaded {where_text(where)}"
+    return ""
+
+
+def unload_block(model: dict[str, Any]) -> str:
+    """Why "Unload" is off for a model, in words; "" when it can be unloaded."""
+    in_flight = int(model.get("in_flight") or 0)
+    if model.get("main"):
+        return "The main model is never unloaded"
+    if in_flight:
+        running = _plural(in_flight, "1 request runs", "{} requests run")
+        return f"{running} on it; it can be unloaded when they end"
+    if str(model.get("where") or "not loaded") == "not loaded":
+        return "Not loaded"
+    return ""
+
+
+def gpu_guests(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The other models holding GPU memory now: each is a share of the device beside the main model's."""
+    return [m for m in library(status) if not m.get("main") and int(m.get("vram_bytes") or 0) > 0]

@@ -102,7 +102,10 @@ class StatusModel(QObject):
         if self.status is not None:
             status = copy.deepcopy(self.status)
             if kind == "worker_state" and event.get("role"):
-                worker = status.setdefault("workers", {}).setdefault(event["role"], {})
+                # Another model's worker is in "library_workers"; the reconciling fetch places a new one.
+                library_workers = status.get("library_workers") or {}
+                key = "library_workers" if event["role"] in library_workers else "workers"
+                worker = status.setdefault(key, {}).setdefault(event["role"], {})
                 worker["state"] = event.get("new")
                 if event.get("pid") is not None:
                     worker["pid"] = event["pid"]

@@ -1,5 +1,5 @@
-"""The tray icon and its menu: state at a glance, the budget bar, worker control, and the way into the
-approvals, chat and settings windows."""
+"""The tray icon and its menu: state at a glance, the budget bar, worker control, the model library, and the
+way into the approvals, chat and settings windows."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tray_app.budget.sizes import format_size
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.budget_bar import BudgetBar
 from tray_app.ui.icons import state_icon, state_pixmap, swatch_icon
+from tray_app.ui.models_menu import ModelsMenu, model_failure
 from tray_app.ui.notifications import Notice
 from tray_app.ui.state import caps_label, device_label, worker_state
 from tray_app.ui.status_model import StatusModel
@@ -145,6 +146,8 @@ class TrayIcon(QObject):
         self.workers = {role: WorkerMenu(role, self.worker_action) for role in ("gpu", "cpu")}
         for worker_menu in self.workers.values():
             menu.addMenu(worker_menu)
+        self.library = ModelsMenu(self.model_action)
+        menu.addMenu(self.library)
         menu.addSeparator()
         self.approvals_action = menu.addAction("&Approvals…", self.open_approvals.emit)
         self.chat_action = menu.addAction("&Chat…", self.open_chat.emit)
@@ -175,6 +178,7 @@ class TrayIcon(QObject):
             worker.setdefault("state", worker_state(status, role) if status else "unknown")
             worker_menu.update_from(worker)
             worker_menu.setEnabled(self.model.reachable)
+        self.library.update_from(status, self.model.reachable)
         pending = int((status.get("approvals") or {}).get("pending") or 0)
         self.approvals_action.setText(
             f"&Approvals ({pending} waiting)…" if pending else "&Approvals (none waiting)…"
@@ -188,6 +192,25 @@ class TrayIcon(QObject):
                 Notice(f"{role.upper()} worker: {action} failed", message, "critical", False)
             )
         )
+
+    def model_action(self, name: str, action: str) -> None:
+        """`action` is load (on the device the service chooses) or unload."""
+        call = self.client.load_model(name) if action == "load" else self.client.unload_model(name)
+        self.library.pending.add(name)
+        self.model.schedule_refresh()  # a load shows "loading" while it runs
+
+        def done() -> None:
+            self.library.pending.discard(name)
+            self.refresh()
+            self.model.schedule_refresh()
+
+        def failed(message: str) -> None:
+            done()
+            self.show_notice(model_failure(name, action, message, call.error))
+
+        call.succeeded.connect(lambda _answer: done())
+        call.failed.connect(failed)
+        self.refresh()
 
     def open_logs(self) -> None:
         folder = paths.log_dir()

@@ -20,12 +20,16 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tray_app.budget.planner import Plan
+from tray_app.host.library import LoadRefused
 from tray_app.host.service import Service
+from tray_app.library.catalog import ModelEntry
 from tray_app.server.app import Router, read_body
 from tray_app.server.errors import ApiError
 from tray_app.server.ollama import paths
 from tray_app.server.ollama.model_card import ModelCard, model_card
 from tray_app.server.ollama.translate import (
+    LATEST,
     OLLAMA_VERSION,
     Kind,
     OllamaError,
@@ -38,10 +42,12 @@ from tray_app.server.ollama.translate import (
     embeddings_request,
     generate_request,
     is_load_request,
+    is_zero_keep_alive,
     iso,
     load_answer,
     managed_in_config,
     model_name,
+    not_found,
     openai_error,
     openai_result,
     parse_body,
@@ -148,14 +154,19 @@ class OllamaRoutes:
         try:
             body = parse_body(await read_body(request, self.router.max_body))
             model = require_model(body, self.svc.model_names)
+            entry = self._entry(model)
             if is_load_request(path_kind, body):
-                # Ollama's "load the model" (or, with keep_alive 0, "unload") call: the model is loaded.
+                # Ollama's "load the model" call (with keep_alive 0, "unload"): the main model is always
+                # loaded; another model is loaded (or unloaded) now.
+                await self._load_or_unload(entry, body)
                 return JSONResponse(load_answer(path_kind, model, body))
             kind: Kind = "chat"
             if path_kind == "chat":
-                openai = chat_request(body, self.svc.model_id)
+                openai = chat_request(body, entry.name)
             else:
-                kind, openai = generate_request(body, self.svc.model_id)
+                kind, openai = generate_request(body, entry.name)
+            if body.get("keep_alive") is not None:
+                openai["keep_alive"] = body["keep_alive"]  # the router takes it (and checks it)
         except OllamaError as error:
             return error_response(error)
         except ApiError as error:
@@ -176,7 +187,7 @@ class OllamaRoutes:
         timing = Timing()
         try:
             body = parse_body(await read_body(request, self.router.max_body))
-            model = require_model(body, self.svc.model_names)
+            model = require_model(body, set(self.svc.catalog.main.names()))  # embeddings: the main model
             translate = embeddings_request if legacy else embed_request
             openai = translate(body, self.svc.model_id)
         except OllamaError as error:
@@ -193,12 +204,34 @@ class OllamaRoutes:
         shaped = embeddings_answer(vectors) if legacy else embed_answer(model, vectors, timing)
         return JSONResponse(shaped, headers=identity)
 
-    # ------------------------------------------------------------------------------ models
-    async def _card(self) -> ModelCard:
-        return await asyncio.to_thread(model_card, self.svc.model_path)
+    def _entry(self, name: str) -> ModelEntry:
+        """The library's model an Ollama name means (any case, with or without `:latest`)."""
+        wanted = name.strip().lower().removesuffix(LATEST)
+        for entry in self.svc.catalog.entries:
+            if any(wanted == candidate.lower() for candidate in entry.names()):
+                return entry
+        raise not_found(name)
 
-    def _listing(self, card: ModelCard) -> dict[str, Any]:
-        name = model_name(self.svc.model_id)
+    async def _load_or_unload(self, entry: ModelEntry, body: dict[str, Any]) -> None:
+        library = self.svc.library
+        if entry.main:
+            return
+        if is_zero_keep_alive(body.get("keep_alive")):
+            if not library.busy(entry.name):
+                await library.unload(entry.name)
+            return
+        device = "gpu" if "gpu" in library.roles(entry) else "cpu"
+        try:
+            await library.load(entry, device, self.svc.cfg.supervisor.start_timeout)
+        except LoadRefused:
+            await library.load(entry, "cpu", self.svc.cfg.supervisor.start_timeout)
+
+    # ------------------------------------------------------------------------------ models
+    async def _card(self, entry: ModelEntry | None = None) -> ModelCard:
+        return await asyncio.to_thread(model_card, (entry or self.svc.catalog.main).path)
+
+    def _listing(self, card: ModelCard, entry: ModelEntry | None = None) -> dict[str, Any]:
+        name = model_name((entry or self.svc.catalog.main).name)
         return {
             "name": name,
             "model": name,
@@ -215,18 +248,20 @@ class OllamaRoutes:
         return JSONResponse({"version": OLLAMA_VERSION})
 
     async def tags(self, request: Request) -> Response:
-        return JSONResponse({"models": [self._listing(await self._card())]})
+        """Every model a request may name: the main one, then the library's."""
+        entries = self.svc.catalog.entries
+        return JSONResponse({"models": [self._listing(await self._card(entry), entry) for entry in entries]})
 
     async def show(self, request: Request) -> Response:
         try:
             body = parse_body(await read_body(request, self.router.max_body))
-            require_model(body, self.svc.model_names)
+            entry = self._entry(require_model(body, self.svc.model_names))
         except OllamaError as error:
             return error_response(error)
         except ApiError as error:
             return error_response(_from_api_error(error))
-        card = await self._card()
-        n_ctx = self.svc.plan_set.gpu.n_ctx_per_seq
+        card = await self._card(entry)
+        n_ctx = self.router.context_per_slot(entry)
         parameters = f"num_ctx                        {n_ctx}"
         modelfile = (
             f"# Modelfile generated by Failsoft (models are set in its config file)\n"
@@ -247,29 +282,35 @@ class OllamaRoutes:
         )
 
     async def ps(self, request: Request) -> Response:
-        """The model is loaded while a worker is ready: on the GPU worker (size_vram: what its plan puts on
-        the device) or only on the CPU worker (size_vram 0)."""
-        card = await self._card()
-        gpu_ready = self.svc.worker_status("gpu")["state"] == "ready"
-        cpu_ready = self.svc.worker_status("cpu")["state"] == "ready"
-        if not (gpu_ready or cpu_ready):
-            return JSONResponse({"models": []})
-        if gpu_ready:
-            plan = self.svc.plan_set.gpu
-            size_vram = plan.weights_bytes + plan.kv_bytes + plan.compute_bytes
-            size = size_vram + plan.host_weights_bytes + plan.host_kv_bytes
-        else:
-            plan = self.svc.plan_set.cpu
-            size_vram = 0
-            size = plan.weights_bytes + plan.kv_bytes + plan.compute_bytes
-        entry = {
-            **self._listing(card),
-            "size": size,
-            "size_vram": size_vram,
-            "expires_at": (datetime.now(UTC) + FOREVER).isoformat().replace("+00:00", "Z"),
-            "context_length": plan.n_ctx_per_seq,
-        }
-        return JSONResponse({"models": [entry]})
+        """The models loaded now: on a GPU worker (size_vram: what its plan puts on the device) or only on
+        a CPU worker (size_vram 0); expires_at from each one's keep-alive (the main model's: never)."""
+        loaded = []
+        for status in self.svc.library.status(self.svc.plan_set, self.svc.slots.in_flight):
+            if status["where"] in ("not loaded", "loading"):
+                continue
+            entry = self._entry(status["name"])
+            plan = self._loaded_plan(entry, on_gpu="gpu" in status["where"])
+            size_vram = status["vram_bytes"]
+            size = plan.weights_bytes + plan.kv_bytes + plan.compute_bytes + plan.host_weights_bytes
+            unload_in = status["unload_in"]
+            expires = FOREVER if unload_in is None else timedelta(seconds=unload_in)
+            loaded.append(
+                {
+                    **self._listing(await self._card(entry), entry),
+                    "size": max(size, size_vram),
+                    "size_vram": size_vram,
+                    "expires_at": (datetime.now(UTC) + expires).isoformat().replace("+00:00", "Z"),
+                    "context_length": plan.n_ctx_per_seq,
+                }
+            )
+        return JSONResponse({"models": loaded})
+
+    def _loaded_plan(self, entry: ModelEntry, *, on_gpu: bool) -> Plan:
+        if entry.main:
+            return self.svc.plan_set.gpu if on_gpu else self.svc.plan_set.cpu
+        plans = self.svc.library.plans[entry.name]
+        plan = plans.gpu if on_gpu else plans.cpu
+        return plan or plans.cpu or self.svc.plan_set.cpu
 
     async def managed(self, request: Request) -> Response:
         """pull, push, create, copy, delete, blobs: models are set in the config file."""
