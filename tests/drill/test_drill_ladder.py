@@ -6,7 +6,6 @@ model and device answered, nothing is lost or doubled, and nothing the drill sta
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.drill.test_drill_run import processes_under
+from tests.drill.test_drill_run import drill_env, processes_under
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -23,16 +22,7 @@ RUN_TIMEOUT = 300
 
 @pytest.fixture(scope="module")
 def ladder_run(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("drill-ladder")
-    scratch = root / "tmp"
-    scratch.mkdir()
-    env = {
-        **os.environ,
-        "FAILSOFT_CONFIG": str(root / "config.toml"),
-        "FAILSOFT_DATA_DIR": str(root / "data"),
-        "FAILSOFT_LOG_DIR": str(root / "logs"),
-        "TMPDIR": str(scratch),
-    }
+    env, scratch = drill_env(tmp_path_factory.mktemp("drill-ladder"))
     command = [sys.executable, "-m", "tray_app", "drill", "--simulate-vram", "4GiB", "--scenario", "h,i,j"]
     done = subprocess.run(
         [*command, "--json"], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False

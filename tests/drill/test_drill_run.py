@@ -34,10 +34,10 @@ def processes_under(root: Path) -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture(scope="module")
-def drill_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("drill")
-    scratch = root / "tmp"  # the drill's service runs from a temporary directory under here
+def drill_env(root: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a `failsoft drill` run whose files all live under `root`, and its scratch dir
+    (the drill's service runs from a temporary directory under there)."""
+    scratch = root / "tmp"
     scratch.mkdir()
     env = {
         **os.environ,
@@ -46,6 +46,13 @@ def drill_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "FAILSOFT_LOG_DIR": str(root / "logs"),
         "TMPDIR": str(scratch),
     }
+    return env, scratch
+
+
+@pytest.fixture(scope="module")
+def drill_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("drill")
+    env, scratch = drill_env(root)
     command = [sys.executable, "-m", "tray_app", "drill", "--simulate-vram", "4GiB", "--pressure", PRESSURE]
     command += ["--scenario", "a,b,c,d,e,f,g", "--json"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)

@@ -14,7 +14,7 @@ from pytestqt.qtbot import QtBot
 
 from tests.support.service import ServiceHandle, running_service
 from tray_app import config
-from tray_app.ui.approvals import format_duration
+from tray_app.ui.approvals import PROMPT_COLUMN, format_duration
 from tray_app.ui.controller import TrayApp
 
 pytestmark = pytest.mark.integration
@@ -95,8 +95,9 @@ def test_approve_from_the_window_and_the_job_completes(
     estimate = job(service, job_id)["estimated_seconds"]
     assert estimate > 0
     assert window.table.item(row, 1).text() == format_duration(estimate)
-    assert window.table.item(row, 2).text().startswith("Note 0: the harbour lights")
-    assert window.table.item(row, 2).toolTip().startswith("Note 0: the harbour lights")
+    assert window.table.item(row, 2).text() == "—"  # one model: no smaller one to offer instead
+    assert window.table.item(row, PROMPT_COLUMN).text().startswith("Note 0: the harbour lights")
+    assert window.table.item(row, PROMPT_COLUMN).toolTip().startswith("Note 0: the harbour lights")
     assert window.heading.text() == "1 job waits for approval"
     window.table.selectRow(row)
     qtbot.mouseClick(window.approve_button, Qt.MouseButton.LeftButton)

@@ -23,7 +23,7 @@ import psutil
 from tray_app.budget.sizes import format_size
 from tray_app.contract.status import ModelStatus, ServiceStatus, WorkerStatus
 from tray_app.drill.client import Answer, DrillError
-from tray_app.drill.records import Expectation, JobTrace, ScenarioRecord, account, answerer
+from tray_app.drill.records import Expectation, JobTrace, ScenarioRecord, answerer
 from tray_app.drill.scenarios import (
     BASE,
     PROMPT_ALLOWANCE,
@@ -33,6 +33,7 @@ from tray_app.drill.scenarios import (
     DrillContext,
     _finish,
     _read_trace,
+    count_answer,
 )
 from tray_app.jobs import policy
 from tray_app.library.eviction import Loaded, make_room
@@ -479,12 +480,7 @@ def _long_stream(model: str, n_ctx_per_seq: int, cap: int = LONG_STREAM_CAP) -> 
 
 async def _job(ctx: DrillContext, record: ScenarioRecord, answer: Answer, start: float) -> JobTrace | None:
     """Account for one of the scenario's requests: lost, doubled, its job and first error."""
-    trace = await ctx.trace(answer.job_id) if answer.job_id else None
-    lost, doubled, note = account(answer, trace)
-    record.lost += lost
-    record.doubled += doubled
-    if note:
-        record.notes.append(note)
+    trace = await count_answer(ctx, record, answer)
     if answer.error:
         record.notes.append(f"error to the client: {answer.error.get('code')}: {answer.error.get('message')}")
     if trace is not None:

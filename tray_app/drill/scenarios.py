@@ -204,6 +204,17 @@ async def _finish(
     return trace
 
 
+async def count_answer(ctx: DrillContext, record: ScenarioRecord, answer: Answer) -> JobTrace | None:
+    """One answer into the record's tallies (lost, answered twice, why); its job once it has ended."""
+    trace = await ctx.trace(answer.job_id) if answer.job_id else None
+    lost, doubled, note = account(answer, trace)
+    record.lost += lost
+    record.doubled += doubled
+    if note:
+        record.notes.append(note)
+    return trace
+
+
 def worker_notes(events: EventLog, start: float, end: float) -> list[str]:
     """What the supervisor said about the GPU worker meanwhile: its own failure kind and the restart."""
     notes = []
@@ -327,12 +338,7 @@ async def concurrent_failover(ctx: DrillContext, count: int = 4) -> ScenarioReco
     record.total_seconds = round(max(answer.ended_at for answer in answers) - start, 3)
     routes: list[tuple[str, str, str]] = []
     for answer in answers:
-        trace = await ctx.trace(answer.job_id) if answer.job_id else None
-        lost, doubled, note = account(answer, trace)
-        record.lost += lost
-        record.doubled += doubled
-        if note:
-            record.notes.append(note)
+        trace = await count_answer(ctx, record, answer)
         if trace is None:
             routes.append(("none", "", "unknown"))
             continue
@@ -400,12 +406,7 @@ async def agent_turn(ctx: DrillContext) -> ScenarioRecord:
         record.notes.append("no tool call was delivered")
         return record
     final = await ctx.client.chat({**BASE, "messages": messages, "max_tokens": 16})
-    final_trace = await ctx.trace(final.job_id) if final.job_id else None
-    lost, doubled, note = account(final, final_trace)
-    record.lost += lost
-    record.doubled += doubled
-    if note:
-        record.notes.append(note)
+    final_trace = await count_answer(ctx, record, final)
     if final_trace is not None:
         record.job_ids.append(final.job_id)
         record.final_states.append(final_trace.state)
