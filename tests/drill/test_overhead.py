@@ -6,10 +6,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.helpers import base_settings
 from tests.support.service import ServiceHandle, running_service
+from tray_app.bench.byte_proxy import byte_proxy
 from tray_app.bench.overhead import measure_overhead
 
 pytestmark = pytest.mark.integration
@@ -39,3 +41,23 @@ def test_overhead_measurement_reports_both_paths(svc: ServiceHandle) -> None:
     assert set(figures["added_ms"]) == set(figures["ratio"]) == set(figures["direct"])
     # The router process did the routing work: it used CPU time for the routed requests.
     assert figures["router_cpu_ms_per_request"] > 0
+
+
+def test_the_byte_proxy_passes_a_workers_answers_through_unchanged(svc: ServiceHandle) -> None:
+    """The bench's floor: a byte-for-byte proxy in front of the real worker answers what the worker does."""
+    worker_url = svc.status()["workers"]["gpu"]["base_url"]
+    body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0, "seed": 1}
+    direct = httpx.post(
+        worker_url + "/v1/chat/completions", json=body, headers=svc.worker_headers, timeout=60
+    )
+    with byte_proxy(int(worker_url.rsplit(":", 1)[1])) as proxy_url:
+        proxied = httpx.post(
+            proxy_url + "/v1/chat/completions", json=body, headers=svc.worker_headers, timeout=60
+        )
+        streamed = httpx.post(
+            proxy_url + "/v1/chat/completions", json={**body, "stream": True}, headers=svc.worker_headers
+        )
+    assert proxied.status_code == direct.status_code == 200
+    answer = proxied.json()["choices"][0]["message"]["content"]
+    assert answer == direct.json()["choices"][0]["message"]["content"]
+    assert streamed.text.rstrip().endswith("data: [DONE]")

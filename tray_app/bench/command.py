@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from tray_app import paths
+from tray_app.bench.byte_proxy import byte_proxy
 from tray_app.bench.measure import failover_figures, planner_figures, profile_figures
 from tray_app.bench.overhead import measure_overhead
 from tray_app.bench.report import text
@@ -134,6 +135,11 @@ def bench(
     results["router_fixed_cost"] = measure_overhead(
         url, gpu_url, rounds=rounds, max_tokens=1, headers=headers, router_pid=router_pid
     )
+    progress(f"a byte-for-byte proxy's overhead, 1 token ({rounds} rounds): the floor of any extra hop")
+    with byte_proxy(int(gpu_url.rsplit(":", 1)[1])) as proxy_url:
+        results["byte_proxy"] = measure_overhead(
+            proxy_url, gpu_url, rounds=rounds, max_tokens=1, headers=headers
+        )
     progress(f"router overhead, {OVERHEAD_TOKENS} tokens ({rounds} rounds)")
     results["router_overhead"] = measure_overhead(
         url, gpu_url, rounds=rounds, max_tokens=OVERHEAD_TOKENS, headers=headers, router_pid=router_pid

@@ -53,6 +53,19 @@ def router_lines(router: dict[str, Any]) -> list[str]:
     return lines
 
 
+def floor_lines(proxy: dict[str, Any] | None, router: dict[str, Any]) -> list[str]:
+    """The same one-token requests through a byte-for-byte proxy: what the extra hop alone costs here, and
+    so the router's own share of its overhead."""
+    if proxy is None:
+        return []
+    lines = ["  through a byte-for-byte proxy instead (the floor of any extra hop on this machine):"]
+    for key in ("ttft_p50_ms", "p50_ms"):
+        label = dict(ROUTER_ROWS)[key]
+        floor, added = proxy["added_ms"][key], router["added_ms"][key]
+        lines.append(f"    {label:<32} {floor:+.2f} ms  (the router's own share: {added - floor:+.2f} ms)")
+    return lines
+
+
 def throughput_lines(throughput: dict[str, Any]) -> list[str]:
     lines = [
         f"throughput: concurrent clients, each {throughput['requests_per_client']} requests of "
@@ -64,9 +77,13 @@ def throughput_lines(throughput: dict[str, Any]) -> list[str]:
             f"  {row['clients']} client{'' if row['clients'] == 1 else 's':<2} "
             f"{row['direct_tokens_per_second']:>8.1f} -> {row['router_tokens_per_second']:>8.1f} tokens/s  "
             f"{_ratio(row['ratio'])}   TTFT p50 {_ms(row['direct_ttft_p50_ms'], 2)} -> "
-            f"{_ms(row['router_ttft_p50_ms'], 2)}"
+            f"{_ms(row['router_ttft_p50_ms'], 2)}{_added(row.get('ttft_added_p50_ms'))}"
         )
     return lines
+
+
+def _added(value: float | None) -> str:
+    return "" if value is None else f"  (added {value:+.2f} ms: the median of the rounds' differences)"
 
 
 def failover_lines(failover: dict[str, Any]) -> list[str]:
@@ -126,6 +143,7 @@ def text(results: dict[str, Any]) -> str:
         f"{format_size(int(device.get('total_bytes') or 0))}{label}; {results['seconds']:.0f}s",
         "",
         *router_lines(results["router_fixed_cost"]),
+        *floor_lines(results.get("byte_proxy"), results["router_fixed_cost"]),
         "",
         *router_lines(results["router_overhead"]),
         "",

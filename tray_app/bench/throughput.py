@@ -88,6 +88,18 @@ def _median_ms(values: list[float]) -> float | None:
     return round(statistics.median(values) * 1000, 2) if values else None
 
 
+def _round_differences(direct: list[Run], routed: list[Run]) -> float | None:
+    """The median over rounds of (the router's TTFT p50 - the worker's TTFT p50) in that round, in ms."""
+    pairs = [
+        (statistics.median(d.first_token), statistics.median(r.first_token))
+        for d, r in zip(direct, routed, strict=True)
+        if d.first_token and r.first_token
+    ]
+    if not pairs:
+        return None
+    return round(statistics.median(routed - direct for direct, routed in pairs) * 1000.0, 2)
+
+
 async def throughput_figures(
     router_url: str,
     worker_url: str,
@@ -129,6 +141,9 @@ async def throughput_figures(
                     "ratio": round(routed_tps / direct_tps, 3) if direct_tps else None,
                     "direct_ttft_p50_ms": _median_ms([t for r in direct_runs for t in r.first_token]),
                     "router_ttft_p50_ms": _median_ms([t for r in routed_runs for t in r.first_token]),
+                    # Paired by round (the same prompts, one right after the other): a slow round on one
+                    # side does not count twice.
+                    "ttft_added_p50_ms": _round_differences(direct_runs, routed_runs),
                 }
             )
     return {
