@@ -272,3 +272,30 @@ def test_the_trays_bar_and_menu_read_the_real_status(svc: ServiceHandle, model_p
     assert gemma.bytes == model_status(svc, GEMMA)["vram_bytes"] > 0
     lines = [model_line(model) for model in status["models"]]
     assert lines[0].startswith(f"{model_path.name} · main") and lines[1].startswith(f"{GEMMA} · on the GPU")
+
+
+def test_a_loaded_model_that_pressure_leaves_no_plan_is_still_counted_and_unloaded(
+    svc: ServiceHandle,
+) -> None:
+    """Drill pressure re-plans: a model whose GPU plan no longer fits gets no new GPU requests, but its
+    worker that runs still holds its memory: still shown, counted and unloaded by the library."""
+    ask(svc, GEMMA)
+    held = model_status(svc, GEMMA)["vram_bytes"]
+    share = svc.status()["embeddings_plan"]["free_bytes"]
+    taken = httpx.post(
+        f"{svc.base_url}/failsoft/debug/pressure",
+        json={"take": str(share - held // 4), "label": "t"},
+        timeout=30,
+    )
+    assert taken.status_code == 200, taken.text
+    try:
+        pressed = model_status(svc, GEMMA)
+        assert pressed["plan"] is None  # no room for it any more: new requests take the ladder
+        assert pressed["where"].startswith("gpu") and pressed["vram_bytes"] == held
+        assert pressed["workers"]["gpu"] == f"gpu@{GEMMA}"
+        stand_in = ask(svc, GEMMA).json()["failsoft"]
+        assert stand_in["stand_in_for"] == GEMMA and stand_in["device"] == "gpu"
+        assert unload(svc, GEMMA)["where"] == "not loaded"
+        assert model_status(svc, GEMMA)["vram_bytes"] == 0
+    finally:
+        httpx.post(f"{svc.base_url}/failsoft/debug/pressure", json={"release": "t"}, timeout=30)

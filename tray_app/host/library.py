@@ -72,6 +72,9 @@ class Library:
         self._last_used: dict[str, float] = {}
         self._keep_alive: dict[str, float] = {}  # a request's keep_alive, by model (the latest wins)
         self._loading: set[str] = set()
+        # What each model's GPU worker was planned to hold when it was loaded: still counted while it runs
+        # after a re-plan (drill pressure) left its model no GPU plan for new requests.
+        self._held: dict[str, int] = {}
         self._room = asyncio.Lock()  # one GPU load decision at a time: two must not count the same bytes
         bus.add_listener(self._on_event)
 
@@ -157,6 +160,7 @@ class Library:
             async with self._room:
                 if self._state(entry, "gpu") not in LOADED_STATES:
                     await self._make_room(entry)
+                self._held[entry.name] = self.plans[entry.name].vram_bytes
                 self._loading.add(entry.name)
         self.touch(entry.name)
         try:
@@ -169,7 +173,7 @@ class Library:
         loaded = [
             Loaded(
                 other.name,
-                self.plans[other.name].vram_bytes,
+                self.vram_held(other),
                 busy=self.busy(other.name) > 0 or other.name in self._loading,
                 last_used=self._last_used.get(other.name, 0.0),
             )
@@ -188,8 +192,7 @@ class Library:
         if entry is None or entry.main:
             return
         for device in devices:
-            role = self.roles(entry).get(device)
-            worker = self._workers(role) if role else None
+            worker = self._workers(entry.role(device))
             if worker is not None and worker.state in RUNNING_STATES:
                 await worker.stop()
 
@@ -213,9 +216,16 @@ class Library:
 
     # ------------------------------------------------------------------------------------ status
     def _state(self, entry: ModelEntry, device: str) -> str:
-        role = self.roles(entry).get(device)
-        worker = self._workers(role) if role else None
+        """Its worker's state on `device`, whether or not the current plan still gives it that device."""
+        worker = self._workers(entry.role(device))
         return worker.state if worker is not None else "absent"
+
+    def vram_held(self, entry: ModelEntry) -> int:
+        """What its GPU worker holds while it runs (planned at its load), else 0."""
+        if entry.main or self._state(entry, "gpu") not in LOADED_STATES:
+            return 0
+        plans = self.plans.get(entry.name)
+        return self._held.get(entry.name, plans.vram_bytes if plans is not None else 0)
 
     def status(self, main_plans: PlanSet, in_flight: Callable[[str], int]) -> list[ModelStatus]:
         return [self._entry_status(entry, main_plans, in_flight) for entry in self.catalog.entries]
@@ -233,7 +243,12 @@ class Library:
             where = "loading"
         else:
             where = "not loaded"
-        roles = self.roles(entry)
+        # Its workers as they are (one may run on the GPU although a re-plan left it no GPU plan since).
+        roles = {
+            device: entry.role(device)
+            for device in ("gpu", "cpu")
+            if self._workers(entry.role(device)) is not None
+        }
         plan: dict[str, Any] | None
         if entry.main:
             gpu_plan = main_plans.gpu if main_plans.device.available else None
@@ -242,7 +257,7 @@ class Library:
         else:
             plans = self.plans.get(entry.name)
             plan = plans.gpu.to_dict() if plans is not None and plans.gpu is not None else None
-            vram = plans.vram_bytes if plans is not None and states["gpu"] in LOADED_STATES else 0
+            vram = self.vram_held(entry)
         last = self._last_used.get(entry.name)
         busy = self.busy(entry.name)
         return {
