@@ -243,11 +243,10 @@ class Library:
             where = "loading"
         else:
             where = "not loaded"
-        # Its workers as they are (one may run on the GPU although a re-plan left it no GPU plan since).
+        # The workers its plans give it, and one that still runs although a re-plan took its plan away.
         roles = {
-            device: entry.role(device)
-            for device in ("gpu", "cpu")
-            if self._workers(entry.role(device)) is not None
+            **self.roles(entry),
+            **{device: entry.role(device) for device, state in states.items() if state in LOADED_STATES},
         }
         plan: dict[str, Any] | None
         if entry.main:
