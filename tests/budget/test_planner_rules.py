@@ -9,6 +9,7 @@ import pytest
 from tray_app.budget.model_info import ModelInfo
 from tray_app.budget.planner import (
     CTX_PAD,
+    PLAN_PARTS,
     ComputeSettings,
     PlanError,
     PlanRequest,
@@ -46,17 +47,7 @@ SMOLLM2_LIKE = ModelInfo(
 
 
 def _sum_of_parts(plan: object) -> int:
-    return sum(
-        getattr(plan, key)
-        for key in (
-            "weights_bytes",
-            "kv_bytes",
-            "compute_bytes",
-            "reserve_bytes",
-            "other_bytes",
-            "free_bytes",
-        )
-    )
+    return sum(getattr(plan, key) for key in PLAN_PARTS)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from tests.support.helpers import (
 )
 from tests.support.models import gemma_path
 from tests.support.service import ServiceHandle, running_service
+from tray_app.budget.planner import PLAN_PARTS
 
 pytestmark = pytest.mark.integration
 
@@ -108,8 +109,7 @@ def test_the_budget_adds_up_per_model(svc: ServiceHandle) -> None:
     ask(svc, GEMMA)
     status = svc.status()
     plan = status["plan"]  # the main model's GPU plan: the device's whole budget
-    parts = ("weights_bytes", "kv_bytes", "compute_bytes", "reserve_bytes", "other_bytes", "free_bytes")
-    assert sum(plan[part] for part in parts) == plan["total_bytes"]
+    assert sum(plan[part] for part in PLAN_PARTS) == plan["total_bytes"]
     models = {model["name"]: model for model in status["models"]}
     main = next(model for model in status["models"] if model["main"])
     assert main["vram_bytes"] == plan["weights_bytes"] + plan["kv_bytes"] + plan["compute_bytes"]

@@ -8,6 +8,7 @@ from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 
 from tests.ui.conftest import MiB, make_library_status, make_status
+from tray_app.budget.planner import PLAN_PARTS
 from tray_app.budget.sizes import format_size
 from tray_app.ui.budget_bar import MODEL_COLORS, SEGMENTS, BudgetBar, plan_segments, status_segments
 
@@ -113,17 +114,7 @@ def test_another_model_on_the_gpu_is_its_own_segment_out_of_free() -> None:
 def test_models_beyond_the_free_part_come_out_of_other_processes() -> None:
     status = make_library_status()
     status["plan"] = dict(status["plan"], free_bytes=100 * MiB)
-    status["plan"]["total_bytes"] = sum(
-        status["plan"][key]
-        for key in (
-            "weights_bytes",
-            "kv_bytes",
-            "compute_bytes",
-            "reserve_bytes",
-            "other_bytes",
-            "free_bytes",
-        )
-    )
+    status["plan"]["total_bytes"] = sum(status["plan"][key] for key in PLAN_PARTS)
     segments = {s.key: s for s in status_segments(status)}
     assert segments["free"].bytes == 0
     assert segments["other"].bytes == status["plan"]["other_bytes"] - 200 * MiB

@@ -66,6 +66,10 @@ class ComputeSettings:
 MeasuredCompute = Callable[[ComputeSettings], int | None]
 
 
+# The parts of a plan that add up to its device's total (weights+kv+compute+reserve+other+free = total).
+PLAN_PARTS = ("weights_bytes", "kv_bytes", "compute_bytes", "reserve_bytes", "other_bytes", "free_bytes")
+
+
 @dataclass(frozen=True)
 class Plan:
     verdict: Verdict
