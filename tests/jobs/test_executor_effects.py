@@ -49,16 +49,40 @@ class StandInWorker:
         pass
 
 
+@dataclass
+class DispatchedRequest:
+    """What ScriptedRelay.dispatch hands out in place of a written request: whether it was dropped."""
+
+    url: str
+    aborted: bool = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
 class ScriptedRelay:
     """Answers the n-th attempt with the n-th script: chunks, then optionally an exception."""
 
     def __init__(self, *scripts: list[Step]) -> None:
         self.scripts = list(scripts)
         self.bodies: list[dict[str, Any]] = []
+        self.dispatched: list[DispatchedRequest] = []
+        self.taken_up: list[DispatchedRequest | None] = []  # per attempt: the dispatched request it read
+
+    def dispatch(self, url: str, body: bytes, headers: dict[str, str]) -> DispatchedRequest:
+        self.dispatched.append(DispatchedRequest(url))
+        return self.dispatched[-1]
 
     async def stream(
-        self, url: str, body: bytes, headers: dict[str, str], first: float, every: float
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        first: float,
+        every: float,
+        sent: DispatchedRequest | None = None,
     ) -> AsyncGenerator[Chunk, None]:
+        self.taken_up.append(sent)
         self.bodies.append(json.loads(body))
         for step in self.scripts.pop(0):
             if isinstance(step, Exception):
@@ -328,3 +352,42 @@ async def test_an_embedding_the_worker_refuses_is_the_clients_error_without_fail
         await runner.run(job)
     assert (failed.value.error.status, failed.value.error.code) == (400, "invalid_request")
     assert len(relay.urls) == 1 and not workers["gpu-embed"].unhealthy and job.state == "failed"
+
+
+async def test_the_first_attempt_reads_the_request_its_handler_dispatched(make_executor: Factory) -> None:
+    relay = ScriptedRelay([chat_chunk("Hi", finish="stop")])
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    executor.dispatch(job)
+    assert text_of(await run(executor, job)) == "Hi"
+    (dispatched,) = relay.dispatched
+    assert dispatched.url == "http://127.0.0.1:9/v1/chat/completions"
+    assert relay.taken_up == [dispatched] and not dispatched.aborted  # read, not sent a second time
+
+
+async def test_a_replay_sends_its_own_request(make_executor: Factory) -> None:
+    crash = UpstreamError("exited", "the worker closed the connection")
+    relay = ScriptedRelay([crash], [chat_chunk("Hi", finish="stop")])
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    executor.dispatch(job)
+    assert text_of(await run(executor, job)) == "Hi"
+    assert relay.taken_up == [relay.dispatched[0], None]  # the CPU attempt wrote a request of its own
+
+
+async def test_a_dispatched_request_of_a_job_that_ended_first_is_dropped(make_executor: Factory) -> None:
+    relay = ScriptedRelay()
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    executor.dispatch(job)
+    registry.fail(job, "cancelled", {"message": "gone", "code": "cancelled"}, "client_disconnected")
+    await run(executor, job)
+    assert relay.dispatched[0].aborted and relay.taken_up == []  # the worker sees the request go away
+
+
+async def test_nothing_is_dispatched_to_a_worker_that_is_not_ready(make_executor: Factory) -> None:
+    relay = ScriptedRelay([chat_chunk("Hi", finish="stop")])
+    executor, registry, workers = make_executor(relay)
+    workers["gpu"].state = "starting"
+    executor.dispatch(new_job(registry))
+    assert relay.dispatched == []

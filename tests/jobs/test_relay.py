@@ -13,6 +13,7 @@ from tests.support.scripted_http import (
     STREAM_HEAD,
     Script,
     ScriptedRequest,
+    ScriptedServer,
     chunk,
     json_answer,
     scripted_server,
@@ -206,3 +207,83 @@ def test_classify_error(status: int | None, message: str, kind: str) -> None:
 
 def test_an_unavailable_error_type_is_not_serving() -> None:
     assert classify_error(None, "shutting down", "unavailable_error") == "exited"
+
+
+STREAM_ANSWER = STREAM_HEAD + chunk(EVENT + b"data: [DONE]\n\n") + LAST_CHUNK
+
+
+async def warm_then_stream(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+    """`/warm` answers JSON on a kept-alive connection; anything else a one-event stream."""
+    writer.write(json_answer(200, b"{}", "OK") if request.path == "/warm" else STREAM_ANSWER)
+    return True
+
+
+async def arrived(server: ScriptedServer, count: int) -> None:
+    for _ in range(200):
+        if len(server.requests) >= count:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{count} requests never arrived: {server.requests}")
+
+
+async def test_a_dispatched_request_reaches_the_worker_before_its_answer_is_read() -> None:
+    relay = Relay()
+    try:
+        async with scripted_server(warm_then_stream) as server:
+            await relay.post(server.url + "/warm", b"{}", {}, 1)  # leaves a kept-alive connection idle
+            url = server.url + "/v1/chat/completions"
+            sent = relay.dispatch(url, b'{"a": 1}', {"X-Request-Id": "r-1"})
+            await arrived(server, 2)  # written at once: nothing has read the answer yet
+            chunks = [c.raw async for c in relay.stream(url, b'{"a": 1}', {}, 1, 1, sent)]
+        assert [json.loads(raw) for raw in chunks] == [CHUNK]
+        assert [(r.path, r.body) for r in server.requests] == [
+            ("/warm", b"{}"),
+            ("/v1/chat/completions", b'{"a": 1}'),
+        ]  # the stream read the dispatched request's answer: it wrote no second request
+        assert server.requests[1].headers["x-request-id"] == "r-1"
+    finally:
+        await relay.aclose()
+
+
+async def test_a_dispatch_with_no_idle_connection_is_written_when_the_answer_is_read() -> None:
+    relay = Relay()
+    try:
+        async with scripted_server(warm_then_stream) as server:
+            url = server.url + "/v1/chat/completions"
+            sent = relay.dispatch(url, b"{}", {})
+            await asyncio.sleep(0.05)
+            assert server.requests == []  # no connection yet: the stream connects and writes it
+            chunks = [c.raw async for c in relay.stream(url, b"{}", {}, 1, 1, sent)]
+        assert [json.loads(raw) for raw in chunks] == [CHUNK]
+        assert len(server.requests) == 1
+    finally:
+        await relay.aclose()
+
+
+async def test_a_dropped_dispatch_closes_its_connection() -> None:
+    closed = asyncio.Event()
+
+    async def endless(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        if request.path == "/warm":
+            writer.write(json_answer(200, b"{}", "OK"))
+            return True
+        writer.write(STREAM_HEAD)
+        try:
+            while True:  # a generation that goes on until the client goes away
+                writer.write(chunk(b": ping\n\n"))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            closed.set()
+            return False
+
+    relay = Relay()
+    try:
+        async with scripted_server(endless) as server:
+            await relay.post(server.url + "/warm", b"{}", {}, 1)
+            sent = relay.dispatch(server.url + "/v1/chat/completions", b"{}", {})
+            await arrived(server, 2)
+            sent.abort()
+            await asyncio.wait_for(closed.wait(), 2)
+    finally:
+        await relay.aclose()

@@ -18,6 +18,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -219,6 +220,21 @@ class Response:
             connection.close()
 
 
+@dataclass
+class Sent:
+    """A request `UpstreamPool.start` wrote on a kept-alive connection (`response` is None when there was
+    none: `UpstreamPool.answer` then connects and writes it)."""
+
+    address: tuple[str, int]
+    request: bytes
+    response: Response | None
+
+    def abort(self) -> None:
+        """Nobody will read the answer: the connection closes (the worker sees the client go)."""
+        if self.response is not None:
+            self.response.abort()
+
+
 class UpstreamPool:
     """Keep-alive connections per worker address."""
 
@@ -231,35 +247,44 @@ class UpstreamPool:
         self.connections_opened = 0  # for tests and diagnostics: reuse keeps this low
 
     async def send(self, method: str, url: str, body: bytes, headers: Mapping[str, str]) -> Response:
-        """Send the request and wait for the response's status and headers. A connection that was reused
-        and broke before any byte of the answer came back (the server closed it while idle) is retried once
-        on a new connection; anything else raises ConnectionFailed."""
+        """Send the request and wait for the response's status and headers (`start`, then `answer`)."""
+        return await self.answer(self.start(method, url, body, headers))
+
+    def start(self, method: str, url: str, body: bytes, headers: Mapping[str, str]) -> Sent:
+        """Write the request now, without waiting, if a kept-alive connection to its worker is idle (else
+        `answer` connects and writes it)."""
         parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        address = (parts.hostname or "127.0.0.1", parts.port or 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        request = _encode(method, target, f"{host}:{port}", body, headers)
-        connection = self._take((host, port))
-        if connection is not None:
-            response = connection.send(request)
+        request = _encode(method, target, f"{address[0]}:{address[1]}", body, headers)
+        connection = self._take(address)
+        return Sent(address, request, connection.send(request) if connection is not None else None)
+
+    async def answer(self, sent: Sent) -> Response:
+        """Wait for the status and headers of a request `start` made. A connection that was reused and broke
+        before any byte of the answer came back (the server closed it while idle) is retried once on a new
+        connection, as is a request that found no idle connection; anything else raises ConnectionFailed."""
+        response = sent.response
+        if response is not None:
             try:
                 await response.headers_ready
-                self._after_headers(response, (host, port))
+                self._after_headers(response, sent.address)
                 return response
             except ConnectionFailed:
-                connection.close()
+                response.abort()
                 if response.received_any:
                     raise
             except asyncio.CancelledError:
-                connection.close()
+                response.abort()
                 raise
-        connection = await self._connect((host, port))
-        response = connection.send(request)
+        connection = await self._connect(sent.address)
+        response = connection.send(sent.request)
         try:
             await response.headers_ready
         except BaseException:
             connection.close()
             raise
-        self._after_headers(response, (host, port))
+        self._after_headers(response, sent.address)
         return response
 
     def _after_headers(self, response: Response, address: tuple[str, int]) -> None:

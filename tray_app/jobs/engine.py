@@ -31,7 +31,7 @@ from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.assemble import Assembler, chat_chunk
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece, cannot_serve
 from tray_app.jobs.registry import UPSTREAM_STREAM, Job, JobRegistry
-from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.jobs.relay import Relay, Sent, UpstreamError
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,10 @@ def constrained_output(body: dict[str, Any]) -> bool:
 
 
 CAUSE_WAIT_SECONDS = 1.0  # how long a failed attempt waits for its worker's supervisor to name the cause
+
+
+def _request_headers(job: Job, worker: Worker) -> dict[str, str]:
+    return {**upstream_headers(job.request_id), **worker.request_headers}
 
 
 def upstream_headers(request_id: str) -> dict[str, str]:
@@ -155,6 +159,15 @@ class Progress:
         self.assembler = Assembler(kind)
 
 
+@dataclass(frozen=True)
+class _Dispatched:
+    """A job's first request, written to its worker by the handler that admitted it (Executor.dispatch)."""
+
+    worker_role: str
+    url: str
+    sent: Sent
+
+
 @dataclass
 class CpuSpeed:
     """Measured CPU generation speed (tokens per second), a moving average over successful CPU attempts."""
@@ -208,8 +221,38 @@ class Executor:
         self.cpu_speed = CpuSpeed()
         self.approvals = Approvals()
         self.shutting_down = False
+        self._dispatched: dict[str, _Dispatched] = {}  # job id -> its first request, not yet taken up
 
     # ------------------------------------------------------------------------------------------- run
+    def dispatch(self, job: Job) -> None:
+        """Write an admitted job's first request to its worker now, before the job's task starts: the
+        task's first attempt takes the answer up (`_take_dispatched`), so the client's first token does not
+        wait for that task to be scheduled. Nothing is sent when the worker is not ready: the attempt then
+        does what it always does."""
+        worker_role = job.worker_role(job.route)
+        worker = self.workers(worker_role) if worker_role else None
+        if worker_role is None or worker is None or worker.state != "ready" or not worker.base_url:
+            return
+        url, body = self._first_request(job, worker)
+        worker.note_tokens(0)  # as in _attempt: a drill's fault armed for "before any token" fires first
+        sent = self.relay.dispatch(url, body, _request_headers(job, worker))
+        self._dispatched[job.id] = _Dispatched(worker_role, url, sent)
+
+    def _take_dispatched(self, job: Job, worker_role: str, url: str, resume: bool) -> Sent | None:
+        """The job's dispatched request, if this attempt is the one it was written for."""
+        dispatched = self._dispatched.pop(job.id, None)
+        if dispatched is None:
+            return None
+        if resume or (dispatched.worker_role, dispatched.url) != (worker_role, url):
+            dispatched.sent.abort()
+            return None
+        return dispatched.sent
+
+    def _drop_dispatched(self, job: Job) -> None:
+        dispatched = self._dispatched.pop(job.id, None)
+        if dispatched is not None:
+            dispatched.sent.abort()  # the job ended before an attempt took it up
+
     async def run(
         self, job: Job, *, deliver: bool, held_slot: float | None = None
     ) -> AsyncGenerator[Outcome, None]:
@@ -305,6 +348,8 @@ class Executor:
             self.registry.fail(job, "failed", internal.record(), "internal_error")
             if deliver:
                 yield Ended(internal)
+        finally:
+            self._drop_dispatched(job)
 
     async def drain(self, job: Job, held_slot: float | None = None) -> None:
         """Run a job nobody streams (non-streamed requests, background jobs, approved CPU runs)."""
@@ -335,9 +380,12 @@ class Executor:
             url, body = self._upstream(job, worker, progress, resume)
             first_timeout = self.settings.stall_seconds + job.prompt_tokens / 100
             convert = resume and job.kind == "chat"
-            headers = {**upstream_headers(job.request_id), **worker.request_headers}
-            worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
-            stream = self.relay.stream(url, body, headers, first_timeout, self.settings.stall_seconds)
+            sent = self._take_dispatched(job, worker_role, url, resume)
+            if sent is None:
+                worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
+            stream = self.relay.stream(
+                url, body, _request_headers(job, worker), first_timeout, self.settings.stall_seconds, sent
+            )
             async with aclosing(stream) as chunks:
                 async for chunk in chunks:
                     if job.final:
@@ -379,11 +427,15 @@ class Executor:
             return worker
         raise UpstreamError("unavailable", f"the {role} worker is {worker.state}")
 
+    @staticmethod
+    def _first_request(job: Job, worker: Worker) -> tuple[str, bytes]:
+        path = "/v1/chat/completions" if job.kind == "chat" else "/v1/completions"
+        return (worker.base_url or "") + path, job.upstream_body()
+
     def _upstream(self, job: Job, worker: Worker, progress: Progress, resume: bool) -> tuple[str, bytes]:
-        base = worker.base_url or ""
         if not resume:
-            path = "/v1/chat/completions" if job.kind == "chat" else "/v1/completions"
-            return base + path, job.upstream_body()
+            return self._first_request(job, worker)
+        base = worker.base_url or ""
         remaining = max(job.max_tokens - progress.delivered_tokens, 1)
         if job.kind == "chat":
             prompt, stops = self._chat_prompt(job.body["messages"], job.model)
@@ -416,17 +468,17 @@ class Executor:
             progress.chunk_id = str(obj.get("id", ""))
             progress.created = int(obj.get("created") or time.time())
             progress.model = str(obj.get("model", ""))
-        has_effect = False
+        has_effect = output = False
         for choice in obj.get("choices") or []:
             delta = choice.get("delta")
             text = choice.get("text") if delta is None else delta.get("content")
             if text:
                 progress.delivered_text += text
                 progress.delivered_tokens += 1
-                has_effect = True
+                has_effect = output = True
             if delta and delta.get("tool_calls"):
                 progress.tool_call_delivered = True
-                has_effect = True
+                has_effect = output = True
             if choice.get("finish_reason"):
                 has_effect = True
             if delta and delta.get("role") and not progress.role_sent:
@@ -434,7 +486,7 @@ class Executor:
                 has_effect = True
         if not has_effect:
             return None
-        return Piece(obj, raw)
+        return Piece(obj, raw, output)
 
     # --------------------------------------------------------------------------------------- failures
     async def _decide_after_failure(

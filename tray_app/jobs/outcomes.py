@@ -60,6 +60,7 @@ class Piece:
 
     obj: dict[str, Any]
     raw: str | None = None
+    output: bool = False  # it carries text or a tool call: what the client is waiting for
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from tray_app.engine.loopback_http import (
     ConnectionFailed,
     ConnectTimeout,
     Response,
+    Sent,
     Stalled,
     UpstreamPool,
 )
@@ -83,6 +84,11 @@ class Relay:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
+    def dispatch(self, url: str, body: bytes, headers: dict[str, str]) -> Sent:
+        """Write the request now if a connection to the worker is idle; `stream(sent=...)` reads its answer
+        (connecting first if none was), or `Sent.abort()` drops it."""
+        return self._pool.start("POST", url, body, {"Content-Type": "application/json", **headers})
+
     async def stream(
         self,
         url: str,
@@ -90,20 +96,22 @@ class Relay:
         headers: dict[str, str],
         first_timeout: float,
         chunk_timeout: float,
+        sent: Sent | None = None,
     ) -> AsyncGenerator[Chunk, None]:
         """The worker's SSE chunks, parsed. Raises UpstreamError when the attempt fails in any way: an error
         status, an error event, a dropped connection, a stall past the timeout, or an end without [DONE].
         `first_timeout` covers the wait for the first event and each wait between the prompt-progress
-        events llama-server sends while it reads the prompt; `chunk_timeout` each event after that."""
+        events llama-server sends while it reads the prompt; `chunk_timeout` each event after that.
+        `sent`: this request, already written by `dispatch`."""
         loop = asyncio.get_running_loop()
         timeout = first_timeout
         deadline = loop.time() + timeout
         response: Response | None = None
+        if sent is None:
+            sent = self._pool.start("POST", url, body, {"Content-Type": "application/json", **headers})
         try:
             async with asyncio.timeout_at(deadline):
-                response = await self._pool.send(
-                    "POST", url, body, {"Content-Type": "application/json", **headers}
-                )
+                response = await self._pool.answer(sent)
                 if response.status != 200:
                     raise _status_error(response.status, await response.read())
             # From the last data line: keep-alive comments (": ping") must not hide a stall.

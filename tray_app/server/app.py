@@ -31,7 +31,7 @@ from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.jobs.engine import retry_after_seconds
 from tray_app.jobs.journal import StoredJob
-from tray_app.jobs.outcomes import JobFailed
+from tray_app.jobs.outcomes import JobFailed, Piece
 from tray_app.jobs.registry import Job, new_id, stored_summary
 from tray_app.library.catalog import ModelEntry
 from tray_app.server import control
@@ -512,6 +512,7 @@ class Router:
             held = await self._admit(job, job.worker_role(job.route) or job.route)
         except ApiError as error:
             return error_response(error)
+        self.svc.executor.dispatch(job)  # the worker starts on it while the job's task is being set up
         return await self._answer(request, job, held)
 
     async def _answer(self, request: Request, job: Job, held: float | None, approval: str = "") -> ASGIApp:
@@ -560,6 +561,10 @@ class Router:
                 )
                 async for piece in source:
                     pieces.put(outcome_bytes(job, piece))
+                    if isinstance(piece, Piece) and piece.output:
+                        # The writer sends it now. Otherwise it waits while this task works through
+                        # the rest of the worker's read (a short answer's end, the job's completion).
+                        await asyncio.sleep(0)
             finally:
                 pieces.close()
 

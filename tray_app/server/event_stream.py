@@ -64,6 +64,9 @@ class EventStreamResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._watch(receive))
         try:
+            # The job's task (just created) sends the request to its worker first; the status line is
+            # not what the client waits for, the first token is.
+            await asyncio.sleep(0)
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             ended = False
             while not ended:
