@@ -15,6 +15,7 @@ from tests.support.scripted_http import (
     ScriptedRequest,
     ScriptedServer,
     chunk,
+    endless_stream,
     json_answer,
     scripted_server,
 )
@@ -262,24 +263,9 @@ async def test_a_dispatch_with_no_idle_connection_is_written_when_the_answer_is_
 
 async def test_a_dropped_dispatch_closes_its_connection() -> None:
     closed = asyncio.Event()
-
-    async def endless(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
-        if request.path == "/warm":
-            writer.write(json_answer(200, b"{}", "OK"))
-            return True
-        writer.write(STREAM_HEAD)
-        try:
-            while True:  # a generation that goes on until the client goes away
-                writer.write(chunk(b": ping\n\n"))
-                await writer.drain()
-                await asyncio.sleep(0.01)
-        except ConnectionError:
-            closed.set()
-            return False
-
     relay = Relay()
     try:
-        async with scripted_server(endless) as server:
+        async with scripted_server(endless_stream(closed)) as server:
             await relay.post(server.url + "/warm", b"{}", {}, 1)
             sent = relay.dispatch(server.url + "/v1/chat/completions", b"{}", {})
             await arrived(server, 2)

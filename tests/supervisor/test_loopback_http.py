@@ -12,6 +12,7 @@ from tests.support.scripted_http import (
     STREAM_HEAD,
     ScriptedRequest,
     chunk,
+    endless_stream,
     json_answer,
     scripted_server,
 )
@@ -134,20 +135,8 @@ async def test_a_stream_that_never_ends_after_release_is_closed(monkeypatch: pyt
 
 async def test_abort_closes_the_connection_so_the_worker_sees_the_client_go() -> None:
     closed = asyncio.Event()
-
-    async def endless(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
-        writer.write(STREAM_HEAD)
-        try:
-            while True:
-                writer.write(chunk(b": ping\n\n"))
-                await writer.drain()
-                await asyncio.sleep(0.01)
-        except ConnectionError:
-            closed.set()
-            return False
-
     pool = UpstreamPool()
-    async with scripted_server(endless) as server:
+    async with scripted_server(endless_stream(closed)) as server:
         response = await pool.send("POST", server.url + "/x", b"{}", {})
         await anext(response.chunks())
         response.abort()

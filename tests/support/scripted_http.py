@@ -50,6 +50,27 @@ def json_answer(status: int, body: bytes, reason: str = "Error") -> bytes:
     ).encode() + body
 
 
+def endless_stream(closed: asyncio.Event) -> Script:
+    """A generation that goes on (keep-alive comments) until the client goes away, then sets `closed`; a
+    request to `/warm` gets a JSON answer on a kept-alive connection instead."""
+
+    async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        if request.path == "/warm":
+            writer.write(json_answer(200, b"{}", "OK"))
+            return True
+        writer.write(STREAM_HEAD)
+        try:
+            while True:
+                writer.write(chunk(b": ping\n\n"))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            closed.set()
+            return False
+
+    return script
+
+
 async def _read_request(reader: asyncio.StreamReader) -> ScriptedRequest | None:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
