@@ -87,7 +87,7 @@ class Relay:
     def dispatch(self, url: str, body: bytes, headers: dict[str, str]) -> Sent:
         """Write the request now if a connection to the worker is idle; `stream(sent=...)` reads its answer
         (connecting first if none was), or `Sent.abort()` drops it."""
-        return self._pool.start("POST", url, body, {"Content-Type": "application/json", **headers})
+        return self._pool.start("POST", url, body, _json(headers))
 
     async def stream(
         self,
@@ -108,7 +108,7 @@ class Relay:
         deadline = loop.time() + timeout
         response: Response | None = None
         if sent is None:
-            sent = self._pool.start("POST", url, body, {"Content-Type": "application/json", **headers})
+            sent = self.dispatch(url, body, headers)
         try:
             async with asyncio.timeout_at(deadline):
                 response = await self._pool.answer(sent)
@@ -158,9 +158,7 @@ class Relay:
         response: Response | None = None
         try:
             async with asyncio.timeout(timeout):
-                response = await self._pool.send(
-                    "POST", url, body, {"Content-Type": "application/json", **headers}
-                )
+                response = await self._pool.send("POST", url, body, _json(headers))
                 data = await response.read()
         except (TimeoutError, ConnectionFailed) as error:
             raise _transport_error(error, f"no answer from the worker in {timeout:.1f}s") from None
@@ -170,6 +168,10 @@ class Relay:
         if response.status != 200:
             raise _status_error(response.status, data)
         return data
+
+
+def _json(headers: dict[str, str]) -> dict[str, str]:
+    return {"Content-Type": "application/json", **headers}
 
 
 def _transport_error(error: Exception, silence: str) -> UpstreamError:
