@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tray_app.contract.events import EventBus
+from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.embeddings import EmbeddingRunner
@@ -240,10 +241,31 @@ async def test_a_plain_stream_is_still_resumed_on_the_cpu(make_executor: Factory
     job = new_job(registry)
     outcomes = await run(executor, job)
     assert (job.state, job.worker, len(relay.bodies)) == ("completed", "cpu", 2)
-    assert relay.bodies[1]["prompt"].endswith("The sea") and relay.bodies[1]["return_progress"] is True
+    assert relay.bodies[1]["prompt"].endswith("The sea") and relay.bodies[1]["return_progress"] is False
     assert text_of(outcomes) == "The sea is blue."
     finished = outcomes[-1]
     assert isinstance(finished, Finished) and finished.result["failsoft"]["attempts"] == 2
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "progress"), [(5, False), (PROMPT_BATCH, False), (PROMPT_BATCH + 1, True)]
+)
+async def test_progress_events_are_asked_for_only_when_the_prompt_takes_more_than_one_step(
+    make_executor: Callable[..., tuple[Executor, JobRegistry, Journal]], prompt_tokens: int, progress: bool
+) -> None:
+    """llama-server reads up to one logical batch per step: a prompt that fits one step would only get a
+    progress event at its start and one just before the first token, which that token would wait for."""
+    crash = UpstreamError("exited", "connection dropped")
+    resumed = {"id": "c2", "choices": [{"index": 0, "text": " is blue.", "finish_reason": "stop"}]}
+    relay = ScriptedRelay([chat_chunk("The sea"), crash], [resumed])
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    job.prompt_tokens = prompt_tokens
+    await run(executor, job)
+    first, resumed_body = relay.bodies
+    assert first["stream"] is True and first["return_progress"] is progress
+    # The continuation reads the prompt and the one token delivered: at PROMPT_BATCH, one step too many.
+    assert resumed_body["return_progress"] is (prompt_tokens + 1 > PROMPT_BATCH)
 
 
 async def test_the_approval_backlog_is_bounded(make_executor: Factory) -> None:

@@ -17,8 +17,9 @@ from tests.support.waits import wait_until_async
 from tray_app.budget import calibration
 from tray_app.budget.model_info import inspect_model
 from tray_app.budget.planner import ComputeSettings, PlanRequest, kv_cache_bytes
+from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE, tool_call_opener, worker_tool_choice
-from tray_app.jobs.registry import UPSTREAM_STREAM
+from tray_app.jobs.registry import upstream_stream
 from tray_app.jobs.relay import Relay
 from tray_app.supervisor import WorkerProfile
 
@@ -203,14 +204,14 @@ async def test_a_stream_the_client_leaves_stops_generating(
 async def test_a_worker_reports_prompt_progress_that_the_relay_takes_as_liveness(
     make_supervisor: SupervisorFactory, cpu_profile: WorkerProfile
 ) -> None:
-    """The body every attempt sends asks llama-server for prompt-progress events; the real worker sends
-    them while it reads a long prompt, and the relay keeps them from the client (issue 14: a slow prompt
-    was taken for a hung worker)."""
+    """A long prompt's attempt asks llama-server for prompt-progress events; the real worker sends them
+    while it reads the prompt, and the relay keeps them from the client (issue 14: a slow prompt was taken
+    for a hung worker)."""
     supervisor = make_supervisor(dataclasses.replace(cpu_profile, n_parallel=1))
     assert await supervisor.start()
     prompt = " ".join(f"word{index}" for index in range(100))  # about 300 of the profile's 512 tokens
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 3, "cache_prompt": False}
-    upstream = json.loads(json.dumps({**body, **UPSTREAM_STREAM}))
+    upstream = {**body, **upstream_stream(PROMPT_BATCH + 1)}  # as a long prompt's attempt asks
     url = f"{supervisor.base_url}/v1/chat/completions"
     async with httpx.AsyncClient(trust_env=False, timeout=60) as http:
         progress = 0

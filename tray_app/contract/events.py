@@ -145,8 +145,18 @@ class EventBus:
             queues = list(self._queues)
         for listener in listeners:
             listener(event)
+        if not queues:
+            return
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
         for loop, queue in queues:
-            if not loop.is_closed():
+            if loop is current:
+                # The same queue of callbacks as below (order kept), without waking the loop through its
+                # self-pipe: it is this thread's loop, and running.
+                loop.call_soon(queue.put_nowait, event)
+            elif not loop.is_closed():
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:

@@ -17,6 +17,9 @@ from tray_app.engine.tools import is_template_file
 if TYPE_CHECKING:
     from tray_app.supervisor.profile import WorkerProfile
 
+# The logical batch (`-b`, llama-server's own default, passed so the router can count on it): the most prompt
+# tokens one step reads. A prompt no longer than this is read in one step (see registry.upstream_stream).
+PROMPT_BATCH = 2048
 ALL_LAYERS = 999  # llama-server takes a number (or auto/all); more than any model has means all of them
 
 
@@ -35,6 +38,7 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         # One HTTP thread per slot, plus the health probe, the router's spare connection and a control
         # call: an idle keep-alive connection holds a thread, and a request finding none waits unseen.
         "--threads-http", str(max(profile.n_parallel, 1) + 3),
+        "--batch-size", str(PROMPT_BATCH),
         "--ubatch-size", str(profile.n_ubatch),
         "--cache-type-k", profile.cache_type_k,
         "--cache-type-v", profile.cache_type_v,

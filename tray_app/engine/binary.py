@@ -25,6 +25,7 @@ REQUIRED_FLAGS = (
     "--n-gpu-layers",
     "--threads",
     "--threads-http",
+    "--batch-size",
     "--ubatch-size",
     "--cache-type-k",
     "--cache-type-v",

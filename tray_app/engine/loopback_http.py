@@ -31,6 +31,7 @@ MAX_IDLE_PER_ADDRESS = 16
 # How long a response that was abandoned after its last event may take to end before its connection is
 # closed instead of reused.
 RELEASE_GRACE_SECONDS = 1.0
+MAX_HEADS = 256  # request lines kept per pool (method and URL)
 
 _END = object()
 
@@ -245,6 +246,7 @@ class UpstreamPool:
         self._opening_spare: set[tuple[str, int]] = set()
         self._spare_tasks: set[asyncio.Task[None]] = set()
         self.connections_opened = 0  # for tests and diagnostics: reuse keeps this low
+        self._heads: dict[tuple[str, str], tuple[tuple[str, int], bytes]] = {}
 
     async def send(self, method: str, url: str, body: bytes, headers: Mapping[str, str]) -> Response:
         """Send the request and wait for the response's status and headers (`start`, then `answer`)."""
@@ -253,10 +255,8 @@ class UpstreamPool:
     def start(self, method: str, url: str, body: bytes, headers: Mapping[str, str]) -> Sent:
         """Write the request now, without waiting, if a kept-alive connection to its worker is idle (else
         `answer` connects and writes it)."""
-        parts = urlsplit(url)
-        address = (parts.hostname or "127.0.0.1", parts.port or 80)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        request = _encode(method, target, f"{address[0]}:{address[1]}", body, headers)
+        address, head = self._head(method, url)
+        request = _encode(head, body, headers)
         connection = self._take(address)
         return Sent(address, request, connection.send(request) if connection is not None else None)
 
@@ -307,6 +307,20 @@ class UpstreamPool:
                 idle.pop().close()
         self._idle.clear()
 
+    def _head(self, method: str, url: str) -> tuple[tuple[str, int], bytes]:
+        """The address and the request line with its Host for `method` on `url`; worked out once per URL (a
+        worker's few paths), as this runs before every request leaves for its worker."""
+        known = self._heads.get((method, url))
+        if known is None:
+            parts = urlsplit(url)
+            address = (parts.hostname or "127.0.0.1", parts.port or 80)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            head = f"{method} {target} HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\n".encode("latin-1")
+            if len(self._heads) >= MAX_HEADS:
+                self._heads.clear()  # workers restarted on new ports many times over
+            known = self._heads[(method, url)] = (address, head)
+        return known
+
     def _take(self, address: tuple[str, int]) -> _Connection | None:
         idle = self._idle.get(address)
         now = time.monotonic()
@@ -351,10 +365,11 @@ class UpstreamPool:
         return connection
 
 
-def _encode(method: str, target: str, host: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+def _encode(head: bytes, body: bytes, headers: Mapping[str, str]) -> bytes:
+    """A request: `head` (its request line and Host), then `headers`, then `body`."""
+    lines = [f"Content-Length: {len(body)}"]
     for name, value in headers.items():
         if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
             raise ValueError(f"header {name!r} contains a line break")
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        lines.append(f"{name}: {value}")
+    return head + "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body

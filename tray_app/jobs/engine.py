@@ -30,7 +30,7 @@ from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.assemble import Assembler, chat_chunk
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece, cannot_serve
-from tray_app.jobs.registry import UPSTREAM_STREAM, Job, JobRegistry
+from tray_app.jobs.registry import Job, JobRegistry, upstream_stream
 from tray_app.jobs.relay import Relay, Sent, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -447,7 +447,7 @@ class Executor:
             body = dict(job.body)
             prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
             body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining)
-        body.update(UPSTREAM_STREAM)
+        body.update(upstream_stream(job.prompt_tokens + progress.delivered_tokens))
         return base + "/v1/completions", json.dumps(body).encode()
 
     @staticmethod

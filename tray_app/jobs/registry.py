@@ -16,6 +16,7 @@ from typing import Any
 from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
 from tray_app.contract.status import JobSummary
 from tray_app.contract.vocabulary import FINAL_JOB_STATES, JOB_STATES
+from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.jobs.journal import Journal, StoredJob
 
 FINAL_STATES = FINAL_JOB_STATES
@@ -31,7 +32,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 # Every attempt streams, with llama-server's prompt-progress events: a long prompt on a slow worker then
 # shows progress batch by batch instead of looking like a hung worker (see relay).
-UPSTREAM_STREAM = {"stream": True, "return_progress": True}
 KEEP_FINISHED = 2000  # finished jobs kept in memory; older ones are read from the journal
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,14 @@ log = logging.getLogger(__name__)
 def can_move(current: str, new: str) -> bool:
     """Whether a job in state `current` may move to `new` (see TRANSITIONS)."""
     return new in TRANSITIONS.get(current, frozenset())
+
+
+def upstream_stream(prompt_tokens: int) -> dict[str, bool]:
+    """How every attempt asks for its answer: streamed (see relay), with llama-server's prompt-progress
+    events when the prompt takes more than one step to read. Those keep the worker of a long prompt from
+    looking hung (relay.stream). A shorter prompt would get two: its start, which the status line already
+    tells, and its end, which arrives just before the first token and costs that token the time to read it."""
+    return {"stream": True, "return_progress": prompt_tokens > PROMPT_BATCH}
 
 
 def new_id(prefix: str) -> str:
@@ -83,7 +91,7 @@ class Job:
         """The body every attempt sends: always streamed (see relay), seed already pinned; encoded once."""
         if self._upstream is None:
             body = {key: value for key, value in self.body.items() if key != "stream_options"}
-            body.update(UPSTREAM_STREAM)
+            body.update(upstream_stream(self.prompt_tokens))
             self._upstream = json.dumps(body).encode()
         return self._upstream
 
