@@ -30,8 +30,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "awaiting_approval": frozenset({"queued", *_ENDED}),  # approved (queued for the CPU), or ended
     **{state: frozenset() for state in FINAL_STATES},
 }
-# Every attempt streams, with llama-server's prompt-progress events: a long prompt on a slow worker then
-# shows progress batch by batch instead of looking like a hung worker (see relay).
 KEEP_FINISHED = 2000  # finished jobs kept in memory; older ones are read from the journal
 log = logging.getLogger(__name__)
 
