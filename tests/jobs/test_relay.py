@@ -59,6 +59,12 @@ async def test_events_split_across_chunks_are_put_back_together() -> None:
     assert [json.loads(raw) for raw in chunks] == [CHUNK, CHUNK]
 
 
+async def test_crlf_line_ends_and_a_last_line_without_its_end_are_read() -> None:
+    crlf = EVENT.replace(b"\n", b"\r\n")
+    chunks = await collect(streaming(crlf, b": ping\r\n\r\n", b"data: [DONE]"))
+    assert [json.loads(raw) for raw in chunks] == [CHUNK]
+
+
 async def test_keepalive_comments_do_not_hide_a_stall() -> None:
     async def script(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
         writer.write(STREAM_HEAD + chunk(EVENT))

@@ -4,9 +4,8 @@ token is seen as it arrives and closing the stream cancels the generation at onc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,14 +115,18 @@ class Relay:
                     raise _status_error(response.status, await response.read())
             # From the last data line: keep-alive comments (": ping") must not hide a stall.
             response.set_deadline(deadline)
-            async with contextlib.aclosing(_sse_lines(response.chunks())) as lines:
-                while True:
-                    try:
-                        line = await anext(lines)
-                    except StopAsyncIteration:
-                        raise UpstreamError("exited", "the worker ended the stream without [DONE]") from None
+            # The event stream's lines, read here rather than through nested generators: every token
+            # passes this loop, and each generator level would cost it a step on its way to the client.
+            pending = b""
+            ended = False
+            while not ended:
+                received = await response.next_chunk()
+                ended = received is None
+                pending += b"\n" if received is None else received  # the end also ends a last line
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
                     if not line.startswith(b"data:"):
-                        continue
+                        continue  # blank lines (event ends) and comments (": ping")
                     data = line[5:].strip()
                     if data == b"[DONE]":
                         response.release()  # the connection is reused once the response's end arrives
@@ -147,6 +150,7 @@ class Relay:
                     timeout = chunk_timeout
                     response.set_deadline(loop.time() + timeout)
                     yield Chunk(data.decode(), obj)
+            raise UpstreamError("exited", "the worker ended the stream without [DONE]")
         except (TimeoutError, Stalled, ConnectionFailed) as error:
             raise _transport_error(error, f"no output from the worker for {timeout:.1f}s") from None
         finally:
@@ -195,16 +199,3 @@ def _answered_error(status: int | None, message: str, body: Any) -> UpstreamErro
     error = body.get("error") if isinstance(body, dict) else None
     error_type = str(error.get("type", "")) if isinstance(error, dict) else ""
     return UpstreamError(classify_error(status, message, error_type), message, status, body)
-
-
-async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """The lines of an event stream, without their line ends, however the body was cut into chunks."""
-    pending = b""
-    async for chunk in chunks:
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line := line.rstrip(b"\r"):  # blank lines only separate events
-                yield line
-    if pending:
-        yield pending.rstrip(b"\r")

@@ -37,7 +37,7 @@ from tray_app.library.catalog import ModelEntry
 from tray_app.server import control
 from tray_app.server.embedding_requests import parse_embedding_request
 from tray_app.server.errors import ApiError, bad_request, from_job_error, unavailable
-from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Pieces
+from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Writer
 from tray_app.server.ollama.paths import is_ollama_path
 from tray_app.server.origin_guard import OriginGuard
 from tray_app.server.requests import (
@@ -556,7 +556,7 @@ class Router:
             pass
 
     def _stream(self, job: Job, held: float | None, approval: str) -> EventStreamResponse:
-        pieces = Pieces()
+        writer = Writer()
         executor = self.svc.executor
 
         async def pump() -> None:
@@ -567,13 +567,10 @@ class Router:
                     else executor.run(job, deliver=True, held_slot=held)
                 )
                 async for piece in source:
-                    pieces.put(outcome_bytes(job, piece))
-                    if isinstance(piece, Piece) and piece.output:
-                        # The writer sends it now. Otherwise it waits while this task works through
-                        # the rest of the worker's read (a short answer's end, the job's completion).
-                        await asyncio.sleep(0)
+                    # Finished and Ended are always a job's last outcome: they end the response.
+                    await writer.write(outcome_bytes(job, piece), last=not isinstance(piece, Piece))
             finally:
-                pieces.close()
+                writer.close()
 
         job.task = asyncio.create_task(pump(), name=f"stream-{job.id}")
 
@@ -585,7 +582,7 @@ class Router:
             stop_job()  # the response ended early (an error while writing): nobody reads the job any more
             self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
 
-        return EventStreamResponse(pieces, job_headers(job, False), on_disconnect=stop_job, on_end=count)
+        return EventStreamResponse(writer, job_headers(job, False), on_disconnect=stop_job, on_end=count)
 
     async def embeddings(self, request: Request) -> ASGIApp:
         try:

@@ -1,14 +1,14 @@
 """The response of a streamed request: server-sent events written as the job produces them.
 
 Leaner than Starlette's StreamingResponse, which starts a task group for every response: here the job's
-own task fills a `Pieces` channel and the response writes whatever is waiting in one write (one piece,
-except when the client reads slower than the tokens come). A client that goes away ends the job.
+own task writes each piece to the client itself (`Writer.write`) as soon as the response has started, so a
+token reaches the client in the same turn of the event loop that read it from the worker. Pieces made before
+that wait in the writer and go out in one write after the status line. A client that goes away ends the job.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
@@ -16,30 +16,48 @@ from starlette.types import Receive, Scope, Send
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-class Pieces:
-    """A one-producer, one-consumer channel of byte strings that ends with `close()`."""
+class Writer:
+    """The job's side of the stream: `write` each piece, `close` at the end (one producer)."""
 
     def __init__(self) -> None:
-        self._pending: deque[bytes] = deque()
-        self._ready = asyncio.Event()
-        self.closed = False
+        self._pending: list[bytes] = []
+        self._send: Send | None = None  # set once the status line and everything pending went out
+        self._closed = asyncio.Event()
+        self._ended = False  # the last piece went out as the end of the response
 
-    def put(self, piece: bytes) -> None:
-        self._pending.append(piece)
-        self._ready.set()
+    async def write(self, data: bytes, last: bool = False) -> None:
+        """Send `data` now if the response has started, else keep it for the first write. `last`: nothing
+        follows, so it ends the response in the same write."""
+        send = self._send
+        if send is None:
+            self._pending.append(data)
+            return
+        if last:
+            self._ended = True
+            self._send = None  # a stray write after the end must not reach the finished response
+        await send({"type": "http.response.body", "body": data, "more_body": not last})
 
     def close(self) -> None:
-        self.closed = True
-        self._ready.set()
+        self._closed.set()
 
-    async def take(self) -> tuple[bytes, bool]:
-        """Everything waiting (joined), and whether the channel has ended."""
-        while not self._pending and not self.closed:
-            self._ready.clear()
-            await self._ready.wait()
-        data = b"".join(self._pending)
-        self._pending.clear()
-        return data, self.closed
+    async def _serve(self, send: Send) -> None:
+        """After the status line: send what waits, then let `write` send directly until `close`. No await
+        between the last look at what waits and the hand-over, so nothing written meanwhile is left behind
+        or overtaken."""
+        try:
+            while self._pending:
+                data = b"".join(self._pending)
+                self._pending.clear()
+                ended = self._closed.is_set()  # the job's task is over: this is the last of it
+                await send({"type": "http.response.body", "body": data, "more_body": not ended})
+                if ended:
+                    return
+            self._send = send
+            await self._closed.wait()
+        finally:
+            self._send = None  # the response is over (or failed): a late write sends nothing
+        if not self._ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class EventStreamResponse:
@@ -48,12 +66,12 @@ class EventStreamResponse:
 
     def __init__(
         self,
-        pieces: Pieces,
+        writer: Writer,
         headers: dict[str, str],
         on_disconnect: Callable[[], None],
         on_end: Callable[[], None],
     ) -> None:
-        self.pieces = pieces
+        self.writer = writer
         self.headers = [(b"content-type", b"text/event-stream; charset=utf-8")] + [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in {**SSE_HEADERS, **headers}.items()
@@ -68,10 +86,7 @@ class EventStreamResponse:
             # not what the client waits for, the first token is.
             await asyncio.sleep(0)
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
-            ended = False
-            while not ended:
-                data, ended = await self.pieces.take()
-                await send({"type": "http.response.body", "body": data, "more_body": not ended})
+            await self.writer._serve(send)
         finally:
             watcher.cancel()
             self.on_end()

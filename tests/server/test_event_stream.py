@@ -1,0 +1,85 @@
+"""The streamed response's writer: what the job writes before the status line goes out in one write after
+it, what it writes later goes out at once, and the response ends exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tray_app.server.event_stream import EventStreamResponse, Writer
+
+
+class Client:
+    """The ASGI side: records what is sent; `receive` waits until told the client went away."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.gone = asyncio.Event()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    async def receive(self) -> dict[str, Any]:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    def bodies(self) -> list[tuple[bytes, bool]]:
+        return [(m["body"], m["more_body"]) for m in self.sent if m["type"] == "http.response.body"]
+
+
+def respond(writer: Writer, client: Client, events: list[str]) -> asyncio.Task[None]:
+    response = EventStreamResponse(
+        writer, {"X-Failsoft-Job": "job-1"}, lambda: events.append("disconnect"), lambda: events.append("end")
+    )
+    return asyncio.create_task(response({"type": "http"}, client.receive, client.send))
+
+
+async def test_pieces_written_before_the_start_go_out_together_then_each_at_once() -> None:
+    writer, client, events = Writer(), Client(), []
+    await writer.write(b"a")
+    await writer.write(b"b")
+    task = respond(writer, client, events)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert client.sent[0]["type"] == "http.response.start"
+    assert (b"x-failsoft-job", b"job-1") in client.sent[0]["headers"]
+    assert client.bodies() == [(b"ab", True)]
+    await writer.write(b"c")
+    assert client.bodies()[-1] == (b"c", True)  # sent by the write itself, not later
+    await writer.write(b"end", last=True)
+    writer.close()
+    await task
+    assert client.bodies() == [(b"ab", True), (b"c", True), (b"end", False)]
+    assert events == ["end"]
+
+
+async def test_a_job_that_ended_before_the_start_is_sent_in_one_final_write() -> None:
+    writer, client, events = Writer(), Client(), []
+    await writer.write(b"error")
+    writer.close()
+    await respond(writer, client, events)
+    assert client.bodies() == [(b"error", False)]
+
+
+async def test_a_stream_closed_without_a_last_piece_still_ends_once() -> None:
+    writer, client, events = Writer(), Client(), []
+    task = respond(writer, client, events)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    await writer.write(b"a")
+    writer.close()
+    await task
+    await writer.write(b"late")  # the job's task is over: nothing reaches the finished response
+    assert client.bodies() == [(b"a", True), (b"", False)]
+
+
+async def test_a_client_that_goes_away_is_reported() -> None:
+    writer, client, events = Writer(), Client(), []
+    task = respond(writer, client, events)
+    client.gone.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert events == ["disconnect"]
+    writer.close()
+    await task
+    assert events == ["disconnect", "end"]
