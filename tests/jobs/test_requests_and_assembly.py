@@ -29,6 +29,8 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
         ({**CHAT, "temperature": "hot"}, "temperature"),
         ({**CHAT, "stream": "yes"}, "stream"),
         ({**CHAT, "seed": 1.5}, "seed"),
+        ({**CHAT, "seed": 2**63}, "seed"),  # the journal keeps seeds as 64-bit integers
+        ({**CHAT, "seed": -(2**63) - 1}, "seed"),
         ({**CHAT, "stop": [1]}, "stop"),
         ({**CHAT, "n": 2}, "n"),
         ({**CHAT, "tools": {"a": 1}}, "tools"),
@@ -91,6 +93,8 @@ def test_what_the_checks_accept() -> None:
         ("chat", {**CHAT, "logprobs": False, "logit_bias": {"12": -100, "-1": 2.5}}),
         ("chat", {**CHAT, "logit_bias": {"hello": 5}, "logit_bias_type": "tokens"}),
         ("chat", {**CHAT, "grammar": 'root ::= "yes"'}),
+        ("chat", {**CHAT, "seed": 2**63 - 1}),
+        ("chat", {**CHAT, "seed": -(2**63)}),
         ("completion", {"prompt": "hi", "logprobs": None}),
     ]
     for kind, body in accepted:

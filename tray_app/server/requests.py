@@ -15,6 +15,7 @@ Kind = Literal["chat", "completion"]
 ROLES = {"system", "user", "assistant", "tool", "function", "developer"}
 _NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repeat_penalty")
 _INT_FIELDS = ("seed", "top_k", "top_logprobs")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 NO_LOGPROBS = (
     "log probabilities are not available: the workers keep logits for the last token only (all-token logits "
     "would cost context length x vocabulary floats of memory)"
@@ -95,6 +96,10 @@ def _check_common(body: dict[str, Any]) -> int | None:
     for name in _INT_FIELDS:
         if body.get(name) is not None and not _is_int(body[name]):
             raise bad_request(f"'{name}' must be an integer", name)
+    seed = body.get("seed")
+    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
+        # The journal keeps the seed a replay samples with as an SQLite integer (64 bits).
+        raise bad_request(f"'seed' must be between {INT64_MIN} and {INT64_MAX}", "seed")
     n = body.get("n")
     if n is not None and n != 1:
         raise bad_request("only 'n' = 1 is supported", "n", code="unsupported_value")
