@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from pathlib import Path
 
-from tray_app.supervisor.process import RotatingLog, notable_lines
+from tray_app.supervisor.process import TAIL_BYTES, TAIL_LINES, RotatingLog, WorkerProcess, notable_lines
 
 
 def test_rotates_by_size_and_keeps_the_newest(tmp_path: Path) -> None:
@@ -50,3 +52,22 @@ def test_without_request_logging_only_warnings_errors_and_unprefixed_lines_stay(
         b"0.02.508.321 E srv  update_slots: Compute error. off = 0, n_batch = 1, ret = -3\n"
         b"CUDA error: out of memory\n"
     )
+
+    info_only = b"0.02.017.644 I slot get_availabl: id  3 | task -1 | selected slot by LRU\n" * 3
+    assert notable_lines(info_only) == b""
+
+
+async def test_a_workers_tail_is_its_last_lines_however_much_it_printed(tmp_path: Path) -> None:
+    # Many small writes (as llama.cpp prints, a line at a time) adding up to several times what is kept.
+    lines = TAIL_BYTES // 20 * 4
+    script = (
+        "import sys\n"
+        f"for i in range({lines}):\n"
+        "    sys.stdout.write(f'line {i:07d} of output\\n'); sys.stdout.flush()"
+    )
+    process = WorkerProcess.spawn([sys.executable, "-c", script], tmp_path / "worker.log")
+    assert await asyncio.wait_for(asyncio.shield(process.exited), 30) == 0
+    tail = process.tail()
+    assert len(tail) == TAIL_LINES
+    assert tail[-1] == f"line {lines - 1:07d} of output"
+    assert tail[0] == f"line {lines - TAIL_LINES:07d} of output"

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
@@ -99,7 +100,11 @@ class WorkerProcess:
     ) -> None:
         self._popen = popen
         self._log_requests = log_requests
-        self._recent = b""  # the last TAIL_BYTES of output
+        # The last output, at least TAIL_BYTES of it when there is that much: whole reads, the oldest
+        # dropped once the rest still holds TAIL_BYTES. Work per read in proportion to the read: this thread
+        # wakes for each line a worker prints (about 30 per request) and holds the interpreter lock meanwhile.
+        self._recent: deque[bytes] = deque()
+        self._recent_bytes = 0
         self._load_lines: list[str] = []
         self._loaded = False
         self._tail_lock = threading.Lock()
@@ -156,7 +161,7 @@ class WorkerProcess:
     def tail(self) -> list[str]:
         """The last lines the worker printed (at most TAIL_LINES)."""
         with self._tail_lock:
-            recent = self._recent
+            recent = b"".join(self._recent)[-TAIL_BYTES:]
         lines = recent.decode("utf-8", errors="replace").splitlines()
         return lines[-TAIL_LINES:]
 
@@ -210,7 +215,7 @@ class WorkerProcess:
             fd = stream.fileno()
             while chunk := os.read(fd, READ_BYTES):
                 with self._tail_lock:
-                    self._recent = (self._recent + chunk)[-TAIL_BYTES:]
+                    self._keep_recent(chunk)
                     loaded = self._loaded
                 if not loaded:
                     self._log.write(chunk)
@@ -218,13 +223,19 @@ class WorkerProcess:
                     self._take_load_lines(lines)
                 elif self._log_requests:
                     self._log.write(chunk)
-                else:
-                    self._log.write(notable_lines(chunk))
+                elif kept := notable_lines(chunk):
+                    self._log.write(kept)
 
             if pending:
                 self._take_load_lines([pending])  # the last words, without a line end
         finally:
             stream.close()
+
+    def _keep_recent(self, chunk: bytes) -> None:
+        self._recent.append(chunk)
+        self._recent_bytes += len(chunk)
+        while self._recent_bytes - len(self._recent[0]) >= TAIL_BYTES:
+            self._recent_bytes -= len(self._recent.popleft())
 
     def _take_load_lines(self, lines: list[bytes]) -> None:
         with self._tail_lock:
@@ -256,6 +267,8 @@ _NOTABLE = re.compile(rb"^\d+\.\d+\.\d+\.\d+ [WE] |^[^\s\d]", re.MULTILINE)
 def notable_lines(chunk: bytes) -> bytes:
     """The warnings and errors of a block of llama.cpp's output, and lines it printed without its prefix
     (an abort's message); not the per-request lines (about 30 of them for each request)."""
+    if _NOTABLE.search(chunk) is None:
+        return b""  # the usual block: request lines only, looked through once in C
     return b"".join(line for line in chunk.splitlines(keepends=True) if _NOTABLE.match(line))
 
 
