@@ -93,12 +93,16 @@ async def test_an_event_stream_connection_is_not_reused() -> None:
     assert server.connections == 3 and len(server.requests) == 3
 
 
-async def test_a_streaming_pool_connects_for_the_next_stream_while_this_one_runs() -> None:
+async def test_a_streaming_pool_connects_for_the_next_stream_when_this_one_ends() -> None:
     """The relay's pool keeps one spare connection per worker: each stream's request is written into a
-    connection opened before the request came, not one it must wait to open."""
+    connection opened before the request came, not one it must wait to open. The spare is opened when the
+    last stream ends, not while it runs (a connect then would cost the worker time on a small machine)."""
 
     async def stream_then_close(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
-        writer.write(STREAM_HEAD + chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
+        writer.write(STREAM_HEAD + chunk(b"data: {}\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
         return False  # llama-server's way: the connection ends with the stream
 
     pool = UpstreamPool(spare_for_streams=True)
@@ -106,10 +110,14 @@ async def test_a_streaming_pool_connects_for_the_next_stream_while_this_one_runs
         for number in range(3):
             opened_before = server.connections
             response = await pool.send("POST", server.url + "/x", b"{}", {})
-            assert await response.read() == b"data: [DONE]\n\n"
             if number > 0:
                 assert opened_before == number + 1  # this request's connection was there already
+            assert await anext(response.chunks()) == b"data: {}\n\n"
+            await asyncio.sleep(0.05)
+            assert server.connections == number + 1  # no spare while the stream runs
+            assert await response.read() == b"data: [DONE]\n\n"
             await asyncio.sleep(0.1)  # the spare connects
+            assert server.connections == number + 2
         await pool.aclose()
     assert len(server.requests) == 3
     assert pool.connections_opened == 4  # the first request's own, then one spare per stream

@@ -6,8 +6,9 @@ this client spends about a tenth of that, and on the relay path httpx was most o
 It speaks what the workers speak and nothing more: HTTP/1.1 with keep-alive, a request body with
 Content-Length, and chunked or Content-Length responses, parsed by httptools (the C parser uvicorn uses).
 Connections are kept per worker address and reused while they are fresh. llama-server closes the connection
-after every event stream, so a pool that streams keeps one spare connection per worker, opened while the
-last stream runs: the next request's connect is then off its path to the first token.
+after every event stream, so a pool that streams keeps one spare connection per worker, opened as soon as
+the last stream ends: the next request's connect is then off its path to the first token, and no connect
+competes with a running stream for the machine.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class _Connection(asyncio.Protocol):
             self._pool.release(self)
         else:
             self.close()
+            self._pool.closed_after(self)
 
 
 class Response:
@@ -287,7 +289,6 @@ class UpstreamPool:
         if response is not None:
             try:
                 await response.headers_ready
-                self._after_headers(response, sent.address)
                 return response
             except ConnectionFailed:
                 response.abort()
@@ -303,12 +304,14 @@ class UpstreamPool:
         except BaseException:
             connection.close()
             raise
-        self._after_headers(response, sent.address)
         return response
 
-    def _after_headers(self, response: Response, address: tuple[str, int]) -> None:
-        if not response.keep_alive and self.spare_for_streams:
-            self._open_spare(address)  # the worker is busy with this request: connect for the next one
+    def closed_after(self, connection: _Connection) -> None:
+        """`connection` ended with its response (an event stream: the worker closes it). A pool that streams
+        connects again now, so the next request finds a connection ready. Not earlier: while the stream
+        runs, a connect costs the machine time the worker needs for its first token."""
+        if self.spare_for_streams:
+            self._open_spare(connection.address)
 
     def release(self, connection: _Connection) -> None:
         idle = self._idle.setdefault(connection.address, deque())
