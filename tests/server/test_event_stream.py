@@ -83,3 +83,17 @@ async def test_a_client_that_goes_away_is_reported() -> None:
     writer.close()
     await task
     assert events == ["disconnect", "end"]
+
+
+async def test_a_held_piece_goes_out_with_the_next_one_or_the_end() -> None:
+    writer, client, events = Writer(), Client(), []
+    task = respond(writer, client, events)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    await writer.write(b"role", hold=True)
+    assert client.bodies() == []  # nothing the client waits for: no write of its own
+    await writer.write(b"token")
+    await writer.write(b"finish", hold=True)
+    writer.close()
+    await task
+    assert client.bodies() == [(b"roletoken", True), (b"finish", False)]

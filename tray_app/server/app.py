@@ -567,8 +567,12 @@ class Router:
                     else executor.run(job, deliver=True, held_slot=held)
                 )
                 async for piece in source:
-                    # Finished and Ended are always a job's last outcome: they end the response.
-                    await writer.write(outcome_bytes(job, piece), last=not isinstance(piece, Piece))
+                    # Finished and Ended are always a job's last outcome: they end the response. A piece
+                    # with no output (the role) waits for the first that has some: one write, not two.
+                    output = not isinstance(piece, Piece) or piece.output
+                    await writer.write(
+                        outcome_bytes(job, piece), hold=not output, last=not isinstance(piece, Piece)
+                    )
             finally:
                 writer.close()
 

@@ -25,13 +25,17 @@ class Writer:
         self._closed = asyncio.Event()
         self._ended = False  # the last piece went out as the end of the response
 
-    async def write(self, data: bytes, last: bool = False) -> None:
-        """Send `data` now if the response has started, else keep it for the first write. `last`: nothing
-        follows, so it ends the response in the same write."""
+    async def write(self, data: bytes, *, hold: bool = False, last: bool = False) -> None:
+        """Send `data` now if the response has started, else keep it for the first write. `hold`: nothing
+        the client waits for (a role announcement): it goes out with the next piece, in the same write.
+        `last`: nothing follows, so it ends the response in the same write."""
         send = self._send
-        if send is None:
+        if send is None or hold:
             self._pending.append(data)
             return
+        if self._pending:
+            data = b"".join([*self._pending, data])
+            self._pending.clear()
         if last:
             self._ended = True
             self._send = None  # a stray write after the end must not reach the finished response
@@ -57,7 +61,9 @@ class Writer:
         finally:
             self._send = None  # the response is over (or failed): a late write sends nothing
         if not self._ended:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            data = b"".join(self._pending)  # anything held back goes out with the end
+            self._pending.clear()
+            await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 class EventStreamResponse:
