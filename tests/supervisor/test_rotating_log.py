@@ -71,3 +71,21 @@ async def test_a_workers_tail_is_its_last_lines_however_much_it_printed(tmp_path
     assert len(tail) == TAIL_LINES
     assert tail[-1] == f"line {lines - 1:07d} of output"
     assert tail[0] == f"line {lines - TAIL_LINES:07d} of output"
+
+
+async def test_a_loaded_workers_last_words_are_read_as_it_exits(tmp_path: Path) -> None:
+    # After "model loaded" the output is read in batches; the exit still brings the last line at once.
+    script = (
+        "import sys, time\n"
+        "print('main: model loaded', flush=True)\n"
+        "for i in range(50):\n"
+        "    print(f'0.00.000.{i:03d} I request line {i}', flush=True); time.sleep(0.002)\n"
+        "print('GGML_ASSERT failed: last words', flush=True)\n"
+        "sys.exit(3)"
+    )
+    process = WorkerProcess.spawn([sys.executable, "-c", script], tmp_path / "worker.log", log_requests=False)
+    assert await asyncio.wait_for(asyncio.shield(process.exited), 30) == 3
+    assert process.tail()[-1] == "GGML_ASSERT failed: last words"
+    assert process.loaded
+    logged = (tmp_path / "worker.log").read_text()
+    assert "GGML_ASSERT failed: last words\n" in logged and "request line 49" not in logged

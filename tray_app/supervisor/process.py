@@ -34,6 +34,10 @@ READ_BYTES = 64 * 1024
 LOAD_LINES = 4000  # the load log is kept whole (llama.cpp prints its buffer sizes there), up to this many
 LOADED_MARKER = "model loaded"  # llama-server's line once loading ended; later lines may quote requests
 _DRAIN_TIMEOUT = 2.0  # seconds to wait for the pipe to close after the process ended
+# After loading, the pump reads at most this often. llama-server prints about 30 lines per request, a write
+# each; read one by one, each would wake this process on a machine busy with that very request. The worker's
+# exit cuts the wait short, so its last words are still read at once.
+OUTPUT_BATCH_SECONDS = 0.02
 
 
 def worker_log_path(log_dir: Path, role: str) -> Path:
@@ -108,6 +112,7 @@ class WorkerProcess:
         self._load_lines: list[str] = []
         self._loaded = False
         self._tail_lock = threading.Lock()
+        self._ended = threading.Event()  # the process exited: the pump reads on without waiting
         self._log = RotatingLog(log_file)
         self.exited: asyncio.Future[int] = loop.create_future()
         self._loop = loop
@@ -221,10 +226,12 @@ class WorkerProcess:
                     self._log.write(chunk)
                     *lines, pending = (pending + chunk).split(b"\n")
                     self._take_load_lines(lines)
-                elif self._log_requests:
+                    continue
+                if self._log_requests:
                     self._log.write(chunk)
                 elif kept := notable_lines(chunk):
                     self._log.write(kept)
+                self._ended.wait(OUTPUT_BATCH_SECONDS)  # let the lines of a request gather
 
             if pending:
                 self._take_load_lines([pending])  # the last words, without a line end
@@ -248,6 +255,7 @@ class WorkerProcess:
 
     def _watch_exit(self) -> None:
         returncode = self._popen.wait()
+        self._ended.set()
         self._pump.join(_DRAIN_TIMEOUT)
         self.log_line(f"worker {self._popen.pid} ended with status {returncode}")
         self._log.close()
