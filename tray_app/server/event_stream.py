@@ -44,7 +44,7 @@ class Writer:
     def close(self) -> None:
         self._closed.set()
 
-    async def _serve(self, send: Send) -> None:
+    async def serve(self, send: Send) -> None:
         """After the status line: send what waits, then let `write` send directly until `close`. No await
         between the last look at what waits and the hand-over, so nothing written meanwhile is left behind
         or overtaken."""
@@ -92,7 +92,7 @@ class EventStreamResponse:
             # not what the client waits for, the first token is.
             await asyncio.sleep(0)
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
-            await self.writer._serve(send)
+            await self.writer.serve(send)
         finally:
             watcher.cancel()
             self.on_end()

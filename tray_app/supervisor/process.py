@@ -105,8 +105,8 @@ class WorkerProcess:
         self._popen = popen
         self._log_requests = log_requests
         # The last output, at least TAIL_BYTES of it when there is that much: whole reads, the oldest
-        # dropped once the rest still holds TAIL_BYTES. Work per read in proportion to the read: this thread
-        # wakes for each line a worker prints (about 30 per request) and holds the interpreter lock meanwhile.
+        # dropped once the rest still holds TAIL_BYTES. Work per read in proportion to the read, as this
+        # thread holds the interpreter lock while it works (copying the whole tail each time cost it 64 KiB).
         self._recent: deque[bytes] = deque()
         self._recent_bytes = 0
         self._load_lines: list[str] = []
