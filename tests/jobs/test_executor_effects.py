@@ -66,9 +66,14 @@ class ScriptedRelay:
 
     def __init__(self, *scripts: list[Step]) -> None:
         self.scripts = list(scripts)
+        self.handed = 0
         self.bodies: list[dict[str, Any]] = []
         self.dispatched: list[DispatchedRequest] = []
         self.taken_up: list[DispatchedRequest | None] = []  # per attempt: the dispatched request it read
+        self.prepared: list[tuple[str, int]] = []  # per prepare_next: the url, and chunks handed out by then
+
+    def prepare_next(self, url: str) -> None:
+        self.prepared.append((url, self.handed))
 
     def dispatch(self, url: str, body: bytes, headers: dict[str, str]) -> DispatchedRequest:
         self.dispatched.append(DispatchedRequest(url))
@@ -88,6 +93,7 @@ class ScriptedRelay:
         for step in self.scripts.pop(0):
             if isinstance(step, Exception):
                 raise step
+            self.handed += 1
             yield Chunk(json.dumps(step), step)
 
 
@@ -413,3 +419,19 @@ async def test_nothing_is_dispatched_to_a_worker_that_is_not_ready(make_executor
     workers["gpu"].state = "starting"
     executor.dispatch(new_job(registry))
     assert relay.dispatched == []
+
+
+async def test_the_next_connection_is_prepared_once_the_client_has_its_first_token(
+    make_executor: Factory,
+) -> None:
+    role = {**chat_chunk(), "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+    relay = ScriptedRelay([role, chat_chunk("Hi"), chat_chunk(" there"), chat_chunk(finish="stop")])
+    executor, registry, _ = make_executor(relay)
+    outcomes: list[Outcome] = []
+    async for outcome in executor.run(new_job(registry), deliver=True):
+        if isinstance(outcome, Piece) and outcome.output and not text_of(outcomes):
+            assert relay.prepared == []  # not before the first token has reached its reader
+        outcomes.append(outcome)
+    # Once, right after the first token (the second chunk, after the role) was taken up; not per token.
+    assert relay.prepared == [("http://127.0.0.1:9/v1/chat/completions", 2)]
+    assert text_of(outcomes) == "Hi there"

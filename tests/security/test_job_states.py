@@ -167,6 +167,9 @@ class CountingRelay:
     def __init__(self) -> None:
         self.calls = 0
 
+    def prepare_next(self, url: str) -> None:
+        pass  # no connections here
+
     async def stream(
         self, url: str, body: bytes, headers: dict[str, str], *timeouts: float
     ) -> AsyncGenerator[Chunk]:

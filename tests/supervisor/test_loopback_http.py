@@ -123,6 +123,32 @@ async def test_a_streaming_pool_connects_for_the_next_stream_when_this_one_ends(
     assert pool.connections_opened == 4  # the first request's own, then one spare per stream
 
 
+async def test_a_pool_asked_to_prepare_connects_at_once_and_only_once() -> None:
+    """After a stream's first token the relay asks for the next request's connection (`prepare`): opened
+    then, while the stream still runs, and not again while one is idle or opening."""
+
+    async def stream_slowly(request: ScriptedRequest, writer: asyncio.StreamWriter) -> bool:
+        writer.write(STREAM_HEAD + chunk(b"data: {}\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
+        return False
+
+    pool = UpstreamPool(spare_for_streams=True)
+    async with scripted_server(stream_slowly) as server:
+        url = server.url + "/x"
+        response = await pool.send("POST", url, b"{}", {})
+        assert await anext(response.chunks()) == b"data: {}\n\n"
+        pool.prepare(pool.address_of(url))
+        pool.prepare(pool.address_of(url))
+        await asyncio.sleep(0.1)
+        assert server.connections == 2  # the stream's own and one spare, while the stream runs
+        assert await response.read() == b"data: [DONE]\n\n"
+        await asyncio.sleep(0.1)
+        assert server.connections == 2  # the spare is idle: the stream's end opens no other
+        await pool.aclose()
+
+
 async def test_a_stream_that_never_ends_after_release_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loopback_http, "RELEASE_GRACE_SECONDS", 0.1)
 

@@ -307,11 +307,18 @@ class UpstreamPool:
         return response
 
     def closed_after(self, connection: _Connection) -> None:
-        """`connection` ended with its response (an event stream: the worker closes it). A pool that streams
-        connects again now, so the next request finds a connection ready. Not earlier: while the stream
-        runs, a connect costs the machine time the worker needs for its first token."""
+        """`connection` ended with its response (an event stream: the worker closes it): a pool that streams
+        connects again, so the next request finds a connection ready."""
+        self.prepare(connection.address)
+
+    def prepare(self, address: tuple[str, int]) -> None:
+        """A pool that streams opens a spare connection to `address` now, unless one is idle or opening. Not
+        before a stream's first token: until then a connect costs the machine time the worker needs."""
         if self.spare_for_streams:
-            self._open_spare(connection.address)
+            self._open_spare(address)
+
+    def address_of(self, url: str) -> tuple[str, int]:
+        return self._head("POST", url)[0]
 
     def release(self, connection: _Connection) -> None:
         idle = self._idle.setdefault(connection.address, deque())

@@ -386,6 +386,7 @@ class Executor:
             stream = self.relay.stream(
                 url, body, _request_headers(job, worker), first_timeout, self.settings.stall_seconds, sent
             )
+            prepared = False
             async with aclosing(stream) as chunks:
                 async for chunk in chunks:
                     if job.final:
@@ -399,6 +400,9 @@ class Executor:
                             if progress.tool_call_delivered:
                                 self.registry.note_effects_delivered(job)  # before the piece leaves
                             yield out
+                            if out.output and not prepared:
+                                self.relay.prepare_next(url)  # the client has its first token
+                                prepared = True
             self.registry.end_attempt(job, number, "completed")
             if worker_role == "cpu":  # the main model's CPU worker: the speed the policy estimates with
                 self.cpu_speed.record(progress.assembler.tokens, time.monotonic() - started)

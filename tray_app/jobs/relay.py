@@ -157,6 +157,11 @@ class Relay:
             if response is not None:
                 response.abort()  # failed, cancelled or closed early: the worker must see the client go
 
+    def prepare_next(self, url: str) -> None:
+        """A stream from `url` delivered its first output: connect for the next request to that worker now
+        (llama-server closes the connection when this stream ends), off any first token's path."""
+        self._pool.prepare(self._pool.address_of(url))
+
     async def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> bytes:
         """A whole answer (embeddings: nothing to stream). Fails as `stream` does, with an UpstreamError."""
         response: Response | None = None
