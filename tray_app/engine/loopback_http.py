@@ -94,8 +94,10 @@ class _Connection(asyncio.Protocol):
 
     def send(self, request: bytes) -> Response:
         assert self.transport is not None
-        self.response = Response(self)
+        # Written first: nothing of the answer can arrive before this task returns to the loop, so the
+        # response's parser and queue are made while the worker already reads the request.
         self.transport.write(request)
+        self.response = Response(self)
         return self.response
 
     def finished(self, response: Response) -> None:
