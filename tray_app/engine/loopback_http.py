@@ -6,9 +6,9 @@ this client spends about a tenth of that, and on the relay path httpx was most o
 It speaks what the workers speak and nothing more: HTTP/1.1 with keep-alive, a request body with
 Content-Length, and chunked or Content-Length responses, parsed by httptools (the C parser uvicorn uses).
 Connections are kept per worker address and reused while they are fresh. llama-server closes the connection
-after every event stream, so a pool that streams keeps one spare connection per worker, opened as soon as
-the last stream ends: the next request's connect is then off its path to the first token, and no connect
-competes with a running stream for the machine.
+after every event stream, so a pool that streams keeps one spare connection per worker, opened once a
+stream's first token has reached its client (`prepare`) and when a stream ends: the next request's connect
+is then off its path to the first token, and no connect competes with a first token for the machine.
 """
 
 from __future__ import annotations
