@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from tests.security.conftest import StandInService, client_for
 from tray_app import config
 from tray_app.server.app import AuthAndErrors, create_app
-from tray_app.server.origin_guard import normalize_origin, split_host
+from tray_app.server.origin_guard import HOST_VERDICTS, PASS, OriginGuard, normalize_origin, split_host
 
 EVIL = "http://evil.example"
 
@@ -251,6 +251,32 @@ def test_host_and_origin_parsing() -> None:
     assert normalize_origin("https://a.lan") == ("https", "a.lan", 443)
     assert normalize_origin("null") is None
     assert normalize_origin("http://a.lan/path") is None
+
+
+def test_a_kept_host_verdict_follows_a_config_reload() -> None:
+    """The guard keeps its verdict per Host for the config object it judged under; a reload (a new
+    config object) judges again, so an allow-list change applies to the next request."""
+    current = {"server": config.ServerConfig()}
+    guard = OriginGuard(lambda: current["server"], "k")
+    scope = {"type": "http", "method": "POST", "headers": [(b"host", b"ai-box.lan:8750")]}
+    assert guard.check(scope).error is not None  # a name the config does not list
+    assert guard.check(scope).error is not None  # the kept verdict
+    current["server"] = config.ServerConfig(allowed_hosts=["ai-box.lan"])
+    assert guard.check(scope) == PASS
+    current["server"] = config.ServerConfig()
+    refused = guard.check(scope).error
+    assert refused is not None and refused.code == "forbidden_host"
+
+
+def test_made_up_hosts_do_not_grow_the_kept_verdicts() -> None:
+    fixed = config.ServerConfig()
+    guard = OriginGuard(lambda: fixed, "")
+    for number in range(HOST_VERDICTS * 3):
+        scope = {"type": "http", "method": "GET", "headers": [(b"host", f"h{number}.example".encode())]}
+        assert guard.check(scope).error is not None
+    assert len(guard._host_verdicts) == HOST_VERDICTS
+    # Past the bound, a new Host is still judged (not waved through).
+    assert guard.check({"type": "http", "headers": [(b"host", b"localhost")]}) == PASS
 
 
 def test_requests_without_origin_or_host_pass(service: StandInService) -> None:

@@ -106,15 +106,24 @@ class Verdict:
 
 
 PASS = Verdict()
+# Distinct Host values whose verdict is kept: a client uses one or two; a flood of made-up ones is checked
+# each time rather than kept.
+HOST_VERDICTS = 64
 
 
 class OriginGuard:
     """The checks, against the server config as it is now (`server()` is read on each request, so a config
-    reload that changes the allow-lists applies at once). `api_key` is the key the running service checks."""
+    reload that changes the allow-lists applies at once). `api_key` is the key the running service checks.
+
+    A request without Origin (a program, not a page) is judged by its Host and the config alone: that
+    verdict is kept per Host value for the config object it was made under (a reload makes a new one), so
+    every token-stream request does not parse its Host again."""
 
     def __init__(self, server: Callable[[], ServerConfig], api_key: str) -> None:
         self.server = server
         self.api_key = api_key
+        self._host_verdicts: dict[bytes | None, Verdict] = {}
+        self._verdicts_of: ServerConfig | None = None
 
     # ----------------------------------------------------------------------------------------- hosts
     def host_allowed(self, name: str, port: int | None, cfg: ServerConfig) -> bool:
@@ -156,51 +165,69 @@ class OriginGuard:
         for key, value in scope.get("headers", ()):
             headers.setdefault(key, value)
         cfg = self.server()
-        host: tuple[str, int | None] | None = None
         raw_host = headers.get(b"host")
-        if raw_host is not None:
-            host = split_host(raw_host.decode("latin-1"))
-            if host is None or not self.host_allowed(host[0], host[1], cfg):
-                return Verdict(
-                    ApiError(
-                        403,
-                        f"Host {raw_host.decode('latin-1')!r} is not allowed; add it to server.allowed_hosts",
-                        type="permission_error",
-                        code="forbidden_host",
-                        param="Host",
-                    )
-                )
         raw_origin = headers.get(b"origin")
+        if raw_origin is None:
+            return self._host_verdict(raw_host, cfg)
+        refused = self._host_refusal(raw_host, cfg)
+        if refused is not None:
+            return refused
+        host = split_host(raw_host.decode("latin-1")) if raw_host is not None else None
         method = str(scope.get("method", ""))
-        cors: tuple[tuple[bytes, bytes], ...] = ()
-        if raw_origin is not None:
-            origin = raw_origin.decode("latin-1")
-            server = scope.get("server")
-            scope_port = server[1] if isinstance(server, (tuple, list)) and len(server) > 1 else None
-            if not self.origin_allowed(origin, scope_port, host, cfg):
-                return Verdict(
-                    ApiError(
-                        403,
-                        f"Origin {origin!r} is not allowed; add it to server.allowed_origins",
-                        type="permission_error",
-                        code="forbidden_origin",
-                        param="Origin",
-                    )
+        origin = raw_origin.decode("latin-1")
+        server = scope.get("server")
+        scope_port = server[1] if isinstance(server, (tuple, list)) and len(server) > 1 else None
+        if not self.origin_allowed(origin, scope_port, host, cfg):
+            return Verdict(
+                ApiError(
+                    403,
+                    f"Origin {origin!r} is not allowed; add it to server.allowed_origins",
+                    type="permission_error",
+                    code="forbidden_origin",
+                    param="Origin",
                 )
-            cors = (
-                (b"access-control-allow-origin", raw_origin),
-                (b"vary", b"Origin"),
-                (b"access-control-expose-headers", EXPOSE_HEADERS.encode()),
             )
-            if method == "OPTIONS" and b"access-control-request-method" in headers:
-                preflight = (
-                    *cors[:2],
-                    (b"access-control-allow-methods", ALLOW_METHODS.encode()),
-                    (b"access-control-allow-headers", headers.get(b"access-control-request-headers", b"")),
-                    (b"access-control-max-age", PREFLIGHT_MAX_AGE.encode()),
-                )
-                return Verdict(preflight=True, cors_headers=preflight)
+        cors = (
+            (b"access-control-allow-origin", raw_origin),
+            (b"vary", b"Origin"),
+            (b"access-control-expose-headers", EXPOSE_HEADERS.encode()),
+        )
+        if method == "OPTIONS" and b"access-control-request-method" in headers:
+            preflight = (
+                *cors[:2],
+                (b"access-control-allow-methods", ALLOW_METHODS.encode()),
+                (b"access-control-allow-headers", headers.get(b"access-control-request-headers", b"")),
+                (b"access-control-max-age", PREFLIGHT_MAX_AGE.encode()),
+            )
+            return Verdict(preflight=True, cors_headers=preflight)
         return Verdict(cors_headers=cors)
+
+    def _host_verdict(self, raw_host: bytes | None, cfg: ServerConfig) -> Verdict:
+        if cfg is not self._verdicts_of:
+            self._host_verdicts.clear()
+            self._verdicts_of = cfg
+        verdict = self._host_verdicts.get(raw_host)
+        if verdict is None:
+            verdict = self._host_refusal(raw_host, cfg) or PASS
+            if len(self._host_verdicts) < HOST_VERDICTS:
+                self._host_verdicts[raw_host] = verdict
+        return verdict
+
+    def _host_refusal(self, raw_host: bytes | None, cfg: ServerConfig) -> Verdict | None:
+        if raw_host is None:
+            return None
+        host = split_host(raw_host.decode("latin-1"))
+        if host is not None and self.host_allowed(host[0], host[1], cfg):
+            return None
+        return Verdict(
+            ApiError(
+                403,
+                f"Host {raw_host.decode('latin-1')!r} is not allowed; add it to server.allowed_hosts",
+                type="permission_error",
+                code="forbidden_host",
+                param="Host",
+            )
+        )
 
     @staticmethod
     def check_control_body(scope: Scope) -> ApiError | None:
