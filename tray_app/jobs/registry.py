@@ -59,7 +59,7 @@ class Job:
     body: dict[str, Any]  # as sent upstream: seed pinned
     stream: bool
     background: bool
-    body_hash: str
+    body_hash: str  # of the request body as sent, under an Idempotency-Key ("" without one)
     idempotency_key: str | None
     prompt_tokens: int
     max_tokens: int

@@ -43,7 +43,6 @@ from tray_app.server.origin_guard import OriginGuard
 from tray_app.server.requests import (
     Kind,
     ParsedRequest,
-    body_hash,
     check_model,
     check_model_name,
     keep_alive_option,
@@ -324,6 +323,7 @@ class Router:
 
     def _new_job(self, request: Request, parsed: ParsedRequest, *, background: bool, deadline: float) -> Job:
         entry = self._model(parsed.model)
+        key = request.headers.get("idempotency-key")
         body = dict(parsed.body)
         keep_alive = keep_alive_option(body.pop("keep_alive", None))
         may_stand_in = stand_in_allowed(
@@ -362,8 +362,8 @@ class Router:
             body=body,
             stream=parsed.stream and not background,
             background=background,
-            body_hash=parsed.body_hash,
-            idempotency_key=request.headers.get("idempotency-key"),
+            body_hash=parsed.body_hash if key else "",  # compared under an Idempotency-Key only
+            idempotency_key=key,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             deadline=time.monotonic() + deadline,
@@ -610,7 +610,7 @@ class Router:
                 body=parsed.body,
                 stream=False,
                 background=False,
-                body_hash=body_hash(raw),
+                body_hash="",  # compared under an Idempotency-Key only, and an embedding takes none
                 idempotency_key=None,  # nothing to protect: an embedding has no effects
                 prompt_tokens=0,
                 max_tokens=0,

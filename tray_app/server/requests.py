@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from tray_app.library.keep_alive import parse_keep_alive
@@ -28,7 +29,12 @@ class ParsedRequest:
     body: dict[str, Any]
     stream: bool
     max_tokens: int | None
-    body_hash: str
+    raw: bytes
+
+    @cached_property
+    def body_hash(self) -> str:
+        """Only an Idempotency-Key's record compares it (jobs.idempotency): hashed when one asks."""
+        return body_hash(self.raw)
 
     @property
     def model(self) -> str | None:
@@ -213,7 +219,7 @@ def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
             raise bad_request("'prompt' must be a string or an array of strings", "prompt")
         if isinstance(prompt, list) and len(prompt) != 1:
             raise bad_request("'prompt' as an array must hold exactly one string", "prompt")
-    return ParsedRequest(kind, body, bool(body.get("stream")), max_tokens, body_hash(raw))
+    return ParsedRequest(kind, body, bool(body.get("stream")), max_tokens, raw)
 
 
 def _public_names(known: set[str]) -> list[str]:
