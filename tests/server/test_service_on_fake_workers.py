@@ -4,7 +4,9 @@ here is also tested on real llama.cpp workers (test_failover.py, test_api.py).""
 
 from __future__ import annotations
 
+import json
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,41 @@ def test_answers_come_from_the_gpu_worker_streamed_or_not(svc: ServiceHandle) ->
         if chunk.choices
     )
     assert text == "The sea is wide and deep"
+
+
+def test_a_request_that_starts_at_once_is_journaled_and_announced_in_order(svc: ServiceHandle) -> None:
+    """A request the GPU can take at once goes to its worker before its bookkeeping: the journal entry and
+    the events still come, and in the order a client of /failsoft/events relies on."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    connected = threading.Event()
+
+    def listen() -> None:
+        with httpx.stream("GET", svc.base_url + "/failsoft/events", timeout=30) as response:
+            event_type = ""
+            for line in response.iter_lines():
+                if line.startswith(": connected"):
+                    connected.set()
+                elif line.startswith("event: "):
+                    event_type = line[7:]
+                elif line.startswith("data: "):
+                    seen.append((event_type, json.loads(line[6:])))
+                    if event_type == "job_state" and seen[-1][1]["state"] == "completed":
+                        return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert connected.wait(30)
+    chunks = list(client_for(svc).chat.completions.create(**CHAT, stream=True))
+    thread.join(30)
+    job_id = next(c.model_extra["failsoft"]["job_id"] for c in chunks if c.model_extra.get("failsoft"))
+    mine = [
+        (kind, data.get("state") or data.get("route")) for kind, data in seen if data.get("job_id") == job_id
+    ]
+    assert mine[:2] == [("job_state", "queued"), ("route_decided", "gpu")]
+    assert ("job_state", "running") in mine and mine[-1] == ("job_state", "completed")
+    job = job_state(svc, job_id)
+    assert (job["state"], job["route"]) == ("completed", "gpu")
+    assert [(a["worker"], a["outcome"]) for a in job["attempt_log"]] == [("gpu", "completed")]
 
 
 def test_a_gpu_worker_killed_mid_stream_hands_the_rest_to_the_cpu(svc: ServiceHandle) -> None:

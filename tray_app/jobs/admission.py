@@ -187,12 +187,21 @@ class SlotPool:
         waiting = len(worker.waiters) + worker.in_flight
         return max(1, math.ceil(waiting * worker.seconds_per_job / worker.capacity))
 
-    async def acquire(self, role: str, job_id: str, timeout: float, *, accepted: bool = False) -> float:
-        """Wait for a slot on `role`; returns the acquisition time (pass it to `release`)."""
+    def try_acquire(self, role: str) -> float | None:
+        """A slot on `role` if one is free and nobody waits for it (the acquisition time, for `release`);
+        None otherwise."""
         worker = self._workers[role]
         if worker.in_flight < worker.capacity and not worker.waiters:
             worker.in_flight += 1
             return time.monotonic()
+        return None
+
+    async def acquire(self, role: str, job_id: str, timeout: float, *, accepted: bool = False) -> float:
+        """Wait for a slot on `role`; returns the acquisition time (pass it to `release`)."""
+        worker = self._workers[role]
+        held = self.try_acquire(role)
+        if held is not None:
+            return held
         if not accepted and self.interactive_depth >= self.queue_limit:
             raise QueueFull(self.interactive_depth, self.retry_after(role))
         waiter = _Waiter(job_id, asyncio.get_running_loop().create_future(), accepted)

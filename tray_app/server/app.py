@@ -322,7 +322,16 @@ class Router:
         return entry
 
     def _new_job(self, request: Request, parsed: ParsedRequest, *, background: bool, deadline: float) -> Job:
-        entry = self._model(parsed.model)
+        job = self._make_job(
+            request, parsed, self._model(parsed.model), background=background, deadline=deadline
+        )
+        self.svc.registry.add(job)  # registers its Idempotency-Key too
+        return job
+
+    def _make_job(
+        self, request: Request, parsed: ParsedRequest, entry: ModelEntry, *, background: bool, deadline: float
+    ) -> Job:
+        """The job for this request, checked and counted, not registered yet."""
         key = request.headers.get("idempotency-key")
         body = dict(parsed.body)
         keep_alive = keep_alive_option(body.pop("keep_alive", None))
@@ -372,7 +381,6 @@ class Router:
             roles=roles,
             may_stand_in=may_stand_in,
         )
-        self.svc.registry.add(job)  # registers its Idempotency-Key too
         self.svc.library.touch(entry.name, keep_alive)
         return job
 
@@ -402,12 +410,11 @@ class Router:
     async def _gpu_available(self, job: Job, entry: ModelEntry, n_ctx: int) -> bool:
         """Whether the job's model can answer on the GPU: the main model's worker is up; another model's
         is loaded now if the request fits it (making room by unloading idle models, see host.library)."""
-        role = job.worker_role("gpu")
-        worker = self.svc.workers.get(role) if role else None
-        if worker is None:
-            return False
         if entry.main:
-            return bool(worker.state not in ("failed", "stopped"))
+            return self._gpu_worker_up(job)
+        role = job.worker_role("gpu")
+        if role is None or role not in self.svc.workers:
+            return False
         if job.prompt_tokens + job.max_tokens > n_ctx:
             return False
         wait = min(max(job.time_left(), 0.0), self.svc.cfg.supervisor.start_timeout)
@@ -416,6 +423,27 @@ class Router:
         except LoadRefused as refused:
             self.svc.registry.name_fallback(job, refused.code)
             return False
+
+    def _gpu_worker_up(self, job: Job) -> bool:
+        role = job.worker_role("gpu")
+        worker = self.svc.workers.get(role) if role else None
+        return worker is not None and worker.state not in ("failed", "stopped")
+
+    def _start_at_once(self, job: Job, entry: ModelEntry, deadline: float) -> float | None:
+        """The GPU slot, taken, when the route is plain and free: the main model, its GPU worker up, the
+        request within the GPU's context, a slot free now. None: the full route and admission decide."""
+        if not entry.main:
+            return None
+        gpu = policy.RouteRequest(
+            job.prompt_tokens,
+            job.max_tokens,
+            self.context_per_slot(entry),
+            self._gpu_worker_up(job),
+            deadline,
+        )
+        if policy.route_on_gpu(gpu) is None:
+            return None
+        return self.svc.slots.try_acquire(job.worker_role("gpu") or "gpu")
 
     async def _stand_in_route(self, job: Job) -> policy.Decision | None:
         """The ladder's middle rung at admission: the asked model cannot use the GPU, its stand-in can."""
@@ -502,7 +530,17 @@ class Router:
                 stored = self._idempotent_answer(key, parsed)
                 if stored is not None:
                     return stored
-            job = self._new_job(request, parsed, background=False, deadline=deadline)
+            entry = self._model(parsed.model)
+            job = self._make_job(request, parsed, entry, background=False, deadline=deadline)
+            held = self._start_at_once(job, entry, deadline)
+            if held is not None:
+                # The worker starts on it first; the job's journal entry and events follow in this same
+                # turn of the event loop (nothing can look the job up in between), off the token's path.
+                self.svc.executor.dispatch(job)
+                self.svc.registry.add(job)
+                self.svc.bus.publish(RouteDecided(job_id=job.id, route="gpu", reason=""))
+                return await self._answer(request, job, held)
+            self.svc.registry.add(job)  # registers its Idempotency-Key too
             decision = await self._route(job, deadline)
             if decision.refused:
                 raise self._refusal(job, decision)
