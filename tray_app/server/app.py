@@ -171,9 +171,8 @@ def _with_headers(send: Send, extra: tuple[tuple[bytes, bytes], ...]) -> Send:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, or 413 as soon as it is known to be larger than `limit`."""
     length = request.headers.get("content-length")
-    too_large = ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large
+        raise _too_large(limit)
     # From the ASGI messages themselves: Starlette's request.stream() costs each request a fixed share
     # before it can go to its worker.
     chunks: list[bytes] = []
@@ -185,10 +184,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
