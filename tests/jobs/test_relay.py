@@ -160,9 +160,10 @@ async def test_a_worker_that_is_not_listening() -> None:
     assert failure.value.kind == "exited" and "cannot connect" in failure.value.message
 
 
-async def test_a_malformed_chunk_is_a_failure() -> None:
+@pytest.mark.parametrize("payload", [b"{not json", b'{"content": "\xff\xfe"}'], ids=["json", "utf-8"])
+async def test_a_malformed_chunk_is_a_failure(payload: bytes) -> None:
     with pytest.raises(UpstreamError) as failure:
-        await collect(streaming(b"data: {not json\n\n"))
+        await collect(streaming(b"data: " + payload + b"\n\n"))
     assert failure.value.kind == "exited" and "malformed chunk" in failure.value.message
 
 

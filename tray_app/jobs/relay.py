@@ -133,13 +133,14 @@ class Relay:
                         response = None
                         return
                     try:
-                        obj = json.loads(data)
-                    except ValueError:
+                        text = data.decode()  # once: the chunk goes on as this text, parsed from it
+                        obj = json.loads(text)
+                    except ValueError:  # UnicodeDecodeError included
                         raise UpstreamError(
                             "exited", f"the worker sent a malformed chunk: {data[:200]!r}"
                         ) from None
                     if isinstance(obj, dict) and "error" in obj:
-                        raise _answered_error(None, _error_message(obj, data.decode(errors="replace")), obj)
+                        raise _answered_error(None, _error_message(obj, text), obj)
                     if isinstance(obj, dict) and "prompt_progress" in obj:
                         # The worker is reading the prompt (one event per batch, see Job.upstream_body): it
                         # is alive however long the prompt takes. Nothing in it for the client (a chat's
@@ -149,7 +150,7 @@ class Relay:
                         continue
                     timeout = chunk_timeout
                     response.set_deadline(loop.time() + timeout)
-                    yield Chunk(data.decode(), obj)
+                    yield Chunk(text, obj)
             raise UpstreamError("exited", "the worker ended the stream without [DONE]")
         except (TimeoutError, Stalled, ConnectionFailed) as error:
             raise _transport_error(error, f"no output from the worker for {timeout:.1f}s") from None
