@@ -421,6 +421,49 @@ async def test_nothing_is_dispatched_to_a_worker_that_is_not_ready(make_executor
     assert relay.dispatched == []
 
 
+def role_chunk() -> dict[str, Any]:
+    return {**chat_chunk(), "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+
+
+def events_of(job: Job, outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    """What a streamed client reads, event by event (without the last chunk and [DONE])."""
+    wire = b"".join(outcome_bytes(job, o) for o in outcomes if isinstance(o, Piece))
+    return [json.loads(event[6:]) for event in wire.split(b"\n\n") if event]
+
+
+async def test_the_role_travels_with_the_first_token(make_executor: Factory) -> None:
+    relay = ScriptedRelay([role_chunk(), chat_chunk("Hi"), chat_chunk(finish="stop")])
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    outcomes = await run(executor, job)
+    pieces = [o for o in outcomes if isinstance(o, Piece)]
+    assert pieces[0].output and [p.obj for p in pieces[0].before] == [role_chunk()]  # one outcome, not two
+    deltas = [event["choices"][0]["delta"] for event in events_of(job, outcomes)]
+    assert deltas == [{"role": "assistant"}, {"content": "Hi"}, {}]
+
+
+async def test_an_answer_with_no_output_still_announces_its_role(make_executor: Factory) -> None:
+    executor, registry, _ = make_executor(ScriptedRelay([role_chunk(), chat_chunk(finish="length")]))
+    job = new_job(registry)
+    outcomes = await run(executor, job)
+    assert job.state == "completed" and text_of(outcomes) == ""
+    finishes = [event["choices"][0]["finish_reason"] for event in events_of(job, outcomes)]
+    assert finishes == [None, "length"]
+
+
+async def test_a_role_announced_before_a_crash_goes_out_once(make_executor: Factory) -> None:
+    """The GPU announced the role, then failed before its first token: the announcement still reaches the
+    client, ahead of the CPU's answer, and the CPU's own announcement is not sent a second time."""
+    crash = UpstreamError("exited", "connection dropped")
+    relay = ScriptedRelay([role_chunk(), crash], [role_chunk(), chat_chunk("Hi"), chat_chunk(finish="stop")])
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    outcomes = await run(executor, job)
+    assert (job.state, job.worker) == ("completed", "cpu")
+    deltas = [event["choices"][0]["delta"] for event in events_of(job, outcomes)]
+    assert deltas == [{"role": "assistant"}, {"content": "Hi"}, {}]
+
+
 async def test_the_next_connection_is_prepared_once_the_client_has_its_first_token(
     make_executor: Factory,
 ) -> None:

@@ -371,6 +371,9 @@ class Executor:
                 raise UpstreamError("queue_timeout", f"no free {worker_role} slot: {timeout}") from None
         number = 0
         started = time.monotonic()
+        # Pieces with no output before the first that has some (the role announcement): they travel with
+        # that first token, one trip to the client instead of two.
+        held: list[Piece] = []
         try:
             worker = await self._ready_worker(job, role, worker_role)
             progress.worker_pid = worker.pid
@@ -399,16 +402,26 @@ class Executor:
                         if out is not None:
                             if progress.tool_call_delivered:
                                 self.registry.note_effects_delivered(job)  # before the piece leaves
+                            if not prepared and not out.output:
+                                held.append(out)
+                                continue
+                            if held:
+                                out = Piece(out.obj, out.raw, out.output, tuple(held))
+                                held.clear()
                             yield out
                             if out.output and not prepared:
                                 self.relay.prepare_next(url)  # the client has its first token
                                 prepared = True
+            for piece in held:  # an answer with no output at all
+                yield piece
             self.registry.end_attempt(job, number, "completed")
             if worker_role == "cpu":  # the main model's CPU worker: the speed the policy estimates with
                 self.cpu_speed.record(progress.assembler.tokens, time.monotonic() - started)
         except UpstreamError as failure:
             if number:
                 self.registry.end_attempt(job, number, "failed", f"{failure.kind}: {failure.message}")
+            for piece in held:  # announced as delivered (progress): it goes out ahead of what follows
+                yield piece
             raise
         except (asyncio.CancelledError, GeneratorExit):
             if number:

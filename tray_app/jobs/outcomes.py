@@ -61,6 +61,7 @@ class Piece:
     obj: dict[str, Any]
     raw: str | None = None
     output: bool = False  # it carries text or a tool call: what the client is waiting for
+    before: tuple[Piece, ...] = ()  # held back until this one (a role announcement): sent just ahead of it
 
 
 @dataclass(frozen=True)

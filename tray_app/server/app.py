@@ -609,7 +609,8 @@ class Router:
                 )
                 async for piece in source:
                     # Finished and Ended are always a job's last outcome: they end the response. A piece
-                    # with no output (the role) waits for the first that has some: one write, not two.
+                    # with no output (a finish) waits for what comes next: one write, not two. (The role
+                    # comes attached to the first token already, see Executor._attempt.)
                     output = not isinstance(piece, Piece) or piece.output
                     await writer.write(
                         outcome_bytes(job, piece), hold=not output, last=not isinstance(piece, Piece)

@@ -66,10 +66,16 @@ def result_to_stream(kind: str, result: dict[str, Any], with_usage: bool = False
     return [*(sse(piece) for piece in pieces), DONE]
 
 
+def _piece_event(piece: Piece) -> bytes:
+    return sse(piece.raw if piece.raw is not None else piece.obj)
+
+
 def outcome_bytes(job: Job, outcome: Outcome) -> bytes:
     """One outcome of the engine as what the client's stream gets."""
     if isinstance(outcome, Piece):
-        return sse(outcome.raw if outcome.raw is not None else outcome.obj)
+        if outcome.before:
+            return b"".join([*map(_piece_event, outcome.before), _piece_event(outcome)])
+        return _piece_event(outcome)
     if isinstance(outcome, Finished):
         usage = outcome.result.get("usage") if include_usage(job.body) else None
         if outcome.replayed:
