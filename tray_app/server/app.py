@@ -416,7 +416,7 @@ class Router:
         if entry.main:
             return self._gpu_worker_up(job)
         role = job.worker_role("gpu")
-        if role is None or role not in self.svc.workers:
+        if role is None or self.svc.workers.get(role) is None:
             return False
         if job.prompt_tokens + job.max_tokens > n_ctx:
             return False
