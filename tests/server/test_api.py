@@ -19,6 +19,7 @@ from tests.support.helpers import (
     COUNTING,
     base_settings,
     client_for,
+    events_until_completed,
     failsoft_of,
     job_state,
     wait_until,
@@ -345,27 +346,8 @@ def test_metrics_are_prometheus_text(svc: ServiceHandle, client: openai.OpenAI) 
 
 
 def test_events_stream_job_states(svc: ServiceHandle, client: openai.OpenAI) -> None:
-    seen: list[tuple[str, dict[str, Any]]] = []
-    connected = threading.Event()
-
-    def listen() -> None:
-        with httpx.stream("GET", svc.base_url + "/failsoft/events", timeout=30) as response:
-            event_type = ""
-            for line in response.iter_lines():
-                if line.startswith(": connected"):
-                    connected.set()
-                elif line.startswith("event: "):
-                    event_type = line[7:]
-                elif line.startswith("data: "):
-                    seen.append((event_type, json.loads(line[6:])))
-                    if event_type == "job_state" and seen[-1][1]["state"] == "completed":
-                        return
-
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    assert connected.wait(30)
-    client.chat.completions.create(model="default", messages=CHAT, max_tokens=2)
-    thread.join(30)
+    with events_until_completed(svc) as seen:
+        client.chat.completions.create(model="default", messages=CHAT, max_tokens=2)
     types = [event_type for event_type, _ in seen]
     assert "route_decided" in types and "job_state" in types
     assert all(data["type"] == event_type for event_type, data in seen)

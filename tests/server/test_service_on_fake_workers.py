@@ -4,9 +4,7 @@ here is also tested on real llama.cpp workers (test_failover.py, test_api.py).""
 
 from __future__ import annotations
 
-import json
 import stat
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +13,15 @@ import httpx
 import pytest
 
 from tests.support.fake_worker import fake_llama_server
-from tests.support.helpers import arm, base_settings, client_for, failsoft_of, job_state, wait_replaced
+from tests.support.helpers import (
+    arm,
+    base_settings,
+    client_for,
+    events_until_completed,
+    failsoft_of,
+    job_state,
+    wait_replaced,
+)
 from tests.support.service import ServiceHandle, running_service
 from tray_app import config
 
@@ -50,27 +56,8 @@ def test_answers_come_from_the_gpu_worker_streamed_or_not(svc: ServiceHandle) ->
 def test_a_request_that_starts_at_once_is_journaled_and_announced_in_order(svc: ServiceHandle) -> None:
     """A request the GPU can take at once goes to its worker before its bookkeeping: the journal entry and
     the events still come, and in the order a client of /failsoft/events relies on."""
-    seen: list[tuple[str, dict[str, Any]]] = []
-    connected = threading.Event()
-
-    def listen() -> None:
-        with httpx.stream("GET", svc.base_url + "/failsoft/events", timeout=30) as response:
-            event_type = ""
-            for line in response.iter_lines():
-                if line.startswith(": connected"):
-                    connected.set()
-                elif line.startswith("event: "):
-                    event_type = line[7:]
-                elif line.startswith("data: "):
-                    seen.append((event_type, json.loads(line[6:])))
-                    if event_type == "job_state" and seen[-1][1]["state"] == "completed":
-                        return
-
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    assert connected.wait(30)
-    chunks = list(client_for(svc).chat.completions.create(**CHAT, stream=True))
-    thread.join(30)
+    with events_until_completed(svc) as seen:
+        chunks = list(client_for(svc).chat.completions.create(**CHAT, stream=True))
     job_id = next(c.model_extra["failsoft"]["job_id"] for c in chunks if c.model_extra.get("failsoft"))
     mine = [
         (kind, data.get("state") or data.get("route")) for kind, data in seen if data.get("job_id") == job_id

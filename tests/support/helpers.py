@@ -3,6 +3,10 @@ config reloads and waits (the one polling helper, `wait_until`, is in tests/supp
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -92,3 +96,32 @@ def failsoft_of(obj: Any) -> dict[str, Any]:
     assert "failsoft" in extra, f"no failsoft object in {obj}"
     data: dict[str, Any] = extra["failsoft"]
     return data
+
+
+@contextmanager
+def events_until_completed(
+    svc: ServiceHandle, timeout: float = 30
+) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """The service's /failsoft/events as (type, data) pairs, from when the listener is connected until a
+    job_state "completed" arrives (or `timeout`); the list is complete when the block ends."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    connected = threading.Event()
+
+    def listen() -> None:
+        with httpx.stream("GET", svc.base_url + "/failsoft/events", timeout=timeout) as response:
+            event_type = ""
+            for line in response.iter_lines():
+                if line.startswith(": connected"):
+                    connected.set()
+                elif line.startswith("event: "):
+                    event_type = line[7:]
+                elif line.startswith("data: "):
+                    seen.append((event_type, json.loads(line[6:])))
+                    if event_type == "job_state" and seen[-1][1]["state"] == "completed":
+                        return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert connected.wait(timeout), "the event stream did not connect"
+    yield seen
+    thread.join(timeout)
