@@ -27,7 +27,7 @@ class Writer:
 
     async def write(self, data: bytes, *, hold: bool = False, last: bool = False) -> None:
         """Send `data` now if the response has started, else keep it for the first write. `hold`: nothing
-        the client waits for (a role announcement): it goes out with the next piece, in the same write.
+        the client waits for (a finish with no text): it goes out with the next piece, in the same write.
         `last`: nothing follows, so it ends the response in the same write."""
         send = self._send
         if send is None or hold:
