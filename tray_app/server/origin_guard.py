@@ -169,10 +169,9 @@ class OriginGuard:
         raw_origin = headers.get(b"origin")
         if raw_origin is None:
             return self._host_verdict(raw_host, cfg)
-        refused = self._host_refusal(raw_host, cfg)
+        host, refused = self._judge_host(raw_host, cfg)
         if refused is not None:
             return refused
-        host = split_host(raw_host.decode("latin-1")) if raw_host is not None else None
         method = str(scope.get("method", ""))
         origin = raw_origin.decode("latin-1")
         server = scope.get("server")
@@ -208,18 +207,21 @@ class OriginGuard:
             self._verdicts_of = cfg
         verdict = self._host_verdicts.get(raw_host)
         if verdict is None:
-            verdict = self._host_refusal(raw_host, cfg) or PASS
+            verdict = self._judge_host(raw_host, cfg)[1] or PASS
             if len(self._host_verdicts) < HOST_VERDICTS:
                 self._host_verdicts[raw_host] = verdict
         return verdict
 
-    def _host_refusal(self, raw_host: bytes | None, cfg: ServerConfig) -> Verdict | None:
+    def _judge_host(
+        self, raw_host: bytes | None, cfg: ServerConfig
+    ) -> tuple[tuple[str, int | None] | None, Verdict | None]:
+        """The parsed Host (None without one), and the refusal when it is not allowed."""
         if raw_host is None:
-            return None
+            return None, None
         host = split_host(raw_host.decode("latin-1"))
         if host is not None and self.host_allowed(host[0], host[1], cfg):
-            return None
-        return Verdict(
+            return host, None
+        return host, Verdict(
             ApiError(
                 403,
                 f"Host {raw_host.decode('latin-1')!r} is not allowed; add it to server.allowed_hosts",
