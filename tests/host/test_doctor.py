@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.waits import wait_until
 from tray_app.doctor.tray_host import probe
 
 
@@ -91,17 +92,17 @@ def test_a_missing_engine_blocks(tmp_path: Path) -> None:
 @pytest.fixture
 def xembed_desktop(tmp_path: Path) -> Iterator[dict[str, str]]:
     """Xvfb and the XEmbed tray host trayer, nothing else."""
-    from tests.ui.test_real_tray import free_display
+    from tests.ui.test_real_tray import Desktop, free_display, x_server_answers
 
     number = free_display()
     env = {**os.environ, "DISPLAY": f":{number}"}
     env.pop("DBUS_SESSION_BUS_ADDRESS", None)
-    log = (tmp_path / "desktop.log").open("wb")
+    log_path = tmp_path / "desktop.log"
+    log = log_path.open("wb")
     processes = [subprocess.Popen(["Xvfb", f":{number}", "-nolisten", "tcp"], stdout=log, stderr=log)]
     try:
-        deadline = time.monotonic() + 20
-        while not Path(f"/tmp/.X11-unix/X{number}").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # The socket file appears before the server accepts clients; trayer started then exits at once.
+        wait_until(lambda: x_server_answers(Desktop(f":{number}", env)), 20, "Xvfb to answer")
         processes.append(subprocess.Popen(["trayer"], env=env, stdout=log, stderr=log))
         yield env
     finally:
@@ -109,6 +110,7 @@ def xembed_desktop(tmp_path: Path) -> Iterator[dict[str, str]]:
             process.terminate()
             process.wait(timeout=10)
         log.close()
+        print(log_path.read_text(errors="replace"))  # shown by pytest when the test fails
 
 
 @pytest.mark.gui
@@ -122,7 +124,7 @@ def test_an_xembed_tray_host_is_found(
     while probe().xembed.answer != "yes" and time.monotonic() < deadline:
         time.sleep(0.2)  # trayer takes the selection once it has started
     host = probe()
-    assert host.xembed.answer == "yes" and "_NET_SYSTEM_TRAY_S0" in host.xembed.detail
+    assert host.xembed.answer == "yes" and "_NET_SYSTEM_TRAY_S0" in host.xembed.detail, host.xembed.detail
     status, report = doctor("--port", "0", env=xembed_desktop)
     assert status == 0 and by_name(report)["tray"]["details"]["answer"] == "yes"
 
