@@ -39,6 +39,9 @@ def test_overhead_measurement_reports_both_paths(svc: ServiceHandle) -> None:
         assert figures[path]["p50_ms"] > 0 and figures[path]["ttft_p50_ms"] > 0
         assert figures[path]["stream_total_p50_ms"] >= figures[path]["ttft_p50_ms"]
     assert set(figures["added_ms"]) == set(figures["ratio"]) == set(figures["direct"])
+    # Each paired median with its interval: with 8 rounds, the smallest and largest of the differences.
+    for key, (low, high) in figures["added_interval_ms"].items():
+        assert low <= figures["added_ms"][key] <= high
     # The router process did the routing work: it used CPU time for the routed requests.
     assert figures["router_cpu_ms_per_request"] > 0
 

@@ -3,10 +3,12 @@ both see the same machine. Returns figures (milliseconds) and what the router ad
 
 `added_ms` is the median of the per-round differences (router minus direct, one pair per round), which
 cancels most of the drift a generation's own time has from one round to the next; p99 and the chunk gap
-are compared as whole distributions. The router always streams from the worker (it needs every token to
-detect a stalled worker and to cancel at once), so a non-streamed request through it costs the worker its
-streaming; `router_own_ms` separates that: the router's non-streamed answer against the worker's own
-streamed total, the same work upstream.
+are compared as whole distributions. `added_interval_ms` gives each paired median its 95 % interval (see
+intervals.median_interval): how much of a figure is the machine's noise.
+
+The router always streams from the worker (it needs every token to detect a stalled worker and to cancel
+at once), so a non-streamed request through it costs the worker its streaming; `router_own_ms` separates
+that: the router's non-streamed answer against the worker's own streamed total, the same work upstream.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 import httpx
 import psutil
+
+from tray_app.bench.intervals import median_interval
 
 PROMPT = [{"role": "user", "content": "Name three colours."}]
 
@@ -75,8 +79,17 @@ def _summary(samples: Samples) -> dict[str, float]:
     }
 
 
+def _differences_ms(router: list[float], direct: list[float]) -> list[float]:
+    return [(r - d) * 1000.0 for r, d in zip(router, direct, strict=True)]
+
+
 def _paired(router: list[float], direct: list[float]) -> float:
-    return statistics.median(r - d for r, d in zip(router, direct, strict=True)) * 1000.0
+    return statistics.median(_differences_ms(router, direct))
+
+
+def _paired_interval(router: list[float], direct: list[float]) -> list[float] | None:
+    interval = median_interval(_differences_ms(router, direct))
+    return list(interval) if interval is not None else None
 
 
 def _cpu_seconds(process: psutil.Process | None) -> float:
@@ -129,6 +142,11 @@ def measure_overhead(
         "direct": a,
         "router": b,
         "added_ms": added,
+        "added_interval_ms": {
+            "p50_ms": _paired_interval(routed.latency, direct.latency),
+            "ttft_p50_ms": _paired_interval(routed.first_token, direct.first_token),
+            "stream_total_p50_ms": _paired_interval(routed.stream_total, direct.stream_total),
+        },
         "ratio": {key: (b[key] / a[key] if a[key] else 0.0) for key in a},
         "router_own_ms": _paired(routed.latency, direct.stream_total),
         "router_cpu_ms_per_request": (router_cpu / (2 * rounds) * 1000.0) if router_process else None,

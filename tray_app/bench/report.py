@@ -36,12 +36,14 @@ def router_lines(router: dict[str, Any]) -> list[str]:
         f"{router['max_tokens']} token{'' if router['max_tokens'] == 1 else 's'}, interleaved; "
         "added = median of the paired differences)"
     ]
+    intervals = router.get("added_interval_ms", {})
     for key, label in ROUTER_ROWS:
         if key == "gap_mean_ms" and router["max_tokens"] == 1:
             continue  # one token: no gap between chunks
         lines.append(
             f"  {label:<34} {_ms(router['direct'][key], 2):>10} -> {_ms(router['router'][key], 2):>10}  "
             f"{router['added_ms'][key]:+.2f} ms  {_ratio(router['ratio'][key])}"
+            + _interval(intervals.get(key))
         )
     lines.append(
         f"  {'non-streamed vs worker streaming':<34} {router['router_own_ms']:+.2f} ms  "
@@ -51,6 +53,11 @@ def router_lines(router: dict[str, Any]) -> list[str]:
     if cpu is not None:
         lines.append(f"  {'router process CPU per request':<34} {cpu:.2f} ms")
     return lines
+
+
+def _interval(bounds: list[float] | None) -> str:
+    """The added figure's 95 % interval (paired medians only)."""
+    return "" if bounds is None else f"  (95 %: {bounds[0]:+.2f} to {bounds[1]:+.2f} ms)"
 
 
 def floor_lines(proxy: dict[str, Any] | None, router: dict[str, Any]) -> list[str]:
