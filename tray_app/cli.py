@@ -87,7 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="router overhead, throughput, failover overhead, profiles and planner accuracy"
     )
     _add_model_and_device(bench)
-    bench.add_argument("--rounds", type=int, default=20, help="requests per measurement")
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=20,
+        help="requests per measurement (the one-token measurements take five times as many)",
+    )
     bench.add_argument(
         "--clients", default="1,4,8", help="concurrent clients for the throughput figures (default 1,4,8)"
     )

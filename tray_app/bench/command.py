@@ -45,6 +45,13 @@ def bench_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
 OVERHEAD_TOKENS = 8
 
 
+def one_token_rounds(rounds: int) -> int:
+    """Rounds for the one-token measurements: five times the overhead's. A round takes a few tens of
+    milliseconds, and a fixed cost of about a millisecond in a machine's noise needs hundreds of pairs
+    for its interval to narrow to a few tenths."""
+    return rounds * 5
+
+
 def sub_rounds(rounds: int) -> int:
     """Rounds for the slower measurements (profiles, failovers): a sixth of the overhead's, at least 2."""
     return max(rounds // 6, 2)
@@ -131,14 +138,15 @@ def bench(
     gpu_url = worker_url(status, "gpu")
     # One token first: the router's fixed cost per request, with no generation time around it to add
     # noise; then a short answer for the per-chunk cost.
-    progress(f"router overhead, 1 token ({rounds} rounds)")
+    short = one_token_rounds(rounds)
+    progress(f"router overhead, 1 token ({short} rounds)")
     results["router_fixed_cost"] = measure_overhead(
-        url, gpu_url, rounds=rounds, max_tokens=1, headers=headers, router_pid=router_pid
+        url, gpu_url, rounds=short, max_tokens=1, headers=headers, router_pid=router_pid
     )
-    progress(f"a byte-for-byte proxy's overhead, 1 token ({rounds} rounds): the floor of any extra hop")
+    progress(f"a byte-for-byte proxy's overhead, 1 token ({short} rounds): the floor of any extra hop")
     with byte_proxy(int(gpu_url.rsplit(":", 1)[1])) as proxy_url:
         results["byte_proxy"] = measure_overhead(
-            proxy_url, gpu_url, rounds=rounds, max_tokens=1, headers=headers
+            proxy_url, gpu_url, rounds=short, max_tokens=1, headers=headers
         )
     progress(f"router overhead, {OVERHEAD_TOKENS} tokens ({rounds} rounds)")
     results["router_overhead"] = measure_overhead(
