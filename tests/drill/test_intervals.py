@@ -6,7 +6,8 @@ import math
 import random
 
 from tray_app.bench.intervals import median_interval
-from tray_app.bench.report import router_lines
+from tray_app.bench.report import router_lines, throughput_lines
+from tray_app.bench.throughput import Run, round_ratios
 
 
 def test_the_ranks_are_the_sign_tests() -> None:
@@ -58,3 +59,21 @@ def test_the_report_shows_the_interval_beside_its_median() -> None:
     (ttft,) = [line for line in router_lines(figures([0.81, 1.42])) if "first token" in line]
     assert ttft.endswith("+1.00 ms  x1.050  (95 %: +0.81 to +1.42 ms)")
     assert not any("95 %" in line for line in router_lines(figures(None)))
+
+
+def test_throughput_is_compared_round_by_round() -> None:
+    direct = [Run(tokens=100, seconds=1.0), Run(tokens=100, seconds=2.0)]
+    routed = [Run(tokens=100, seconds=1.25), Run(tokens=100, seconds=2.0)]
+    assert round_ratios(direct, routed) == [0.8, 1.0]  # a slow round is compared with its own pair
+    row = {
+        "clients": 4,
+        "direct_tokens_per_second": 80.0,
+        "router_tokens_per_second": 78.0,
+        "ratio": 0.975,
+        "ratio_interval": [0.951, 1.004],
+        "direct_ttft_p50_ms": 440.0,
+        "router_ttft_p50_ms": 450.0,
+        "ttft_added_p50_ms": 10.0,
+    }
+    printed = throughput_lines({"requests_per_client": 2, "max_tokens": 64, "rounds": 10, "levels": [row]})
+    assert "x0.975 (95 %: x0.951 to x1.004)" in printed[1]

@@ -77,16 +77,21 @@ def throughput_lines(throughput: dict[str, Any]) -> list[str]:
     lines = [
         f"throughput: concurrent clients, each {throughput['requests_per_client']} requests of "
         f"{throughput['max_tokens']} tokens, direct to the GPU worker's llama-server vs through the router "
-        f"(median of {throughput['rounds']} interleaved rounds)"
+        f"(median of {throughput['rounds']} interleaved rounds; x: the median of the rounds' ratios)"
     ]
     for row in throughput["levels"]:
         lines.append(
             f"  {row['clients']} client{'' if row['clients'] == 1 else 's':<2} "
             f"{row['direct_tokens_per_second']:>8.1f} -> {row['router_tokens_per_second']:>8.1f} tokens/s  "
-            f"{_ratio(row['ratio'])}   TTFT p50 {_ms(row['direct_ttft_p50_ms'], 2)} -> "
+            f"{_ratio(row['ratio'])}{_ratio_interval(row.get('ratio_interval'))}   "
+            f"TTFT p50 {_ms(row['direct_ttft_p50_ms'], 2)} -> "
             f"{_ms(row['router_ttft_p50_ms'], 2)}{_added(row.get('ttft_added_p50_ms'))}"
         )
     return lines
+
+
+def _ratio_interval(bounds: list[float] | None) -> str:
+    return "" if bounds is None else f" (95 %: x{bounds[0]:.3f} to x{bounds[1]:.3f})"
 
 
 def _added(value: float | None) -> str:

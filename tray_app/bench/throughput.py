@@ -4,7 +4,8 @@ asked directly, interleaved in one run so both see the same machine.
 Each client sends its requests one after another (distinct prompts, the same ones on both paths of a round,
 with the prompt cache off), every answer exactly `max_tokens` long (`ignore_eos`); a level's figure is all
 tokens received over the wall time from the first request to the last answer. Rounds alternate which path
-goes first.
+goes first. The ratio is paired the same way: the median over rounds of the router's tokens per second
+over the worker's in that round, with its 95 % interval (intervals.median_interval).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from tray_app.bench.intervals import median_interval
 from tray_app.bench.measure import WORKER_STREAM_HEADERS, prompt
 
 LEVELS = (1, 4, 8)
@@ -88,6 +90,15 @@ def _median_ms(values: list[float]) -> float | None:
     return round(statistics.median(values) * 1000, 2) if values else None
 
 
+def round_ratios(direct: list[Run], routed: list[Run]) -> list[float]:
+    """Per round, the router's tokens per second over the worker's on the same prompts."""
+    return [
+        r.tokens_per_second / d.tokens_per_second
+        for d, r in zip(direct, routed, strict=True)
+        if d.tokens_per_second > 0
+    ]
+
+
 def _round_differences(direct: list[Run], routed: list[Run]) -> float | None:
     """The median over rounds of (the router's TTFT p50 - the worker's TTFT p50) in that round, in ms."""
     pairs = [
@@ -133,12 +144,17 @@ async def throughput_figures(
                 offset += clients * requests_per_client
             direct_tps = statistics.median(r.tokens_per_second for r in direct_runs)
             routed_tps = statistics.median(r.tokens_per_second for r in routed_runs)
+            ratios = round_ratios(direct_runs, routed_runs)
+            interval = median_interval(ratios)
             results.append(
                 {
                     "clients": clients,
                     "direct_tokens_per_second": round(direct_tps, 2),
                     "router_tokens_per_second": round(routed_tps, 2),
-                    "ratio": round(routed_tps / direct_tps, 3) if direct_tps else None,
+                    # Paired by round, as the time to first token below: a slow round on one side
+                    # does not move the other side's figure.
+                    "ratio": round(statistics.median(ratios), 3) if ratios else None,
+                    "ratio_interval": [round(end, 3) for end in interval] if interval else None,
                     "direct_ttft_p50_ms": _median_ms([t for r in direct_runs for t in r.first_token]),
                     "router_ttft_p50_ms": _median_ms([t for r in routed_runs for t in r.first_token]),
                     # Paired by round (the same prompts, one right after the other): a slow round on one
