@@ -9,7 +9,15 @@ from pytestqt.qtbot import QtBot
 
 from tests.ui.local_server import LocalService
 from tray_app.ui.api_client import ServiceClient
-from tray_app.ui.chat import Badge, ChatWindow, answer_badge, model_badge, with_header_model
+from tray_app.ui.chat import (
+    MODEL_NAME_CHARS,
+    Badge,
+    ChatWindow,
+    answer_badge,
+    model_badge,
+    short_model_name,
+    with_header_model,
+)
 from tray_app.ui.qt_events import QtEventBridge
 
 
@@ -136,3 +144,58 @@ def test_the_chat_window_shows_both_badges_for_a_stand_in_answer(
     assert answer.badge.text().startswith("GPU")
     assert answer.model_badge.text() == "gemma3-270m on GPU · stand-in for qwen3-8b"
     assert not answer.model_badge.isHidden()
+
+
+LONG_MODEL = "Qwen2.5-Coder-32B-Instruct-Q4_K_M.gguf"
+
+
+def test_a_long_model_name_is_cut_in_the_middle_and_kept_whole_in_the_tooltip() -> None:
+    assert short_model_name("SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    short = short_model_name(LONG_MODEL)
+    assert len(short) == MODEL_NAME_CHARS
+    assert short.startswith("Qwen2.5-Coder-32B") and short.endswith("Q4_K_M.gguf") and "…" in short
+    badge = model_badge({"worker": "gpu", "model": LONG_MODEL, "device": "gpu", "stand_in_for": LONG_MODEL})
+    assert badge is not None
+    assert badge.text == f"{short} on GPU · stand-in for {short}"
+    assert badge.detail.count(LONG_MODEL) == 2
+
+
+def test_long_badges_wrap_inside_the_answer_instead_of_widening_the_chat(
+    qtbot: QtBot, local_service: LocalService
+) -> None:
+    failsoft = {
+        "worker": "gpu",
+        "attempts": 1,
+        "fallback_reason": None,
+        "model": LONG_MODEL,
+        "device": "gpu",
+        "stand_in_for": "Meta-Llama-3.3-70B-Instruct-Q4_K_M.gguf",
+    }
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "Hello"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "failsoft": failsoft},
+    ]
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    headers = {"Content-Type": "text/event-stream"}
+    local_service.answer("POST", "/v1/chat/completions", 200, body.encode(), headers)
+    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
+    qtbot.addWidget(chat)
+    chat.resize(420, 600)
+    chat.show()
+    qtbot.waitExposed(chat)
+    chat.input.setPlainText("a question with a very long word: " + "x" * 200)
+    with qtbot.waitSignal(chat.answer_finished, timeout=10_000):
+        chat.send()
+    answer = chat.answers[-1]
+
+    def laid_out() -> None:
+        assert answer.model_badge.isVisible()
+        assert chat.transcript.width() <= chat.transcript_scroll.viewport().width()
+        inside = answer.contentsRect()
+        for badge in (answer.badge, answer.model_badge):
+            assert inside.contains(badge.geometry()), (badge.text(), badge.geometry(), inside)
+        # Not enough room side by side: the model's badge went under the other, and its own words wrap.
+        assert answer.model_badge.y() > answer.badge.y()
+        assert answer.model_badge.height() > answer.badge.height()
+
+    qtbot.waitUntil(laid_out, timeout=5_000)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -26,12 +27,14 @@ from PySide6.QtWidgets import (
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ApiCall, ChatStream, ServiceClient
 from tray_app.ui.approvals import job_list
+from tray_app.ui.flow_layout import FlowLayout
 from tray_app.ui.icons import app_icon
 from tray_app.ui.notifications import reason_text
 from tray_app.ui.qt_events import QtEventBridge
 from tray_app.ui.state import device_name, format_duration, where_text
 
 JOB_POLL_MS = 1000
+MODEL_NAME_CHARS = 36  # a badge shows at most this much of a model's name; its tooltip has all of it
 BADGE_COLORS = {
     "gpu": ("#2b8a3e", "#ebfbee"),
     "cpu": ("#1864ab", "#e7f5ff"),
@@ -102,16 +105,26 @@ def model_badge(failsoft: dict[str, Any]) -> Badge | None:
     if not model:
         return None
     device = answered_on(failsoft)
-    text = f"{model} on {device_name(device)}" if device else model
+    short = short_model_name(model)
+    text = f"{short} on {device_name(device)}" if device else short
     detail = f"Answered by {model} {where_text(device)}" if device else f"Answered by {model}"
     stand_in_for = str(failsoft.get("stand_in_for") or "")
     if stand_in_for:
         return Badge(
             "stand_in",
-            f"{text} · stand-in for {stand_in_for}",
+            f"{text} · stand-in for {short_model_name(stand_in_for)}",
             f"{detail}, standing in for {stand_in_for}, which could not answer on the GPU",
         )
     return Badge(device if device in ("gpu", "cpu") else "stopped", text, detail)
+
+
+def short_model_name(name: str, limit: int = MODEL_NAME_CHARS) -> str:
+    """`name` cut in the middle to `limit` characters: a GGUF file name keeps its start (the model) and its
+    end (the quantisation)."""
+    if len(name) <= limit:
+        return name
+    tail = limit // 3
+    return f"{name[: limit - tail - 1]}…{name[-tail:]}"
 
 
 def with_header_model(failsoft: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
@@ -150,10 +163,10 @@ class AnswerView(QFrame):
         self.progress.setMaximumHeight(8)
         self.progress.setTextVisible(False)
         self.progress.hide()
-        self.badge = QLabel("")
+        self.badge = BadgeLabel()
         self.badge.hide()
         self.badge_kind = ""
-        self.model_badge = QLabel("")
+        self.model_badge = BadgeLabel()
         self.model_badge.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
@@ -161,11 +174,10 @@ class AnswerView(QFrame):
         layout.addWidget(self.text)
         layout.addWidget(self.phase)
         layout.addWidget(self.progress)
-        badge_row = QHBoxLayout()
-        badge_row.addWidget(self.badge)
-        badge_row.addWidget(self.model_badge)
-        badge_row.addStretch(1)
-        layout.addLayout(badge_row)
+        badges = FlowLayout()  # side by side while they fit, one under the other when they do not
+        badges.addWidget(self.badge)
+        badges.addWidget(self.model_badge)
+        layout.addLayout(badges)
         self.setStyleSheet("#answer { background: #ffffff; border: 1px solid #dee2e6; border-radius: 10px; }")
 
     def append(self, text: str) -> None:
@@ -191,6 +203,23 @@ class AnswerView(QFrame):
             _paint_badge(self.model_badge, model)
         self.set_phase("")
         self.progress.hide()
+
+
+class BadgeLabel(QLabel):
+    """A badge's label: on one line while its row has room (the size hint FlowLayout places it by), its
+    words wrapped when even a row of its own is too narrow."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.setWordWrap(True)
+        self.setIndent(0)  # else a framed label indents by half an "x", which the hint below leaves out
+
+    def sizeHint(self) -> QSize:
+        flags = self.alignment().value | Qt.TextFlag.TextExpandTabs.value
+        text = self.fontMetrics().boundingRect(QRect(0, 0, 2000, 2000), flags, self.text())
+        margins = self.contentsMargins()
+        width = text.width() + margins.left() + margins.right()
+        return QSize(width, self.heightForWidth(width))
 
 
 def _paint_badge(label: QLabel, badge: Badge) -> None:
@@ -417,6 +446,11 @@ class ChatWindow(QWidget):
             signal.connect(self._on_event)
 
     def _add_bubble(self, widget: QWidget, mine: bool) -> None:
+        # Its width comes from the row, never from its content: a long word or badge wraps or is cut inside
+        # the bubble instead of pushing the transcript past the window's edge.
+        policy = widget.sizePolicy()
+        policy.setHorizontalPolicy(QSizePolicy.Policy.Ignored)
+        widget.setSizePolicy(policy)
         row = QHBoxLayout()
         if mine:
             row.addStretch(1)
