@@ -1,4 +1,4 @@
-"""FlowLayout: side by side while the widgets fit, on the next row when they do not, never wider than a row."""
+"""FlowLayout: side by side while widgets fit, on the next row when they do not, never wider than a row."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ These are the ground truth the planner is checked against and calibrated with.
 from __future__ import annotations
 
 import ctypes
+import logging
 import re
 import threading
 from collections.abc import Iterator
@@ -131,11 +132,33 @@ class LlamaLogCapture:
 
 
 # llama.cpp has one process-wide log callback. One dispatcher is installed once; it hands each message to
-# every active capture and then to llama-cpp-python's own callback, so its verbose printing still works.
+# every active capture, or, when none is active, to Python's logging ("llama.cpp") at its level. It replaces
+# llama-cpp-python's callback, which maps ggml's levels by an older numbering: it printed warnings even when
+# not verbose (a vocab-only load's "n_ctx_seq (512) > n_ctx_train (0)") and hid errors.
 _active: list[LlamaLogCapture] = []
 _active_lock = threading.Lock()
 _dispatcher: Any = None  # the ctypes callback object; kept referenced so it is never garbage-collected
 _install_lock = threading.Lock()
+log = logging.getLogger("llama.cpp")
+
+# ggml_log_level at the vendored commit: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the
+# previous message). llama.cpp's INFO is its load report: debug detail here.
+GGML_CONTINUE = 5
+_LOGGING_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+
+
+class _Forward:
+    """Python-logging side of the dispatcher: one record per line, continuations at their message's level."""
+
+    def __init__(self) -> None:
+        self.level = logging.DEBUG
+
+    def __call__(self, ggml_level: int, text: str) -> None:
+        if ggml_level != GGML_CONTINUE:
+            self.level = _LOGGING_LEVELS.get(ggml_level, logging.INFO)
+        line = text.strip()
+        if line and log.isEnabledFor(self.level):
+            log.log(self.level, "%s", line)
 
 
 def _install_dispatcher() -> None:
@@ -147,9 +170,8 @@ def _install_dispatcher() -> None:
 
 def _make_dispatcher() -> Any:
     import llama_cpp
-    from llama_cpp import _logger
 
-    forward = _logger.llama_log_callback
+    forward = _Forward()
 
     @llama_cpp.llama_log_callback
     def dispatch(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -158,7 +180,8 @@ def _make_dispatcher() -> Any:
             captures = list(_active)
         for capture in captures:
             capture.append(decoded)
-        forward(level, text, user_data)
+        if not captures:
+            forward(level, decoded)
 
     llama_cpp.llama_log_set(dispatch, ctypes.c_void_p(0))
     return dispatch
@@ -166,7 +189,8 @@ def _make_dispatcher() -> Any:
 
 @contextmanager
 def capture_llama_log() -> Iterator[LlamaLogCapture]:
-    """Collect what llama.cpp logs inside the block (e.g. around `Llama(...)`), whatever `verbose` is."""
+    """Collect what llama.cpp logs inside the block (e.g. around `Llama(...)`), whatever `verbose` is; it is
+    not logged elsewhere meanwhile."""
     _install_dispatcher()
     capture = LlamaLogCapture()
     with _active_lock:

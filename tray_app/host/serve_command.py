@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import socket
+import sys
 
 import uvicorn
 
+from tray_app.budget.plan_set import PlanSet
+from tray_app.budget.sizes import format_size
 from tray_app.cli import load_config
 from tray_app.config import Config, ConfigError
 from tray_app.host import event_loop
@@ -33,6 +37,37 @@ def check_bind(cfg: Config) -> None:
         )
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The router's socket, bound before anything else starts: a port in use is known at once, before a
+    worker is started or a model read. Raises OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def devices_line(plan: PlanSet, model: str, cpu_enabled: bool) -> str:
+    """What serves the model, in one line: the GPU named as the plan sees it (a simulated one says so), or
+    that there is none; then the CPU worker."""
+    cpu = f"CPU n_ctx {plan.cpu.n_ctx} ({plan.cpu.n_parallel} parallel)" if cpu_enabled else "no CPU worker"
+    if not plan.device.available:
+        return f"model {model}; no GPU worker ({plan.device.reason or 'no GPU device'}); {cpu}"
+    gpu = plan.gpu
+    if plan.device.simulated:
+        name = f"simulated GPU {format_size(plan.device.total_bytes)} [SIMULATED]"
+    else:
+        name = f"GPU {plan.target.label}"
+    return (
+        f"model {model}; {name}: n_ctx {gpu.n_ctx} ({gpu.n_ctx_per_seq} per sequence, "
+        f"{gpu.n_parallel} parallel); {cpu}"
+    )
+
+
 def uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
@@ -50,18 +85,24 @@ def uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     check_bind(cfg)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
-    service = Service(cfg, enable_faults=bool(getattr(args, "enable_faults", False)))
-    plan = service.plan_set
-    label = " (simulated)" if plan.device.simulated else ""
-    print(
-        f"failsoft serve: model {service.model_id}; GPU{label} n_ctx {plan.gpu.n_ctx} "
-        f"({plan.gpu.n_ctx_per_seq} per sequence, {plan.gpu.n_parallel} parallel); "
-        f"CPU n_ctx {plan.cpu.n_ctx}",
-        flush=True,
-    )
-    print(f"failsoft serve: listening on http://{cfg.server.host}:{cfg.server.port}", flush=True)
-    server = uvicorn.Server(uvicorn_config(create_app(service), cfg.server.host, cfg.server.port))
-    event_loop.run(server.serve())
+    host, port = cfg.server.host, cfg.server.port
+    try:
+        sock = listening_socket(host, port)
+    except OSError as error:
+        print(
+            f"failsoft serve: cannot listen on {host}:{port}: {error.strerror or error}\n"
+            f"  If Failsoft already runs there, its status is at http://{host}:{port}/failsoft/status; "
+            "another port: --port or [server] port in the config",
+            file=sys.stderr,
+        )
+        return 1
+    with sock:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
+        service = Service(cfg, enable_faults=bool(getattr(args, "enable_faults", False)))
+        line = devices_line(service.plan_set, service.model_id, cfg.cpu.enabled)
+        print(f"failsoft serve: {line}", flush=True)
+        print(f"failsoft serve: listening on http://{host}:{port}", flush=True)
+        server = uvicorn.Server(uvicorn_config(create_app(service), host, port))
+        event_loop.run(server.serve(sockets=[sock]))
     return 0 if server.started else 1

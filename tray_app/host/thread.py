@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import uvicorn
@@ -10,7 +9,7 @@ import uvicorn
 from tray_app.config import Config
 from tray_app.contract.events import EventBus
 from tray_app.host import event_loop
-from tray_app.host.serve_command import check_bind, uvicorn_config
+from tray_app.host.serve_command import check_bind, listening_socket, uvicorn_config
 from tray_app.host.service import Service
 from tray_app.server.app import create_app
 
@@ -42,9 +41,7 @@ class ServiceThread:
         self.base_url = ""
 
     def start(self, timeout: float = 60.0) -> str:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.cfg.server.host, self._port))
+        sock = listening_socket(self.cfg.server.host, self._port)
         host, port = sock.getsockname()[:2]
         self.service = Service(self.cfg, enable_faults=self.enable_faults, bus=self.bus)
         config = uvicorn_config(create_app(self.service), host, port)

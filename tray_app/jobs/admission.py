@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tray_app.budget.llama_log import capture_llama_log
 from tray_app.jobs import grammar_check
 
 DEFAULT_CHAT_TEMPLATE_STOP = "<|im_end|>"
@@ -27,7 +28,14 @@ class TokenCounter:
         import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        self._llama = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+        # Captured, not printed: a vocab-only load warns that its 512-token context exceeds the model's
+        # training context (unknown without the weights: 0); a load that fails says why in the error.
+        with capture_llama_log() as load_log:
+            try:
+                self._llama = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+            except ValueError as error:
+                said = " ".join(load_log.text.split())[-400:]
+                raise ValueError(f"{error}: {said}" if said else str(error)) from None
         self._llama_cpp = llama_cpp
         self._vocab = self._llama._model.vocab
         self._framing_cache: dict[tuple[str, ...], int] = {}

@@ -1,0 +1,82 @@
+"""`failsoft serve`: the port is taken before anything starts, and the first line names what serves."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.service import free_port, write_config
+from tray_app import config
+from tray_app.budget.device import no_gpu
+from tray_app.budget.plan_set import PlanSet, plan_from_config
+from tray_app.engine.target import PlanTarget
+from tray_app.host.serve_command import devices_line, listening_socket
+
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def simulated_plans(model_path: Path) -> PlanSet:
+    cfg = config.from_dict({"device": {"simulate_vram": "4GiB"}, "model": {"path": str(model_path)}})
+    return plan_from_config(cfg)
+
+
+def test_a_simulated_gpu_says_so(simulated_plans: PlanSet) -> None:
+    line = devices_line(simulated_plans, "m.gguf", cpu_enabled=True)
+    gpu, cpu = simulated_plans.gpu, simulated_plans.cpu
+    assert line == (
+        f"model m.gguf; simulated GPU 4.00 GiB [SIMULATED]: n_ctx {gpu.n_ctx} ({gpu.n_ctx_per_seq} per "
+        f"sequence, {gpu.n_parallel} parallel); CPU n_ctx {cpu.n_ctx} ({cpu.n_parallel} parallel)"
+    )
+
+
+def test_without_a_gpu_no_gpu_context_is_announced(simulated_plans: PlanSet) -> None:
+    reason = "no NVIDIA GPU: NVML Shared Library Not Found"
+    plans = dataclasses.replace(simulated_plans, device=no_gpu(reason))
+    line = devices_line(plans, "m.gguf", cpu_enabled=True)
+    assert line.startswith(f"model m.gguf; no GPU worker ({reason}); CPU n_ctx ")
+    assert "GPU n_ctx" not in line and "simulated" not in line.lower()
+    assert devices_line(plans, "m.gguf", cpu_enabled=False).endswith("; no CPU worker")
+
+
+def test_a_real_gpu_is_named_as_llama_cpp_lists_it(simulated_plans: PlanSet) -> None:
+    device = dataclasses.replace(simulated_plans.device, simulated=False, name="NVIDIA GeForce RTX 4090")
+    target = PlanTarget("gpu", "CUDA0 (NVIDIA GeForce RTX 4090), cuda", "cuda", "CUDA0")
+    plans = dataclasses.replace(simulated_plans, device=device, target=target)
+    line = devices_line(plans, "m.gguf", cpu_enabled=True)
+    assert line.startswith("model m.gguf; GPU CUDA0 (NVIDIA GeForce RTX 4090), cuda: n_ctx ")
+    assert "simulated" not in line.lower()
+
+
+def test_a_port_in_use_is_refused_at_once_with_what_to_do(tmp_path: Path) -> None:
+    port = free_port()
+    taken = listening_socket("127.0.0.1", port)
+    taken.listen()
+    config_path = tmp_path / "config.toml"
+    write_config(config_path, {"server": {"port": port}, "device": {"simulate_vram": "4GiB"}})
+    env = {"FAILSOFT_CONFIG": str(config_path), "FAILSOFT_DATA_DIR": str(tmp_path / "data")}
+    started = time.monotonic()
+    with taken:
+        done = subprocess.run(
+            [sys.executable, "-m", "tray_app", "serve"],
+            env={**_base_env(), **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1, done
+    assert f"failsoft serve: cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert f"http://127.0.0.1:{port}/failsoft/status" in done.stderr
+    # Refused before the model was read or a worker started: nothing else was printed.
+    assert "model" not in done.stdout and "listening" not in done.stdout
+    assert time.monotonic() - started < 30
+
+
+def _base_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if not name.startswith("FAILSOFT_")}
