@@ -53,5 +53,6 @@ def test_its_workers_start_on_demand_unless_preloaded(model_path: Path, gemma_mo
         entry = catalog_from_config(cfg).others()[0]
         gpu, cpu = library_profiles(cfg, entry, plan_library_model(cfg, entry, plans), plans)
         assert (gpu.role, cpu.role) == ("gpu@gemma", "cpu@gemma")
+        assert gpu.model_name == cpu.model_name == entry.name == "gemma"  # its --alias: the library's name
         assert gpu.n_gpu_layers > 0 and cpu.n_gpu_layers == 0
         assert gpu.warm is preload and cpu.warm is False  # preloaded on the GPU when it has a GPU plan

@@ -62,13 +62,17 @@ def test_chat_answers_and_says_who_served_it(svc: ServiceHandle, client: openai.
     assert [a["worker"] for a in stored["attempt_log"]] == ["gpu"]
 
 
-def test_stream_passes_chunks_and_ends_with_the_failsoft_chunk(client: openai.OpenAI) -> None:
+def test_stream_passes_chunks_and_ends_with_the_failsoft_chunk(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
     stream = client.chat.completions.create(
         messages=CHAT, max_tokens=8, temperature=0, model="default", stream=True
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
+    # Every chunk names the model as the service does (the worker's --alias), never by its file path.
+    assert {c.model for c in chunks} == {svc.status()["model"]["id"]}
     assert not chunks[-1].choices
     info = failsoft_of(chunks[-1])
     assert info["worker"] == "gpu" and info["attempts"] == 1

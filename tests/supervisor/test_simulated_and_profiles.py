@@ -94,6 +94,8 @@ def test_profiles_follow_the_plans(planned: tuple[config.Config, PlanSet]) -> No
     # An HTTP thread for each slot, the health probe, the router's spare connection and a control call.
     assert flags["--threads-http"] == str(plans.gpu.n_parallel + 3)
     assert "--load-mode" in argv  # a simulated device: weights in real allocations under the limit
+    # The worker calls the model by the name clients know it by, never by its file path.
+    assert argv[argv.index("--alias") + 1] == cfg.model_path().name == gpu.model_name == cpu.model_name
     cpu_argv = llama_server_argv(Path("/opt/llama-server"), cpu, port=1)
     assert "--load-mode" not in cpu_argv
     # The CPU worker sees no GPU, whatever the build: no device for the model, none in its environment.

@@ -34,7 +34,7 @@ from typing import Any
 
 VERSION = "version: 0.5.0-dev (build 1, commit fake000)"
 FLAGS = (
-    "--model --host --port --ctx-size --parallel --n-gpu-layers --threads --threads-batch "
+    "--model --alias --host --port --ctx-size --parallel --n-gpu-layers --threads --threads-batch "
     "--threads-http --batch-size --ubatch-size --cache-type-k --cache-type-v --flash-attn --fit "
     "--no-webui --metrics --jinja --load-mode --embeddings --pooling --device --chat-template "
     "--chat-template-file --log-verbosity --no-repack --list-devices"

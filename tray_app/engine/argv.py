@@ -48,6 +48,10 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         "--metrics",
         "--jinja",
     ]  # fmt: skip
+    if profile.model_name and "," not in profile.model_name:  # llama-server splits --alias at commas
+        # Else llama-server names the model by its file path in every answer, which a streamed answer
+        # passes on to the client as it came.
+        argv += ["--alias", profile.model_name]
     if profile.n_gpu_layers == 0:
         # No layers on a GPU means no GPU at all: a GPU build would otherwise still send large prompt
         # batches to the card (op offload) and hold a context there, memory the plan never gave it.

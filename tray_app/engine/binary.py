@@ -18,6 +18,7 @@ from pathlib import Path
 # Every flag the supervisor passes (tray_app.engine.argv); a binary without one of them cannot run a worker.
 REQUIRED_FLAGS = (
     "--model",
+    "--alias",
     "--host",
     "--port",
     "--ctx-size",

@@ -36,6 +36,7 @@ class WorkerProfile:
     warm: bool = True  # start with the service; False: start on first use
     warm_reason: str = ""  # why it is (not) started with the service, in words
     pooling: str = ""  # an embeddings worker (llama-server --embeddings --pooling P); empty: a chat worker
+    model_name: str = ""  # what clients call the model: the worker names it so in every answer (--alias)
 
     @property
     def embeddings(self) -> bool:
@@ -83,6 +84,7 @@ def embedding_profiles(
             chat,
             role=EMBED_ROLES[chat.role],
             model_path=model or chat.model_path,
+            model_name=model.name if model else chat.model_name,
             n_ctx=settings.n_ctx,
             n_parallel=settings.n_parallel,
             chat_format="",
@@ -119,12 +121,19 @@ def worker_threads(cfg: Config, role: Role, simulated_gpu: bool) -> int:
 
 
 def _from_plan(
-    cfg: Config, plan: Plan, model_path: Path, threads: int, chat_format: str | None = None
+    cfg: Config,
+    plan: Plan,
+    model_path: Path,
+    threads: int,
+    chat_format: str | None = None,
+    model_name: str | None = None,
 ) -> dict[str, Any]:
-    """What both workers take the same way from their plan and the config."""
+    """What both workers take the same way from their plan and the config. `model_name`: the library's
+    name for the model (the main model is called by its file name)."""
     wanted = cfg.model.chat_format if chat_format is None else chat_format
     return {
         "model_path": model_path,
+        "model_name": model_path.name if model_name is None else model_name,
         "n_ctx": plan.n_ctx,
         "n_threads": threads,
         "n_parallel": plan.n_parallel,
@@ -212,7 +221,7 @@ def library_profiles(
                 simulated_vram_bytes=share.free_bytes if simulated else None,
                 warm=entry.preload,
                 warm_reason=warm_reason,
-                **_from_plan(cfg, plans.gpu, entry.path, threads, entry.chat_format),
+                **_from_plan(cfg, plans.gpu, entry.path, threads, entry.chat_format, entry.name),
             )
         )
     if plans.cpu is not None and cfg.cpu.enabled:
@@ -223,7 +232,7 @@ def library_profiles(
                 n_gpu_layers=0,
                 warm=entry.preload and plans.gpu is None,
                 warm_reason=warm_reason,
-                **_from_plan(cfg, plans.cpu, entry.path, threads, entry.chat_format),
+                **_from_plan(cfg, plans.cpu, entry.path, threads, entry.chat_format, entry.name),
             )
         )
     return [profile.with_faults() for profile in profiles] if enable_faults else profiles
