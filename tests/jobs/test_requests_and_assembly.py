@@ -169,3 +169,12 @@ def test_completion_chunks_assemble() -> None:
     for text in (" 4", ",", " 5"):
         assembler.feed({"id": "x", "choices": [{"index": 0, "text": text, "finish_reason": None}]})
     assert assembler.result(3, {})["choices"][0]["text"] == " 4, 5"
+
+
+def test_the_workers_timings_are_kept_from_its_last_chunk() -> None:
+    assembler = Assembler("chat")
+    assembler.feed(_chunk({"content": "Hi"}))
+    assert "timings" not in assembler.result(3, {})  # none given: none made up
+    timings = {"prompt_n": 3, "prompt_ms": 12.5, "predicted_n": 1, "predicted_ms": 40.0}
+    assembler.feed({**_chunk({}, "stop"), "timings": timings})
+    assert assembler.result(3, {})["timings"] == timings

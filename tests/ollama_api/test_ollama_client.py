@@ -107,6 +107,9 @@ def test_chat_whole_and_streamed(client: ollama.Client, recorder: Recorder, name
     assert whole.eval_count and 0 < whole.eval_count <= 24
     assert whole.prompt_eval_count and whole.prompt_eval_count > 5
     assert whole.total_duration and whole.eval_duration and whole.total_duration >= whole.eval_duration
+    # Reading the prompt took time, and the client is told how much (it divides the prompt's tokens by it).
+    assert whole.prompt_eval_duration
+    assert whole.prompt_eval_duration + whole.eval_duration <= whole.total_duration
     headers = recorder.headers[-1]
     assert headers["content-type"].startswith("application/json")
     assert headers["x-failsoft-worker"] == "gpu" and headers["x-failsoft-job"].startswith("job")

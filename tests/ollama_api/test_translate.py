@@ -374,3 +374,35 @@ def test_embedding_requests_and_answers() -> None:
     assert (embedded["model"], embedded["prompt_eval_count"], embedded["load_duration"]) == ("default", 5, 0)
     assert embedded["total_duration"] >= 0
     assert embeddings_answer(answer) == {"embedding": [0.1, 0.2]}
+
+
+WORKER_TIMINGS = {"prompt_n": 30, "prompt_ms": 12.5, "predicted_n": 7, "predicted_ms": 80.0}
+
+
+def test_a_whole_answer_is_timed_by_the_workers_own_figures() -> None:
+    result = {
+        "choices": [{"message": {"content": "The sea."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 30, "completion_tokens": 7},
+        "failsoft": {**FAILSOFT, "attempts": 1},
+        "timings": WORKER_TIMINGS,
+    }
+    answer = openai_result("chat", "m", result, Timing())
+    assert (answer["prompt_eval_duration"], answer["eval_duration"]) == (12_500_000, 80_000_000)
+    # Two attempts: the figures are the last one's, not the whole answer's. Its prompt time is, and the
+    # rest of the answer's time is counted as generation; neither is zero (clients divide by them).
+    timing = Timing(started=0, ended=500_000_000)
+    replayed = openai_result("chat", "m", {**result, "failsoft": FAILSOFT}, timing)
+    assert (replayed["prompt_eval_duration"], replayed["eval_duration"]) == (12_500_000, 487_500_000)
+    assert replayed["total_duration"] == 500_000_000
+
+
+def test_a_stream_is_timed_by_the_workers_figures_when_one_attempt_made_it() -> None:
+    events = [
+        chat_chunk("id", 1, "m", {"content": "The"}, None),
+        {**chat_chunk("id", 1, "m", {}, "stop"), "timings": WORKER_TIMINGS},
+        failsoft_chunk("chat", "id", 1, "m", {**FAILSOFT, "attempts": 1}, {"prompt_tokens": 30}),
+    ]
+    translator = StreamTranslator("chat", "default", Timing())
+    out = translator.feed(b"".join(sse(event) for event in events) + DONE) + translator.finish()
+    last = lines(out)[-1]
+    assert (last["prompt_eval_duration"], last["eval_duration"]) == (12_500_000, 80_000_000)

@@ -20,6 +20,7 @@ class Assembler:
         self.finish_reason: str | None = None
         self.tokens = 0  # content chunks seen: llama.cpp sends one token per chunk
         self.usage: dict[str, Any] | None = None
+        self.timings: dict[str, Any] | None = None  # llama-server's own, from its last chunk
         self.role = "assistant"
 
     def feed(self, obj: dict[str, Any]) -> None:
@@ -28,6 +29,8 @@ class Assembler:
         self.model = self.model or str(obj.get("model", ""))
         if obj.get("usage"):
             self.usage = obj["usage"]
+        if obj.get("timings"):
+            self.timings = obj["timings"]
         for choice in obj.get("choices") or []:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
@@ -91,7 +94,7 @@ class Assembler:
                 "finish_reason": self.finish_reason or "stop",
             }
             obj = "chat.completion"
-        return {
+        answer = {
             "id": self.id,
             "object": obj,
             "created": self.created,
@@ -100,6 +103,9 @@ class Assembler:
             "usage": usage,
             "failsoft": failsoft,
         }
+        if self.timings is not None:
+            answer["timings"] = self.timings  # as llama-server's own answer has them (the last attempt's)
+        return answer
 
 
 def chat_chunk(

@@ -397,26 +397,59 @@ def ollama_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @dataclass
 class Timing:
-    """When the request came in, when its first token went out and when it ended (monotonic ns)."""
+    """When the request came in, when its first token went out and when it ended (monotonic ns), and the
+    worker's own timings of the attempt that answered (llama-server's `timings`, in its last chunk)."""
 
     started: int = field(default_factory=time.monotonic_ns)
     first_token: int | None = None
     ended: int | None = None
+    worker: dict[str, Any] | None = None
+    attempts: int = 0
 
     def token(self) -> None:
         if self.first_token is None:
             self.first_token = time.monotonic_ns()
 
+    def note_answer(self, obj: dict[str, Any]) -> None:
+        """Take the worker's timings and the attempt count from a chunk or an answer that has them."""
+        if isinstance(obj.get("timings"), dict):
+            self.worker = obj["timings"]
+        failsoft = obj.get("failsoft")
+        if isinstance(failsoft, dict):
+            self.attempts = int(failsoft.get("attempts") or 0)
+
     def durations(self) -> dict[str, int]:
+        """Ollama's durations. Reading the prompt and generating are the worker's own figures when one
+        attempt made the whole answer; else the client's view: up to the first token, and after it. Without
+        a first token seen (a whole answer), the answering attempt's prompt time, and the rest. Never a
+        zero time for work that was done: clients divide by these."""
         ended = self.ended or time.monotonic_ns()
-        first = self.first_token or ended
+        total = ended - self.started
+        prompt_ms, predicted_ms = _worker_ms(self.worker)
+        if prompt_ms is not None and predicted_ms is not None and self.attempts == 1:
+            prompt, evaluation = round(prompt_ms * 1e6), round(predicted_ms * 1e6)
+        elif self.first_token is not None:
+            prompt, evaluation = self.first_token - self.started, ended - self.first_token
+        elif prompt_ms is not None:
+            prompt = min(round(prompt_ms * 1e6), total)
+            evaluation = total - prompt
+        else:
+            prompt, evaluation = 0, total
         # The model is loaded before the service takes requests: no request ever waits for a load.
         return {
-            "total_duration": ended - self.started,
+            "total_duration": total,
             "load_duration": 0,
-            "prompt_eval_duration": first - self.started,
-            "eval_duration": ended - first,
+            "prompt_eval_duration": prompt,
+            "eval_duration": evaluation,
         }
+
+
+def _worker_ms(timings: dict[str, Any] | None) -> tuple[float | None, float | None]:
+    def number(name: str) -> float | None:
+        value = (timings or {}).get(name)
+        return float(value) if isinstance(value, int | float) and value >= 0 else None
+
+    return number("prompt_ms"), number("predicted_ms")
 
 
 def _counts(usage: dict[str, Any] | None, tokens: int) -> dict[str, int]:
@@ -466,15 +499,15 @@ def _final(
 def openai_result(
     path_kind: Literal["chat", "generate"], model: str, result: dict[str, Any], timing: Timing
 ) -> dict[str, Any]:
-    """A whole OpenAI answer (chat.completion or text_completion) as Ollama's single JSON answer. Without a
-    stream there is no first-token time: the whole time counts as generation (prompt_eval_duration 0)."""
+    """A whole OpenAI answer (chat.completion or text_completion) as Ollama's single JSON answer, timed by
+    the worker's own figures where it gives them (see Timing.durations)."""
     choice = (result.get("choices") or [{}])[0]
     if "message" in choice:
         message = choice.get("message") or {}
         text, calls = message.get("content") or "", list(message.get("tool_calls") or [])
     else:
         text, calls = choice.get("text") or "", []
-    timing.first_token = timing.first_token or timing.started
+    timing.note_answer(result)
     return _final(
         path_kind,
         model,
@@ -563,6 +596,7 @@ class StreamTranslator:
         out: list[bytes] = []
         for choice in obj.get("choices") or []:
             out.extend(self._choice(choice))
+        self.timing.note_answer(obj)
         if "failsoft" in obj:  # the router's last chunk: who served it, the counts
             self.ended = True
             self.timing.ended = time.monotonic_ns()
