@@ -42,6 +42,8 @@ def test_this_machine_has_no_gpu_a_cpu_engine_and_nothing_blocking() -> None:
     assert status == 0 and report["ok"], report
     assert set(checks) == {"gpu", "engine", "llama_devices", "model", "port", "tray", "dirs"}
     assert checks["gpu"]["details"]["nvml"]["kind"] == "none"
+    assert checks["gpu"]["summary"].startswith("no NVIDIA GPU: ")  # NVML's reason, said once
+    assert checks["gpu"]["summary"].count("no NVIDIA GPU") == 1
     engine = checks["engine"]["details"]
     assert engine["backend"] == "cpu" and engine["binding_supports_gpu_offload"] is False
     assert engine["commit"] and checks["llama_devices"]["details"]["devices"] == []

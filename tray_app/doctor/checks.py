@@ -68,7 +68,7 @@ def gpu_check(cfg: Config) -> Check:
             f"driver {details['driver'] or '?'}"
         )
         return Check("gpu", "ok", summary, details=details)
-    summary = f"no NVIDIA GPU ({reading.reason})"
+    summary = reading.reason or "no NVIDIA GPU"  # the reason names it: "no NVIDIA GPU: <NVML's words>"
     if nvcc:
         summary += f"; nvcc is installed ({nvcc}) but there is no card for a CUDA build to run on"
     return Check("gpu", "info", summary, details=details)
