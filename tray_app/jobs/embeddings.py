@@ -16,7 +16,7 @@ from tray_app.contract.events import EventBus, FallbackCompleted, FallbackStarte
 from tray_app.contract.roles import EMBED_ROLES
 from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
-from tray_app.jobs.engine import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker, upstream_headers
+from tray_app.jobs.engine import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker
 from tray_app.jobs.outcomes import JobError, JobFailed, cannot_serve
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
@@ -127,7 +127,7 @@ class EmbeddingRunner:
             if not number:
                 raise UpstreamError("unavailable", "the job ended meanwhile")
             worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
-            headers = {**upstream_headers(job.request_id), **worker.request_headers}
+            headers = worker.request_headers
             url = f"{worker.base_url}/v1/embeddings"
             data = await self.relay.post(url, json.dumps(job.body).encode(), headers, ANSWER_SECONDS)
             answer: dict[str, Any] = json.loads(data)

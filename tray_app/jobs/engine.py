@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -58,20 +57,6 @@ def constrained_output(body: dict[str, Any]) -> bool:
 
 
 CAUSE_WAIT_SECONDS = 1.0  # how long a failed attempt waits for its worker's supervisor to name the cause
-
-
-def _request_headers(job: Job, worker: Worker) -> dict[str, str]:
-    return {**upstream_headers(job.request_id), **worker.request_headers}
-
-
-def upstream_headers(request_id: str) -> dict[str, str]:
-    """The request id travels to the worker on every attempt. Its server insists on a UUID there, so any
-    other id goes as a UUID derived from it (stable), with the original alongside."""
-    try:
-        upstream_id = str(uuid.UUID(request_id))
-    except ValueError:
-        upstream_id = str(uuid.uuid5(uuid.NAMESPACE_URL, request_id))
-    return {"X-Request-Id": upstream_id, "X-Failsoft-Request-Id": request_id}
 
 
 def retry_after_seconds(estimate: float | None) -> int:
@@ -235,7 +220,7 @@ class Executor:
             return
         url, body = self._first_request(job, worker)
         worker.note_tokens(0)  # as in _attempt: a drill's fault armed for "before any token" fires first
-        sent = self.relay.dispatch(url, body, _request_headers(job, worker))
+        sent = self.relay.dispatch(url, body, worker.request_headers)
         self._dispatched[job.id] = _Dispatched(worker_role, url, sent)
 
     def _take_dispatched(self, job: Job, worker_role: str, url: str, resume: bool) -> Sent | None:
@@ -387,7 +372,7 @@ class Executor:
             if sent is None:
                 worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
             stream = self.relay.stream(
-                url, body, _request_headers(job, worker), first_timeout, self.settings.stall_seconds, sent
+                url, body, worker.request_headers, first_timeout, self.settings.stall_seconds, sent
             )
             prepared = False
             async with aclosing(stream) as chunks:

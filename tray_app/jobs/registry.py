@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
 from tray_app.contract.status import JobSummary
 from tray_app.contract.vocabulary import FINAL_JOB_STATES, JOB_STATES
 from tray_app.engine.argv import PROMPT_BATCH
+from tray_app.jobs.ids import random_hex
 from tray_app.jobs.journal import Journal, StoredJob
 
 FINAL_STATES = FINAL_JOB_STATES
@@ -48,7 +48,7 @@ def upstream_stream(prompt_tokens: int) -> dict[str, bool]:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+    return f"{prefix}-{random_hex(12)}"
 
 
 @dataclass

@@ -7,9 +7,7 @@ import functools
 import hmac
 import json
 import logging
-import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,6 +28,7 @@ from tray_app.host.service import BACKGROUND_DEADLINE, Service
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens
 from tray_app.jobs.engine import retry_after_seconds
+from tray_app.jobs.ids import new_request_id, random_seed
 from tray_app.jobs.journal import StoredJob
 from tray_app.jobs.outcomes import JobFailed, Piece
 from tray_app.jobs.registry import Job, new_id, stored_summary
@@ -348,7 +347,7 @@ class Router:
         body["model"] = entry.name
         if body.get("seed") is None:
             # Pinned before the first attempt, so a replay on the same weights samples the same way.
-            body["seed"] = secrets.randbelow(2**31)
+            body["seed"] = random_seed()
         grammar = body.get("grammar")
         if grammar and (problem := self.svc.tokens.grammar_error(grammar)) is not None:
             # Refused with the parser's own words before any worker sees it (tray_app.jobs.grammar_check).
@@ -369,7 +368,7 @@ class Router:
             body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
         job = Job(
             id=new_id("job"),
-            request_id=request.headers.get("x-request-id") or str(uuid.uuid4()),
+            request_id=request.headers.get("x-request-id") or new_request_id(),
             kind=parsed.kind,
             body=body,
             stream=parsed.stream and not background,
@@ -647,7 +646,7 @@ class Router:
             deadline = self._deadline_seconds(request)
             job = Job(
                 id=new_id("job"),
-                request_id=request.headers.get("x-request-id") or str(uuid.uuid4()),
+                request_id=request.headers.get("x-request-id") or new_request_id(),
                 kind="embedding",
                 body=parsed.body,
                 stream=False,
