@@ -199,3 +199,35 @@ def test_long_badges_wrap_inside_the_answer_instead_of_widening_the_chat(
         assert answer.model_badge.height() > answer.badge.height()
 
     qtbot.waitUntil(laid_out, timeout=5_000)
+
+
+def test_an_answer_shows_all_of_its_lines_as_it_grows_and_as_the_window_narrows(
+    qtbot: QtBot, local_service: LocalService
+) -> None:
+    words = [" the sea is wide and deep and blue"] * 40 + ["\n\nA second paragraph."]
+    chunks = [{"choices": [{"index": 0, "delta": {"content": word}}]} for word in words]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "failsoft": STAND_IN})
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    headers = {"Content-Type": "text/event-stream"}
+    local_service.answer("POST", "/v1/chat/completions", 200, body.encode(), headers)
+    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
+    qtbot.addWidget(chat)
+    chat.resize(640, 600)
+    chat.show()
+    qtbot.waitExposed(chat)
+    chat.input.setPlainText("Tell me about the sea")
+    with qtbot.waitSignal(chat.answer_finished, timeout=10_000):
+        chat.send()
+    answer = chat.answers[-1]
+    assert answer.text.text() == "".join(words)
+
+    def shows_every_line() -> None:
+        document = answer.text.document().size().height()
+        assert document > 8 * answer.text.fontMetrics().lineSpacing()  # many wrapped lines
+        assert answer.text.height() >= document
+
+    qtbot.waitUntil(shows_every_line, timeout=5_000)
+    tall = answer.text.height()
+    chat.resize(420, 600)  # narrower: more lines, a taller answer
+    qtbot.waitUntil(lambda: answer.text.height() > tall, timeout=5_000)
+    qtbot.waitUntil(shows_every_line, timeout=5_000)

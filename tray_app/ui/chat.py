@@ -4,12 +4,13 @@ naming the model and device that answered (and the model it stood in for)."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QKeySequence, QResizeEvent, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -20,6 +21,7 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QSizePolicy,
     QSpinBox,
+    QTextEdit,
     QVBoxLayout,
     QWidget,
 )
@@ -147,16 +149,51 @@ def _completion_text(result: dict[str, Any]) -> str:
     return str((choice.get("message") or {}).get("content") or choice.get("text") or "")
 
 
+class AnswerText(QTextEdit):
+    """An answer's text as it streams in: read-only, selectable, as tall as its lines. A token is added at
+    the end of the document, which lays out only its last paragraph again; a label given the whole text
+    for each token lays all of it out several times (60 ms a token after 3000 of them, measured): a long
+    answer would freeze the tray, whose menu shares this thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setReadOnly(True)
+        self.setAcceptRichText(False)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setStyleSheet("QTextEdit { background: transparent; }")
+        self.document().setDocumentMargin(0)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        self._fit_height()
+
+    def text(self) -> str:
+        return self.toPlainText()
+
+    def append_text(self, text: str) -> None:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.insertText(text)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # the width decides how many lines it wraps to
+        super().resizeEvent(event)
+        self._fit_height()
+
+    def _fit_height(self, *_: object) -> None:
+        margins = self.contentsMargins()
+        height = math.ceil(self.document().size().height()) + margins.top() + margins.bottom()
+        if height != self.height():
+            self.setFixedHeight(height)
+
+
 class AnswerView(QFrame):
     """One assistant answer: its text, a progress line while it waits or runs on the CPU, and its badge."""
 
     def __init__(self) -> None:
         super().__init__()
         self.setObjectName("answer")
-        self.text = QLabel("")
-        self.text.setWordWrap(True)
-        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.text.setTextFormat(Qt.TextFormat.PlainText)
+        self.text = AnswerText()
         self.phase = QLabel("Waiting for the service…")
         self.phase.setStyleSheet("color: #6c757d; font-style: italic;")
         self.progress = QProgressBar()
@@ -181,7 +218,7 @@ class AnswerView(QFrame):
         self.setStyleSheet("#answer { background: #ffffff; border: 1px solid #dee2e6; border-radius: 10px; }")
 
     def append(self, text: str) -> None:
-        self.text.setText(self.text.text() + text)
+        self.text.append_text(text)
 
     def set_phase(self, text: str) -> None:
         self.phase.setText(text)
