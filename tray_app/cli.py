@@ -36,8 +36,17 @@ def _add_model_and_device(parser: argparse.ArgumentParser) -> None:
     )
 
 
+DESCRIPTION = (
+    "Failsoft runs llama.cpp on the GPU with a warm CPU worker behind one OpenAI- and Ollama-compatible "
+    "address (http://127.0.0.1:8750 by default). When the GPU fails a request, it replays it on the CPU "
+    "where that is safe (once, never repeating a tool action) or asks for your approval when the CPU "
+    "would be too slow. Without a subcommand it starts the tray with the service; `failsoft serve` runs "
+    "the service without a display."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="failsoft", description=__doc__)
+    parser = argparse.ArgumentParser(prog="failsoft", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"failsoft {__version__}")
     parser.add_argument(
         "--config", type=Path, help="config file (default: the user config dir, or $FAILSOFT_CONFIG)"
