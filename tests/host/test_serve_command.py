@@ -78,5 +78,21 @@ def test_a_port_in_use_is_refused_at_once_with_what_to_do(tmp_path: Path) -> Non
     assert time.monotonic() - started < 30
 
 
+def test_a_missing_model_file_is_named_without_a_traceback(tmp_path: Path) -> None:
+    config_path = tmp_path / "config.toml"
+    missing = tmp_path / "nowhere" / "model.gguf"
+    write_config(config_path, {"server": {"port": free_port()}, "model": {"path": str(missing)}})
+    env = {"FAILSOFT_CONFIG": str(config_path), "FAILSOFT_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tray_app", "serve"],
+        env={**_base_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == f"failsoft: {missing}: model file not found"
+
+
 def _base_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("FAILSOFT_")}

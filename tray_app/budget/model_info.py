@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tray_app import paths
+from tray_app.config import ConfigError
 
 log = logging.getLogger(__name__)
 _CACHE_FORMAT = 4
@@ -28,8 +29,9 @@ _READ_ERRORS = (OSError, ValueError, IndexError, KeyError, TypeError, OverflowEr
 SWA_PATTERNS = {"gemma3": 6}
 
 
-class ModelFileError(ValueError):
-    """The model file is missing, not GGUF, truncated or lacks what the planner needs; the message names it"""
+class ModelFileError(ConfigError):
+    """The model file is missing, not GGUF, truncated or lacks what the planner needs; the message names it.
+    A ConfigError: the fix is the config's (or --model's) path, and the commands report it as one."""
 
 
 @dataclass(frozen=True)
