@@ -229,11 +229,18 @@ async def test_a_delivered_tool_call_is_recorded_on_the_job_and_in_the_journal(
     assert stored is not None and stored.effects_delivered
 
 
-async def test_a_stream_bound_to_a_schema_is_not_resumed_without_it(make_executor: Factory) -> None:
+@pytest.mark.parametrize(
+    "shape",
+    [{"response_format": {"type": "json_object"}}, {"logprobs": True, "top_logprobs": 2}],
+    ids=["schema", "log probabilities"],
+)
+async def test_a_stream_with_a_shape_is_not_resumed_without_it(
+    make_executor: Factory, shape: dict[str, Any]
+) -> None:
     crash = UpstreamError("exited", "connection dropped")
     relay = ScriptedRelay([chat_chunk('{"a"'), crash], [chat_chunk(": 1}", finish="stop")])
     executor, registry, _ = make_executor(relay)
-    job = new_job(registry, response_format={"type": "json_object"})
+    job = new_job(registry, **shape)
     outcomes = await run(executor, job)
     assert job.state == "failed" and len(relay.bodies) == 1  # no second attempt without the format
     assert ended_with(outcomes).code == policy.CONSTRAINED_STREAM_STARTED

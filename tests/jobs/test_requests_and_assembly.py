@@ -8,7 +8,7 @@ import pytest
 
 from tray_app.jobs.assemble import Assembler
 from tray_app.server.errors import ApiError
-from tray_app.server.requests import Kind, check_model, parse_request
+from tray_app.server.requests import check_model, parse_request
 from tray_app.server.streaming import result_to_stream
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -55,19 +55,29 @@ def test_wrong_chat_fields_are_400_naming_the_field(body: dict[str, object], par
     assert error.value.param == param
 
 
+@pytest.mark.parametrize("body", [{"prompt": "hi", "logprobs": 0}, {"prompt": "hi", "logprobs": 5}])
+def test_completion_log_probabilities_are_refused_up_front(body: dict[str, object]) -> None:
+    # llama-server gives them in the chat format only, not in the legacy completions one.
+    with pytest.raises(ApiError) as error:
+        parse_request("completion", json.dumps(body).encode())
+    assert (error.value.status, error.value.code, error.value.param) == (400, "unsupported_value", "logprobs")
+    assert "chat completions" in error.value.message
+
+
 @pytest.mark.parametrize(
-    ("kind", "body"),
+    ("body", "param"),
     [
-        ("chat", {**CHAT, "logprobs": True, "top_logprobs": 2}),
-        ("completion", {"prompt": "hi", "logprobs": 0}),
-        ("completion", {"prompt": "hi", "logprobs": 5}),
+        ({**CHAT, "top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({**CHAT, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ({**CHAT, "logprobs": True, "top_logprobs": 1.5}, "top_logprobs"),
     ],
 )
-def test_log_probabilities_are_refused_up_front(kind: Kind, body: dict[str, object]) -> None:
-    # The workers run without all-token logits; llama-cpp-python would raise deep inside the worker.
+def test_chat_log_probabilities_are_checked(body: dict[str, object], param: str) -> None:
+    assert parse_request("chat", json.dumps({**CHAT, "logprobs": True, "top_logprobs": 20}).encode())
     with pytest.raises(ApiError) as error:
-        parse_request(kind, json.dumps(body).encode())
-    assert (error.value.status, error.value.code, error.value.param) == (400, "unsupported_value", "logprobs")
+        parse_request("chat", json.dumps(body).encode())
+    assert (error.value.status, error.value.param) == (400, param)
 
 
 def test_an_image_part_is_refused_by_a_text_model() -> None:
@@ -178,3 +188,25 @@ def test_the_workers_timings_are_kept_from_its_last_chunk() -> None:
     timings = {"prompt_n": 3, "prompt_ms": 12.5, "predicted_n": 1, "predicted_ms": 40.0}
     assembler.feed({**_chunk({}, "stop"), "timings": timings})
     assert assembler.result(3, {})["timings"] == timings
+
+
+def test_a_chats_log_probabilities_are_gathered_token_by_token() -> None:
+    assembler = Assembler("chat")
+    assert assembler.result(3, {})["choices"][0]["logprobs"] is None  # not asked for: null, as OpenAI's
+    for token, logprob in (("Hel", -0.1), ("lo", -0.5)):
+        entry = {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+        assembler.feed(
+            {
+                **_chunk({"content": token}),
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": token},
+                        "logprobs": {"content": [entry]},
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
+    content = assembler.result(3, {})["choices"][0]["logprobs"]["content"]
+    assert [(item["token"], item["logprob"]) for item in content] == [("Hel", -0.1), ("lo", -0.5)]

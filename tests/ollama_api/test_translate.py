@@ -406,3 +406,10 @@ def test_a_stream_is_timed_by_the_workers_figures_when_one_attempt_made_it() -> 
     out = translator.feed(b"".join(sse(event) for event in events) + DONE) + translator.finish()
     last = lines(out)[-1]
     assert (last["prompt_eval_duration"], last["eval_duration"]) == (12_500_000, 80_000_000)
+
+
+def test_log_probabilities_are_refused_on_the_ollama_api_with_where_to_get_them() -> None:
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    with pytest.raises(OllamaError) as error:
+        chat_request(body, "default")
+    assert error.value.status == 400 and "/v1/chat/completions" in error.value.message

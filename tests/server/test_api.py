@@ -477,6 +477,27 @@ def test_a_stream_reports_token_counts_when_asked(client: openai.OpenAI) -> None
     assert usages() == []  # not asked: no counts, as OpenAI does
 
 
+def test_chat_log_probabilities_whole_and_streamed(client: openai.OpenAI) -> None:
+    options: dict[str, Any] = {"model": "default", "messages": CHAT, "max_tokens": 5, "temperature": 0}
+    whole = client.chat.completions.create(**options, logprobs=True, top_logprobs=2)
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and logprobs.content
+    assert "".join(item.token for item in logprobs.content) == whole.choices[0].message.content
+    assert all(item.logprob <= 0 and len(item.top_logprobs) == 2 for item in logprobs.content)
+    streamed = client.chat.completions.create(**options, logprobs=True, top_logprobs=2, stream=True)
+    tokens = [
+        item.token
+        for chunk in streamed
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content
+        for item in chunk.choices[0].logprobs.content
+    ]
+    assert "".join(tokens) == whole.choices[0].message.content  # the same seed at temperature 0
+    zero = client.chat.completions.create(**options, logprobs=True, top_logprobs=0)
+    assert zero.choices[0].logprobs is not None and zero.choices[0].logprobs.content  # 0: still the tokens'
+    plain = client.chat.completions.create(**options)
+    assert plain.choices[0].logprobs is None  # not asked for
+
+
 def test_newer_openai_message_shapes_reach_the_model(client: openai.OpenAI) -> None:
     # The `developer` role and content as an array of text parts, as current OpenAI clients send them.
     messages: Any = [

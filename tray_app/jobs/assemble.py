@@ -21,6 +21,7 @@ class Assembler:
         self.tokens = 0  # content chunks seen: llama.cpp sends one token per chunk
         self.usage: dict[str, Any] | None = None
         self.timings: dict[str, Any] | None = None  # llama-server's own, from its last chunk
+        self.logprobs: list[dict[str, Any]] = []  # a chat's per-token log probabilities, when asked for
         self.role = "assistant"
 
     def feed(self, obj: dict[str, Any]) -> None:
@@ -40,6 +41,9 @@ class Assembler:
                     self.content.append(text)
                     self.tokens += 1
                 continue
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+                self.logprobs.extend(logprobs["content"])
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 self.content.append(delta["content"])
@@ -90,7 +94,7 @@ class Assembler:
             choice = {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": {"content": self.logprobs} if self.logprobs else None,
                 "finish_reason": self.finish_reason or "stop",
             }
             obj = "chat.completion"

@@ -50,10 +50,12 @@ _SAMPLING_FIELDS = (
 
 
 def constrained_output(body: dict[str, Any]) -> bool:
-    """Whether something beyond the model shapes the answer: a grammar, a JSON schema or format, tools."""
+    """Whether the answer has a shape a continuation on the CPU (a plain completion of the text so far)
+    could not keep: a grammar, a JSON schema or format, tools, or log probabilities for every token."""
     response_format = body.get("response_format")
     shaped = isinstance(response_format, dict) and response_format.get("type", "text") != "text"
-    return bool(body.get("grammar") or body.get("json_schema") or body.get("tools") or shaped)
+    asked = body.get("grammar") or body.get("json_schema") or body.get("tools") or body.get("logprobs")
+    return bool(asked or shaped)
 
 
 CAUSE_WAIT_SECONDS = 1.0  # how long a failed attempt waits for its worker's supervisor to name the cause

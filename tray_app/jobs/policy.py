@@ -167,7 +167,7 @@ class FailureContext:
     prompt_tokens: int
     remaining_tokens: int  # max_tokens minus what the client already has
     time_left: float  # seconds until the client's deadline
-    constrained: bool = False  # a grammar, JSON schema or tool list shapes the answer
+    constrained: bool = False  # a grammar, JSON schema or tool list shapes it, or it has log probabilities
 
 
 def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) -> Decision:
@@ -183,8 +183,8 @@ def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) ->
         return Decision(
             "refuse",
             CONSTRAINED_STREAM_STARTED,
-            detail="the streamed answer follows a grammar, JSON schema or tool list, which a "
-            "continuation on the CPU cannot keep",
+            detail="the streamed answer follows a grammar, JSON schema or tool list, or carries log "
+            "probabilities, which a continuation on the CPU cannot keep",
         )
     unusable = _cpu_unusable(cpu, failure.prompt_tokens + failure.remaining_tokens)
     if unusable is not None:

@@ -348,6 +348,9 @@ class Router:
         if body.get("seed") is None:
             # Pinned before the first attempt, so a replay on the same weights samples the same way.
             body["seed"] = random_seed()
+        if body.get("logprobs") is True and body.get("top_logprobs") == 0:
+            # llama-server gives no log probabilities at all for 0 alternatives; one is the nearest it does.
+            body["top_logprobs"] = 1
         grammar = body.get("grammar")
         if grammar and (problem := self.svc.tokens.grammar_error(grammar)) is not None:
             # Refused with the parser's own words before any worker sees it (tray_app.jobs.grammar_check).

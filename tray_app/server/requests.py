@@ -17,10 +17,11 @@ ROLES = {"system", "user", "assistant", "tool", "function", "developer"}
 _NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repeat_penalty")
 _INT_FIELDS = ("seed", "top_k", "top_logprobs")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-NO_LOGPROBS = (
-    "log probabilities are not available: the workers keep logits for the last token only (all-token logits "
-    "would cost context length x vocabulary floats of memory)"
+NO_COMPLETION_LOGPROBS = (
+    "log probabilities are served for chat completions (logprobs: true, top_logprobs: 0 to 20); llama-server "
+    "does not give them in the legacy completions format"
 )
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
 @dataclass
@@ -178,18 +179,23 @@ def _is_token_id(key: str) -> bool:
 
 
 def _check_logprobs(kind: Kind, body: dict[str, Any]) -> None:
-    """Chat asks with `logprobs: true`, completions with `logprobs: <count>`; neither is served."""
+    """Chat asks with `logprobs: true` (and `top_logprobs`), which llama-server serves; completions ask with
+    `logprobs: <count>`, which it does not give in that API's format."""
     logprobs = body.get("logprobs")
     if kind == "chat":
         if logprobs is not None and not isinstance(logprobs, bool):
             raise bad_request("'logprobs' must be true or false", "logprobs")
-        wanted = logprobs is True
-    else:
-        if logprobs is not None and not _is_int(logprobs):
-            raise bad_request("'logprobs' must be an integer", "logprobs")
-        wanted = logprobs is not None
-    if wanted:
-        raise bad_request(NO_LOGPROBS, "logprobs", code="unsupported_value")
+        top = body.get("top_logprobs")
+        if top is not None:
+            if logprobs is not True:
+                raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            if not 0 <= top <= MAX_TOP_LOGPROBS:  # an integer: checked with the other integer fields
+                raise bad_request(f"'top_logprobs' must be 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+        return
+    if logprobs is not None and not _is_int(logprobs):
+        raise bad_request("'logprobs' must be an integer", "logprobs")
+    if logprobs is not None:
+        raise bad_request(NO_COMPLETION_LOGPROBS, "logprobs", code="unsupported_value")
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

@@ -278,7 +278,9 @@ def _common(body: dict[str, Any], model_id: str, stream: bool) -> dict[str, Any]
     if response_format is not None:
         out["response_format"] = response_format
     if body.get("logprobs"):
-        out["logprobs"] = True  # refused by the router's own check, with its reason
+        raise OllamaError(
+            400, "log probabilities are not returned on the Ollama API here; /v1/chat/completions has them"
+        )
     if stream:
         out["stream_options"] = {"include_usage": True}  # the counts for the last line
     return out
