@@ -1,9 +1,8 @@
 """Ask llama.cpp's own parser whether a GBNF grammar is valid, without generating anything.
 
-A grammar llama.cpp cannot parse makes `llama_sampler_init_grammar` return NULL, and llama-cpp-python adds
-that NULL to its sampler chain: the worker dies of a segmentation fault on the next token. One such request
-would take down the GPU worker and then, on failover, the CPU worker. The router checks a request's grammar
-at the door with this; the workers check again where the sampler is built (`worker/grammar_guard.py`).
+The router checks a request's grammar at the door with this: a grammar llama.cpp cannot parse is a 400
+that quotes the parser, before any worker is asked (llama-server would refuse it only once a slot had
+taken the request, with "Failed to initialize samplers").
 """
 
 from __future__ import annotations
@@ -11,9 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from tray_app.budget.llama_log import capture_llama_log
-
-# How a worker words a refused grammar; the router reads it as the request's fault (no failover).
-INVALID_GRAMMAR = "the grammar is not valid GBNF"
 
 
 def grammar_error(vocab: Any, grammar: str, root: str = "root") -> str | None:
