@@ -99,6 +99,16 @@ def test_list_show_and_ps_describe_the_model(svc: ServiceHandle, client: ollama.
     assert loaded.expires_at is not None and loaded.expires_at.year > 2100  # kept loaded
 
 
+def test_log_probabilities_whole_and_streamed(client: ollama.Client, name: str) -> None:
+    whole = client.chat(name, messages=SEA, options=GREEDY, stream=False, logprobs=True, top_logprobs=2)
+    assert whole.logprobs and "".join(item.token for item in whole.logprobs) == whole.message.content
+    assert all(item.logprob <= 0 and len(item.top_logprobs or []) == 2 for item in whole.logprobs)
+    parts = list(client.chat(name, messages=SEA, options=GREEDY, stream=True, logprobs=True, top_logprobs=2))
+    tokens = [item.token for part in parts for item in part.logprobs or []]
+    assert "".join(tokens) == whole.message.content  # the same seed at temperature 0, token by token
+    assert client.chat(name, messages=SEA, options=GREEDY, stream=False).logprobs is None  # not asked
+
+
 def test_chat_whole_and_streamed(client: ollama.Client, recorder: Recorder, name: str) -> None:
     whole = client.chat(name, messages=SEA, options=GREEDY, stream=False)
     assert whole.done and whole.done_reason in ("stop", "length")

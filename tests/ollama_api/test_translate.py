@@ -408,8 +408,32 @@ def test_a_stream_is_timed_by_the_workers_figures_when_one_attempt_made_it() -> 
     assert (last["prompt_eval_duration"], last["eval_duration"]) == (12_500_000, 80_000_000)
 
 
-def test_log_probabilities_are_refused_on_the_ollama_api_with_where_to_get_them() -> None:
+def test_log_probabilities_go_to_the_router_and_come_back_in_ollamas_shape() -> None:
     body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}
-    with pytest.raises(OllamaError) as error:
-        chat_request(body, "default")
-    assert error.value.status == 400 and "/v1/chat/completions" in error.value.message
+    assert chat_request({**body, "top_logprobs": 3}, "default")["top_logprobs"] == 3
+    assert chat_request(body, "default")["logprobs"] is True
+    with pytest.raises(OllamaError) as error:  # a raw prompt is a completion: llama-server has none there
+        generate_request({"model": "default", "prompt": "1, 2,", "raw": True, "logprobs": True}, "default")
+    assert error.value.status == 400 and "raw" in error.value.message
+    top = [
+        {"token": " sea", "logprob": -0.1, "bytes": [32]},
+        {"token": " sky", "logprob": -2.5, "bytes": [32]},
+    ]
+    logprobs = {"content": [{"token": " sea", "logprob": -0.1, "bytes": [32, 115], "top_logprobs": top}]}
+    expected = [
+        {
+            "token": " sea",
+            "logprob": -0.1,
+            "top_logprobs": [{"token": " sea", "logprob": -0.1}, {"token": " sky", "logprob": -2.5}],
+        }
+    ]
+    result = {"choices": [{"message": {"content": " sea"}, "logprobs": logprobs, "finish_reason": "stop"}]}
+    assert openai_result("chat", "m", result, Timing())["logprobs"] == expected
+    chunk = chat_chunk("id", 1, "m", {"content": " sea"}, None)
+    chunk["choices"][0]["logprobs"] = logprobs
+    events = [chunk, failsoft_chunk("chat", "id", 1, "m", FAILSOFT, {"prompt_tokens": 3})]
+    translator = StreamTranslator("chat", "default", Timing())
+    first, last = lines(
+        translator.feed(b"".join(sse(event) for event in events) + DONE) + translator.finish()
+    )
+    assert first["logprobs"] == expected and "logprobs" not in last

@@ -278,9 +278,9 @@ def _common(body: dict[str, Any], model_id: str, stream: bool) -> dict[str, Any]
     if response_format is not None:
         out["response_format"] = response_format
     if body.get("logprobs"):
-        raise OllamaError(
-            400, "log probabilities are not returned on the Ollama API here; /v1/chat/completions has them"
-        )
+        out["logprobs"] = True  # checked by the router, as an OpenAI request's
+        if body.get("top_logprobs") is not None:
+            out["top_logprobs"] = body["top_logprobs"]
     if stream:
         out["stream_options"] = {"include_usage": True}  # the counts for the last line
     return out
@@ -341,6 +341,9 @@ def generate_request(body: dict[str, Any], model_id: str) -> tuple[Kind, dict[st
     if body.get("raw"):
         if system:
             raise OllamaError(400, "raw mode does not support template, system, or context")
+        if body.get("logprobs"):
+            # A raw prompt is a plain completion, and llama-server gives log probabilities for chats only.
+            raise OllamaError(400, "log probabilities are not available in raw mode: leave raw off")
         out["prompt"] = prompt
         return "completion", out
     messages = [{"role": "system", "content": system}] if system else []
@@ -454,6 +457,27 @@ def _worker_ms(timings: dict[str, Any] | None) -> tuple[float | None, float | No
     return number("prompt_ms"), number("predicted_ms")
 
 
+def ollama_logprobs(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    """An OpenAI choice's `logprobs.content` in Ollama's shape: token, logprob and top_logprobs per token
+    (OpenAI's byte lists are left out, as Ollama has none)."""
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [
+        {
+            "token": item.get("token", ""),
+            "logprob": item.get("logprob", 0.0),
+            "top_logprobs": [
+                {"token": top.get("token", ""), "logprob": top.get("logprob", 0.0)}
+                for top in item.get("top_logprobs") or []
+            ],
+        }
+        for item in content
+        if isinstance(item, dict)
+    ]
+
+
 def _counts(usage: dict[str, Any] | None, tokens: int) -> dict[str, int]:
     usage = usage or {}
     return {
@@ -510,7 +534,7 @@ def openai_result(
     else:
         text, calls = choice.get("text") or "", []
     timing.note_answer(result)
-    return _final(
+    answer = _final(
         path_kind,
         model,
         text,
@@ -521,6 +545,10 @@ def openai_result(
         timing,
         result.get("failsoft"),
     )
+    logprobs = ollama_logprobs(choice)
+    if logprobs:
+        answer["logprobs"] = logprobs
+    return answer
 
 
 def openai_error(status: int, body: bytes) -> OllamaError:
@@ -625,7 +653,11 @@ class StreamTranslator:
             self.timing.token()
             self.tokens += 1
             self.text.append(text)
-            out.append(_line(self._partial(text)))
+            line = self._partial(text)
+            logprobs = ollama_logprobs(choice)
+            if logprobs:
+                line["logprobs"] = logprobs  # for this line's token, as Ollama streams them
+            out.append(_line(line))
         for call in (delta or {}).get("tool_calls") or []:
             self.timing.token()
             index = int(call.get("index", 0))
