@@ -71,6 +71,7 @@ def test_completion_log_probabilities_are_refused_up_front(body: dict[str, objec
         ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({**CHAT, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
         ({**CHAT, "logprobs": True, "top_logprobs": 1.5}, "top_logprobs"),
+        ({**CHAT, "logprobs": True, "tools": [{"type": "function", "function": {"name": "f"}}]}, "logprobs"),
     ],
 )
 def test_chat_log_probabilities_are_checked(body: dict[str, object], param: str) -> None:

@@ -185,6 +185,14 @@ def _check_logprobs(kind: Kind, body: dict[str, Any]) -> None:
     if kind == "chat":
         if logprobs is not None and not isinstance(logprobs, bool):
             raise bad_request("'logprobs' must be true or false", "logprobs")
+        if logprobs is True and body.get("tools"):
+            # llama-server gives none with tools in a stream, and the router always streams from it.
+            raise bad_request(
+                "log probabilities cannot be combined with tools here: llama-server gives none for a "
+                "tool-calling answer streamed to the router",
+                "logprobs",
+                code="unsupported_value",
+            )
         top = body.get("top_logprobs")
         if top is not None:
             if logprobs is not True:
