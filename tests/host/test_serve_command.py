@@ -58,18 +58,9 @@ def test_a_port_in_use_is_refused_at_once_with_what_to_do(tmp_path: Path) -> Non
     port = free_port()
     taken = listening_socket("127.0.0.1", port)
     taken.listen()
-    config_path = tmp_path / "config.toml"
-    write_config(config_path, {"server": {"port": port}, "device": {"simulate_vram": "4GiB"}})
-    env = {"FAILSOFT_CONFIG": str(config_path), "FAILSOFT_DATA_DIR": str(tmp_path / "data")}
     started = time.monotonic()
     with taken:
-        done = subprocess.run(
-            [sys.executable, "-m", "tray_app", "serve"],
-            env={**_base_env(), **env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = _serve(tmp_path, {"server": {"port": port}, "device": {"simulate_vram": "4GiB"}})
     assert done.returncode == 1, done
     assert f"failsoft serve: cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
     assert f"http://127.0.0.1:{port}/failsoft/status" in done.stderr
@@ -79,20 +70,18 @@ def test_a_port_in_use_is_refused_at_once_with_what_to_do(tmp_path: Path) -> Non
 
 
 def test_a_missing_model_file_is_named_without_a_traceback(tmp_path: Path) -> None:
-    config_path = tmp_path / "config.toml"
     missing = tmp_path / "nowhere" / "model.gguf"
-    write_config(config_path, {"server": {"port": free_port()}, "model": {"path": str(missing)}})
-    env = {"FAILSOFT_CONFIG": str(config_path), "FAILSOFT_DATA_DIR": str(tmp_path / "data")}
-    done = subprocess.run(
-        [sys.executable, "-m", "tray_app", "serve"],
-        env={**_base_env(), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _serve(tmp_path, {"server": {"port": free_port()}, "model": {"path": str(missing)}})
     assert done.returncode == 2, done
     assert done.stderr.strip() == f"failsoft: {missing}: model file not found"
 
 
-def _base_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if not name.startswith("FAILSOFT_")}
+def _serve(root: Path, settings: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    """`failsoft serve` with `settings` as its config, its files under `root`; run until it exits."""
+    config_path = root / "config.toml"
+    write_config(config_path, settings)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("FAILSOFT_")}
+    env.update(FAILSOFT_CONFIG=str(config_path), FAILSOFT_DATA_DIR=str(root / "data"))
+    return subprocess.run(
+        [sys.executable, "-m", "tray_app", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )

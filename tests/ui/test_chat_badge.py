@@ -171,21 +171,8 @@ def test_long_badges_wrap_inside_the_answer_instead_of_widening_the_chat(
         "device": "gpu",
         "stand_in_for": "Meta-Llama-3.3-70B-Instruct-Q4_K_M.gguf",
     }
-    chunks = [
-        {"choices": [{"index": 0, "delta": {"content": "Hello"}}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "failsoft": failsoft},
-    ]
-    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-    headers = {"Content-Type": "text/event-stream"}
-    local_service.answer("POST", "/v1/chat/completions", 200, body.encode(), headers)
-    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
-    qtbot.addWidget(chat)
-    chat.resize(420, 600)
-    chat.show()
-    qtbot.waitExposed(chat)
-    chat.input.setPlainText("a question with a very long word: " + "x" * 200)
-    with qtbot.waitSignal(chat.answer_finished, timeout=10_000):
-        chat.send()
+    chat = _chat_answering(qtbot, local_service, ["Hello"], failsoft, width=420)
+    _ask(qtbot, chat, "a question with a very long word: " + "x" * 200)
     answer = chat.answers[-1]
 
     def laid_out() -> None:
@@ -205,19 +192,8 @@ def test_an_answer_shows_all_of_its_lines_as_it_grows_and_as_the_window_narrows(
     qtbot: QtBot, local_service: LocalService
 ) -> None:
     words = [" the sea is wide and deep and blue"] * 40 + ["\n\nA second paragraph."]
-    chunks = [{"choices": [{"index": 0, "delta": {"content": word}}]} for word in words]
-    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "failsoft": STAND_IN})
-    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-    headers = {"Content-Type": "text/event-stream"}
-    local_service.answer("POST", "/v1/chat/completions", 200, body.encode(), headers)
-    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
-    qtbot.addWidget(chat)
-    chat.resize(640, 600)
-    chat.show()
-    qtbot.waitExposed(chat)
-    chat.input.setPlainText("Tell me about the sea")
-    with qtbot.waitSignal(chat.answer_finished, timeout=10_000):
-        chat.send()
+    chat = _chat_answering(qtbot, local_service, words, STAND_IN, width=640)
+    _ask(qtbot, chat, "Tell me about the sea")
     answer = chat.answers[-1]
     assert answer.text.text() == "".join(words)
 
@@ -231,3 +207,27 @@ def test_an_answer_shows_all_of_its_lines_as_it_grows_and_as_the_window_narrows(
     chat.resize(420, 600)  # narrower: more lines, a taller answer
     qtbot.waitUntil(lambda: answer.text.height() > tall, timeout=5_000)
     qtbot.waitUntil(shows_every_line, timeout=5_000)
+
+
+def _chat_answering(
+    qtbot: QtBot, local_service: LocalService, words: list[str], failsoft: dict[str, object], width: int
+) -> ChatWindow:
+    """A chat window on screen, `width` wide, whose service streams `words` and then `failsoft`."""
+    chunks: list[dict[str, object]] = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in words]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "failsoft": failsoft})
+    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    local_service.answer(
+        "POST", "/v1/chat/completions", 200, body.encode(), {"Content-Type": "text/event-stream"}
+    )
+    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
+    qtbot.addWidget(chat)
+    chat.resize(width, 600)
+    chat.show()
+    qtbot.waitExposed(chat)
+    return chat
+
+
+def _ask(qtbot: QtBot, chat: ChatWindow, question: str) -> None:
+    chat.input.setPlainText(question)
+    with qtbot.waitSignal(chat.answer_finished, timeout=10_000):
+        chat.send()
