@@ -59,7 +59,7 @@ def devices_line(plan: PlanSet, model: str, cpu_enabled: bool) -> str:
         return f"model {model}; no GPU worker ({plan.device.reason or 'no GPU device'}); {cpu}"
     gpu = plan.gpu
     if plan.device.simulated:
-        name = f"simulated GPU {format_size(plan.device.total_bytes)} [SIMULATED]"
+        name = f"{plan.device.name} {format_size(plan.device.total_bytes)} [SIMULATED]"  # as bench prints it
     else:
         name = f"GPU {plan.target.label}"
     return (
