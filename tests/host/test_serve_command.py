@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.support.service import free_port, write_config
+from tests.support.service import free_port, running_service, write_config
 from tray_app import config
 from tray_app.budget.device import no_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
@@ -76,12 +77,37 @@ def test_a_missing_model_file_is_named_without_a_traceback(tmp_path: Path) -> No
     assert done.stderr.strip() == f"failsoft: {missing}: model file not found"
 
 
-def _serve(root: Path, settings: dict[str, object]) -> subprocess.CompletedProcess[str]:
-    """`failsoft serve` with `settings` as its config, its files under `root`; run until it exits."""
+@pytest.mark.integration
+def test_a_second_service_on_the_same_journal_is_refused_and_the_first_keeps_serving(tmp_path: Path) -> None:
+    with running_service(tmp_path / "first") as first:
+        pid = first.process.pid
+        done = _serve(
+            tmp_path / "second",
+            {"server": {"port": free_port()}, "device": {"simulate_vram": "4GiB"}},
+            data_dir=first.data_dir,
+        )
+        assert done.returncode == 1, done
+        assert done.stderr.startswith(
+            f"failsoft serve: another Failsoft service (pid {pid}) uses the journal"
+        )
+        assert "FAILSOFT_DATA_DIR" in done.stderr and "Traceback" not in done.stderr
+        # Refused before any worker started, and the first service's own work goes on.
+        assert "listening" not in done.stdout
+        answer = httpx.post(
+            f"{first.base_url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+
+
+def _serve(
+    root: Path, settings: dict[str, object], data_dir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`failsoft serve` with `settings` as its config, its files under `root` (its journal in `data_dir`,
+    else root/data); run until it exits."""
     config_path = root / "config.toml"
     write_config(config_path, settings)
     env = {name: value for name, value in os.environ.items() if not name.startswith("FAILSOFT_")}
-    env.update(FAILSOFT_CONFIG=str(config_path), FAILSOFT_DATA_DIR=str(root / "data"))
+    env.update(FAILSOFT_CONFIG=str(config_path), FAILSOFT_DATA_DIR=str(data_dir or root / "data"))
     return subprocess.run(
         [sys.executable, "-m", "tray_app", "serve"], env=env, capture_output=True, text=True, timeout=60
     )

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tray_app.jobs import journal
 from tray_app.jobs.journal import SCHEMA_VERSION, Journal, connect, migrate, schema_version
+from tray_app.jobs.journal_owner import JournalInUse, JournalOwner
 
 
 def _job(job_id: str, state: str = "queued", key: str | None = None) -> dict[str, object]:
@@ -147,3 +153,52 @@ def test_migrations_are_append_only_sql() -> None:
     connection = sqlite3.connect(":memory:")
     connection.isolation_level = None
     assert migrate(connection) == len(journal.MIGRATIONS)
+
+
+def test_a_journal_has_one_owner_until_it_closes(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    first = Journal(path)
+    try:
+        with pytest.raises(JournalInUse) as refused:
+            Journal(path)
+        message = str(refused.value)
+        assert f"(pid {os.getpid()})" in message and str(path) in message
+        assert "FAILSOFT_DATA_DIR" in message
+    finally:
+        first.close()
+    second = Journal(path)  # the owner closed: the journal is free
+    second.close()
+
+
+def test_a_journal_that_cannot_open_keeps_no_lock(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    path.write_bytes(b"this is not a database, and it is long enough for SQLite to say so" * 20)
+    with pytest.raises(sqlite3.DatabaseError):
+        Journal(path)
+    owner = JournalOwner.claim(path)  # nothing held it
+    owner.release()
+
+
+def test_the_owner_lock_ends_with_the_owning_process(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    code = (
+        "import sys, pathlib\n"
+        "from tray_app.jobs.journal_owner import JournalOwner\n"
+        "owner = JournalOwner.claim(pathlib.Path(sys.argv[1]))\n"
+        "print('claimed', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "claimed"
+        with pytest.raises(JournalInUse, match=f"pid {child.pid}"):
+            JournalOwner.claim(path)
+        child.kill()  # no clean exit: the kernel ends the lock
+        child.wait(timeout=10)
+        JournalOwner.claim(path).release()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)

@@ -16,6 +16,7 @@ from tray_app.cli import load_config
 from tray_app.config import Config, ConfigError
 from tray_app.host import event_loop
 from tray_app.host.service import Service
+from tray_app.jobs.journal_owner import JournalInUse
 from tray_app.server.app import create_app
 
 
@@ -99,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
     with sock:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
-        service = Service(cfg, enable_faults=bool(getattr(args, "enable_faults", False)))
+        try:
+            service = Service(cfg, enable_faults=bool(getattr(args, "enable_faults", False)))
+        except JournalInUse as error:
+            print(f"failsoft serve: {error}", file=sys.stderr)
+            return 1
         line = devices_line(service.plan_set, service.model_id, cfg.cpu.enabled)
         print(f"failsoft serve: {line}", flush=True)
         print(f"failsoft serve: listening on http://{host}:{port}", flush=True)

@@ -43,7 +43,11 @@ class ServiceThread:
     def start(self, timeout: float = 60.0) -> str:
         sock = listening_socket(self.cfg.server.host, self._port)
         host, port = sock.getsockname()[:2]
-        self.service = Service(self.cfg, enable_faults=self.enable_faults, bus=self.bus)
+        try:
+            self.service = Service(self.cfg, enable_faults=self.enable_faults, bus=self.bus)
+        except BaseException:
+            sock.close()  # the port is free again for whatever the user does next
+            raise
         config = uvicorn_config(create_app(self.service), host, port)
         self._server = uvicorn.Server(config)
         server = self._server

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tray_app.contract.vocabulary import UNFINISHED_JOB_STATES
+from tray_app.jobs.journal_owner import JournalOwner
 
 # Each entry moves the schema one version up; never edit an entry once released, append a new one.
 MIGRATIONS: tuple[str, ...] = (
@@ -208,13 +209,18 @@ class Journal:
         self._failure: str | None = None
         self._on_failure = on_failure
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        make_private(path)
+        self._owner = JournalOwner.claim(path)  # before anything is read: see journal_owner
         self.retention_days = retention_days
         self.max_jobs = max_jobs
         self._next_cleanup = 0.0  # monotonic time of the next cleanup: the first batch does one
-        self._write = connect(path)
-        migrate(self._write)
-        self._read = connect(path)
+        try:
+            make_private(path)
+            self._write = connect(path)
+            migrate(self._write)
+            self._read = connect(path)
+        except BaseException:
+            self._owner.release()  # a journal that cannot open owns nothing
+            raise
         self._read_lock = threading.Lock()
         # SimpleQueue: a put costs the response path far less than Queue's condition variable.
         self._queue: queue.SimpleQueue[Operation | threading.Event | None] = queue.SimpleQueue()
@@ -321,6 +327,7 @@ class Journal:
         self._thread.join(timeout=10)
         self._write.close()
         self._read.close()
+        self._owner.release()
 
     # reads ----------------------------------------------------------------------------------------
     def job(self, job_id: str) -> StoredJob | None:
