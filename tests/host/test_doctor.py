@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.http_server import http_server
+from tests.support.service import running_service
 from tests.support.waits import wait_until
 from tray_app.doctor.tray_host import probe
 
@@ -65,16 +67,39 @@ def test_text_output_names_each_check() -> None:
     assert done.stdout.rstrip().endswith("nothing blocks running Failsoft")
 
 
-def test_a_taken_port_blocks_with_the_fix() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+def test_a_port_taken_by_another_program_blocks_with_what_answers_and_the_fix() -> None:
+    with http_server(404) as port:
         status, report = doctor("--port", str(port))
     check = by_name(report)["port"]
     assert status == 1 and not report["ok"]
     assert check["level"] == "blocking" and f"127.0.0.1:{port} is taken" in check["summary"]
-    assert "--attach" in check["fix"]
+    assert f"another program answers at http://127.0.0.1:{port} (HTTP 404)" in check["summary"]
+    assert "--port" in check["fix"]
+
+
+def test_a_port_that_a_stopped_service_left_waiting_is_free() -> None:
+    """Connections the service closed linger in TIME_WAIT for a minute; the service binds over them."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end waits in TIME_WAIT
+        client.close()
+    _status, report = doctor("--port", str(port))
+    assert by_name(report)["port"]["level"] == "ok", report
+
+
+@pytest.mark.integration
+def test_failsoft_already_running_on_the_port_is_not_a_problem(tmp_path: Path) -> None:
+    with running_service(tmp_path) as svc:
+        status, report = doctor("--port", svc.base_url.rsplit(":", 1)[1])
+    check = by_name(report)["port"]
+    assert status == 0 and report["ok"], report
+    assert check["level"] == "info" and check["details"]["running"] == "failsoft"
+    assert f"at {svc.base_url} is running" in check["summary"]
 
 
 def test_a_missing_model_blocks(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from tray_app import config
 from tray_app.budget.device import no_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.engine.target import PlanTarget
-from tray_app.host.serve_command import devices_line, listening_socket
+from tray_app.host.bind import listening_socket
+from tray_app.host.serve_command import devices_line
 
 GIB = 1024**3
 
@@ -64,7 +65,8 @@ def test_a_port_in_use_is_refused_at_once_with_what_to_do(tmp_path: Path) -> Non
         done = _serve(tmp_path, {"server": {"port": port}, "device": {"simulate_vram": "4GiB"}})
     assert done.returncode == 1, done
     assert f"failsoft serve: cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
-    assert f"http://127.0.0.1:{port}/failsoft/status" in done.stderr
+    assert f"something listens at http://127.0.0.1:{port} but gives no HTTP answer" in done.stderr
+    assert "another port: --port" in done.stderr
     # Refused before the model was read or a worker started: nothing else was printed.
     assert "model" not in done.stdout and "listening" not in done.stdout
     assert time.monotonic() - started < 30
@@ -78,7 +80,9 @@ def test_a_missing_model_file_is_named_without_a_traceback(tmp_path: Path) -> No
 
 
 @pytest.mark.integration
-def test_a_second_service_on_the_same_journal_is_refused_and_the_first_keeps_serving(tmp_path: Path) -> None:
+def test_a_second_service_on_the_same_journal_or_port_is_refused_and_the_first_keeps_serving(
+    tmp_path: Path,
+) -> None:
     with running_service(tmp_path / "first") as first:
         pid = first.process.pid
         done = _serve(
@@ -86,6 +90,13 @@ def test_a_second_service_on_the_same_journal_is_refused_and_the_first_keeps_ser
             {"server": {"port": free_port()}, "device": {"simulate_vram": "4GiB"}},
             data_dir=first.data_dir,
         )
+        same_port = _serve(
+            tmp_path / "third",
+            {"server": {"port": int(first.base_url.rsplit(":", 1)[1])}, "device": {"simulate_vram": "4GiB"}},
+        )
+        assert same_port.returncode == 1, same_port
+        assert same_port.stderr.startswith("failsoft serve: Failsoft ")
+        assert same_port.stderr.rstrip().endswith(f" at {first.base_url} is already running")
         assert done.returncode == 1, done
         assert done.stderr.startswith(
             f"failsoft serve: another Failsoft service (pid {pid}) uses the journal"

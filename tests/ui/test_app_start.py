@@ -1,15 +1,23 @@
-"""Starting `failsoft` where it cannot work explains itself: no display, or the service's port taken."""
+"""Starting `failsoft` where it cannot work explains itself (no display, the service's port taken by another
+program); where a Failsoft service took the port, the tray shows that one."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from tests.support.service import write_config
+import pytest
+
+from tests.support.http_server import http_server
+from tests.support.service import running_service, write_config
+from tray_app import config
+from tray_app.host.service_probe import probe_service
+from tray_app.host.thread import ServiceThread
 from tray_app.ui.app import display_problem
+from tray_app.ui.controller import ServiceStarter
 
 DISPLAY_VARS = ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")
 
@@ -36,21 +44,15 @@ def test_offscreen_or_wayland_or_other_systems_are_left_to_qt() -> None:
     assert display_problem({}, platform="darwin") is None
 
 
-def test_wildcard_binds_are_reached_on_loopback() -> None:
-    from tray_app.ui.app import local_url
-
-    assert local_url("0.0.0.0", 8750) == "http://127.0.0.1:8750"
-    assert local_url("192.168.1.5", 9000) == "http://192.168.1.5:9000"
-    assert local_url("::1", 8750) == "http://[::1]:8750"
-
-
-def test_taken_port_says_so_and_points_to_attach(tmp_path: Path) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+def test_a_port_taken_by_another_program_is_named_with_what_to_do(tmp_path: Path) -> None:
+    with http_server(404) as port:
         write_config(tmp_path / "config.toml", {"server": {"port": port}})
-        env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "FAILSOFT_CONFIG": str(tmp_path / "config.toml")}
+        env = {
+            **os.environ,
+            "QT_QPA_PLATFORM": "offscreen",
+            "FAILSOFT_CONFIG": str(tmp_path / "config.toml"),
+            "FAILSOFT_DATA_DIR": str(tmp_path / "data"),
+        }
         result = subprocess.run(
             [sys.executable, "-m", "tray_app", "--simulate-vram", "4GiB"],
             env=env,
@@ -60,5 +62,21 @@ def test_taken_port_says_so_and_points_to_attach(tmp_path: Path) -> None:
             check=False,
         )
     assert result.returncode == 1, result.stderr
-    assert f"the service could not start on 127.0.0.1:{port}" in result.stderr
-    assert f"failsoft --attach http://127.0.0.1:{port}" in result.stderr
+    assert f"another program answers at http://127.0.0.1:{port} (HTTP 404)" in result.stderr
+    assert "[server] port" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.integration
+def test_a_service_that_bound_the_port_first_is_shown_instead_of_failing(tmp_path: Path, qtbot: Any) -> None:
+    """The tray found the port free, and a `failsoft serve` started at the same moment bound it first."""
+    with running_service(tmp_path / "service") as svc:
+        port = int(svc.base_url.rsplit(":", 1)[1])
+        cfg = config.from_dict({"server": {"port": port}, "device": {"simulate_vram": "4GiB"}})
+        starter = ServiceStarter(ServiceThread(cfg), probe=lambda: probe_service(svc.base_url))
+        failed: list[str] = []
+        starter.failed.connect(failed.append)
+        with qtbot.waitSignal(starter.found_running, timeout=30_000) as found:
+            starter.start()
+        starter.wait(10)
+    assert failed == []
+    assert found.args is not None and found.args[0].endswith(f" at {svc.base_url}")

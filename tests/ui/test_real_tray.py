@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.service import free_port, stop_process_tree, write_config
+from tests.support.service import free_port, running_service, stop_process_tree, write_config
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.gui
@@ -274,3 +274,47 @@ def test_tray_icon_menu_approvals_and_chat_on_a_real_desktop(desktop: Desktop, t
     tray.choose("q")
     assert tray.process.wait(timeout=60) == 0
     wait_until(lambda: not any(psutil.pid_exists(pid) for pid in workers), 20, "the workers to exit")
+
+
+def test_the_tray_started_beside_a_running_service_shows_it_and_a_second_start_opens_its_chat(
+    desktop: Desktop, tmp_path: Path
+) -> None:
+    """The README's home-server set-up: `failsoft serve` as a systemd unit, and the tray started at login."""
+    with running_service(tmp_path / "service", settings={"cpu": {"threads": 1}}) as svc:
+        automation = tmp_path / "automation"
+        port = int(svc.base_url.rsplit(":", 1)[1])
+        write_config(tmp_path / "tray.toml", {"server": {"port": port}})  # the unit's address
+        env = {
+            **desktop.env,
+            "FAILSOFT_CONFIG": str(tmp_path / "tray.toml"),
+            "FAILSOFT_DATA_DIR": str(tmp_path / "tray-data"),
+            "FAILSOFT_LOG_DIR": str(tmp_path / "tray-logs"),
+            "FAILSOFT_UI_AUTOMATION": str(automation),
+            "PYTHONUNBUFFERED": "1",
+        }
+        command = [str(Path(sys.executable).parent / "failsoft")]
+        output = (tmp_path / "tray.log").open("wb")
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+        tray = Tray(process, automation / "ui-state.json", svc.base_url, desktop)
+        try:
+            state = wait_until(
+                lambda: (s := tray.state()).get("level") == "serving" and s.get("events_connected") and s,
+                START_TIMEOUT,
+                "the tray to show the running service",
+            )
+            assert state["attached"] and state["tray_visible"] and not state["windows"]
+            assert not psutil.Process(process.pid).children(recursive=True)  # no service of its own
+
+            again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+            assert again.returncode == 0, again.stderr
+            assert f"Failsoft's tray for {svc.base_url} is already running; it opens its chat window" in (
+                again.stderr
+            )
+            tray.window("chat")
+
+            tray.choose("q")  # "Quit tray (service keeps running)"
+            assert process.wait(timeout=60) == 0
+            assert svc.status()["workers"]["gpu"]["state"] == "ready"
+        finally:
+            stop_process_tree(process)
+            output.close()

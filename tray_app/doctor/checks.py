@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,8 +22,12 @@ from tray_app.doctor import tray_host
 from tray_app.engine import binary
 from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
 from tray_app.engine.target import build_fix
+from tray_app.host.bind import listening_socket
+from tray_app.host.service_probe import local_url, probe_service
 
 Level = Literal["ok", "info", "warn", "blocking"]
+# A service still starting answers within seconds; the doctor does not wait as long as the tray.
+PROBE_WAIT_S = 3.0
 _VARIANT = re.compile(r"llama-cpp-python-(?P<version>[\d.]+)-(?P<backend>[a-z]+)-[0-9a-f]+")
 
 
@@ -142,15 +145,22 @@ def model_check(cfg: Config) -> Check:
 
 
 def port_check(cfg: Config) -> Check:
+    """Can the service listen where the config says? Asked as the service binds (a port that a stopped
+    service's connections still wait on is free to it); a taken port is looked at: Failsoft itself there is
+    not a problem, anything else is."""
     host, port = cfg.server.host, cfg.server.port
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as error:
-            summary = f"{host}:{port} is taken ({error.strerror}); a Failsoft service may already run there"
-            fix = f"failsoft --attach http://{host}:{port}, or failsoft serve --port <another>"
-            return Check("port", "blocking", summary, fix=fix, details={"host": host, "port": port})
-    return Check("port", "ok", f"{host}:{port} is free", details={"host": host, "port": port})
+    details: dict[str, Any] = {"host": host, "port": port}
+    try:
+        listening_socket(host, port).close()
+    except OSError as error:
+        probe = probe_service(local_url(host, port), cfg.server.api_key, wait=PROBE_WAIT_S)
+        if probe.found == "failsoft":
+            summary = f"{probe.detail} is running: `failsoft` shows it in the tray"
+            return Check("port", "info", summary, details={**details, "running": "failsoft"})
+        summary = f"{host}:{port} is taken ({error.strerror}): {probe.detail or 'nothing answers there'}"
+        fix = "another port: failsoft serve --port <port>, or [server] port in the config"
+        return Check("port", "blocking", summary, fix=fix, details={**details, "running": probe.found})
+    return Check("port", "ok", f"{host}:{port} is free", details=details)
 
 
 def tray_check() -> Check:

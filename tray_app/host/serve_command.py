@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import socket
 import sys
 
 import uvicorn
@@ -15,7 +14,9 @@ from tray_app.budget.sizes import format_size
 from tray_app.cli import load_config
 from tray_app.config import Config, ConfigError
 from tray_app.host import event_loop
+from tray_app.host.bind import listening_socket
 from tray_app.host.service import Service
+from tray_app.host.service_probe import local_url, probe_service
 from tray_app.jobs.journal_owner import JournalInUse
 from tray_app.server.app import create_app
 
@@ -36,20 +37,6 @@ def check_bind(cfg: Config) -> None:
             f"{cfg.source}: refusing to listen on {cfg.server.host} without server.api_key; "
             "set an API key in the config, or bind 127.0.0.1"
         )
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """The router's socket, bound before anything else starts: a port in use is known at once, before a
-    worker is started or a model read. Raises OSError."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def devices_line(plan: PlanSet, model: str, cpu_enabled: bool) -> str:
@@ -90,10 +77,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         sock = listening_socket(host, port)
     except OSError as error:
+        probe = probe_service(local_url(host, port), cfg.server.api_key, wait=3.0)
+        if probe.found == "failsoft":
+            print(f"failsoft serve: {probe.detail} is already running", file=sys.stderr)
+            return 1
         print(
-            f"failsoft serve: cannot listen on {host}:{port}: {error.strerror or error}\n"
-            f"  If Failsoft already runs there, its status is at http://{host}:{port}/failsoft/status; "
-            "another port: --port or [server] port in the config",
+            f"failsoft serve: cannot listen on {host}:{port}: {error.strerror or error}"
+            + (f"; {probe.detail}" if probe.detail else "")
+            + "\n  another port: --port or [server] port in the config",
             file=sys.stderr,
         )
         return 1

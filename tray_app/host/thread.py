@@ -9,7 +9,8 @@ import uvicorn
 from tray_app.config import Config
 from tray_app.contract.events import EventBus
 from tray_app.host import event_loop
-from tray_app.host.serve_command import check_bind, listening_socket, uvicorn_config
+from tray_app.host.bind import listening_socket
+from tray_app.host.serve_command import check_bind, uvicorn_config
 from tray_app.host.service import Service
 from tray_app.server.app import create_app
 

@@ -1,8 +1,9 @@
 """`failsoft` with no subcommand: the tray, on top of an in-process service or attached to a running one.
 
 The service runs in its own thread (its own asyncio loop) and the tray talks to it over HTTP like any other
-client, so the same tray can watch a headless `failsoft serve` elsewhere (`--attach URL`). Quitting stops the
-service only when the tray started it.
+client, so the same tray can watch a headless `failsoft serve` elsewhere (`--attach URL`), or the one already
+running at its own address (a systemd unit). Quitting stops the service only when the tray started it. One
+tray per address: a second start opens the first one's chat window (single_instance).
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tray_app import config, paths
 from tray_app.cli import load_config
+from tray_app.host.service_probe import local_url
+
+if TYPE_CHECKING:
+    from tray_app.ui.single_instance import TrayInstance
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +50,6 @@ def display_problem(env: Mapping[str, str], platform: str = sys.platform) -> str
     )
 
 
-def local_url(host: str, port: int) -> str:
-    """Where this machine reaches a service bound to `host` (a wildcard bind is reached on loopback)."""
-    if host in ("", "0.0.0.0", "::"):
-        host = "127.0.0.1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 def _config_path(cfg: config.Config) -> Path:
     return Path(cfg.source) if cfg.source else paths.config_file()
 
@@ -74,19 +72,61 @@ def run(args: argparse.Namespace) -> int:
     app.setDesktopFileName("failsoft")
     app.setQuitOnLastWindowClosed(False)
 
+    from tray_app.ui.single_instance import TrayInstance
+
+    url = str(args.attach).rstrip("/") if args.attach else local_url(cfg.server.host, cfg.server.port)
+    instance = TrayInstance(url)
+    if not instance.claim():
+        shown = instance.activate_running()
+        print(
+            f"failsoft: Failsoft's tray for {url} is already running"
+            + ("; it opens its chat window." if shown else ", and did not answer."),
+            file=sys.stderr,
+        )
+        return 0 if shown else 1
+    try:
+        return _tray_for(app, url, cfg, args, instance)
+    finally:
+        instance.release()
+
+
+def _tray_for(
+    app: Any, url: str, cfg: config.Config, args: argparse.Namespace, instance: TrayInstance
+) -> int:
+    """The tray for `url`: attached to the service there (`--attach`, or one already running), else on a
+    service of its own."""
     if args.attach:
-        return _run_tray(app, str(args.attach).rstrip("/"), cfg, service=None)
+        return _run_tray(app, url, cfg, None, instance)
+    from tray_app.host.service_probe import probe_service
+
+    probe = probe_service(url, cfg.server.api_key)
+    if probe.found == "failsoft":
+        # E.g. `failsoft serve` as a systemd unit and the tray started at login: the tray shows that one.
+        log.info(
+            "%s is running already: the tray shows it (quitting the tray leaves it running)", probe.detail
+        )
+        return _run_tray(app, url, cfg, None, instance)
+    if probe.found != "nothing":
+        print(
+            f"failsoft: {probe.detail}, where the tray would start its service.\n"
+            "  Another port: [server] port in the config (or --config with another file); the API key of a "
+            "running Failsoft: [server] api_key",
+            file=sys.stderr,
+        )
+        return 1
     from tray_app.host.thread import ServiceThread
 
     service = ServiceThread(cfg, enable_faults=bool(args.enable_faults))
     try:
-        return _run_tray(app, local_url(cfg.server.host, cfg.server.port), cfg, service=service)
+        return _run_tray(app, url, cfg, service, instance)
     finally:
         service.stop()
 
 
-def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any) -> int:
-    """The tray at once; the in-process service (if any) starts on a worker thread meanwhile."""
+def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any, instance: TrayInstance) -> int:
+    """The tray at once; the in-process service (if any) starts on a worker thread meanwhile. Another
+    start of the tray (`instance`) opens the chat window."""
+    from tray_app.host.service_probe import probe_service
     from tray_app.ui.controller import ServiceStarter, TrayApp
 
     automation = os.environ.get(AUTOMATION_ENV)
@@ -98,20 +138,24 @@ def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any) -> int:
         state_file=Path(automation) / "ui-state.json" if automation else None,
     )
     tray_app.quit_requested.connect(app.quit)
+    instance.activated.connect(tray_app.show_chat)
     _quit_on_signals(app)
     failure: list[str] = []
-    starter = ServiceStarter(service, tray_app) if service is not None else None
-    if starter is not None:
+    starter = None
+    if service is not None:
+        starter = ServiceStarter(service, tray_app, lambda: probe_service(base_url, cfg.server.api_key))
 
         def start_failed(message: str) -> None:
-            failure.append(
-                f"failsoft: the service could not start on {cfg.server.host}:{cfg.server.port}: {message}\n"
-                "  If Failsoft already runs there, show its tray with:  "
-                f"failsoft --attach http://{cfg.server.host}:{cfg.server.port}"
-            )
+            failure.append(f"failsoft: the service could not start on {base_url}: {message}")
             app.exit(1)
 
+        def found_running(detail: str) -> None:
+            # Started beside the tray (both at login) and bound the port first: the tray shows that one.
+            log.info("%s started meanwhile: the tray shows it (quitting leaves it running)", detail)
+            tray_app.attach()
+
         starter.failed.connect(start_failed)
+        starter.found_running.connect(found_running)
         starter.started.connect(lambda _url: tray_app.service_started())
         tray_app.model.starting = True
         starter.start()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tray_app.host.service_probe import Probe
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.approvals import ApprovalsWindow
 from tray_app.ui.budget_bar import BudgetBar
@@ -41,10 +44,16 @@ class ServiceStarter(QObject):
 
     failed = Signal(str)
     started = Signal(str)
+    # The port was taken meanwhile by a Failsoft service (one started at login beside the tray): the tray
+    # shows that one instead. Carries what answered, in words.
+    found_running = Signal(str)
 
-    def __init__(self, service: Any, parent: QObject | None = None) -> None:
+    def __init__(
+        self, service: Any, parent: QObject | None = None, probe: Callable[[], Probe] | None = None
+    ) -> None:
         super().__init__(parent)
         self.service = service
+        self._probe = probe  # what answers at the service's address, asked when its port is taken
         self._thread = threading.Thread(target=self._run, name="failsoft-service-start", daemon=True)
 
     def start(self) -> None:
@@ -59,6 +68,11 @@ class ServiceStarter(QObject):
         try:
             url = self.service.start()
         except (OSError, RuntimeError) as error:  # a taken port, a config the service refuses
+            if isinstance(error, OSError) and error.errno == errno.EADDRINUSE and self._probe is not None:
+                probe = self._probe()
+                if probe.found == "failsoft":
+                    self.found_running.emit(probe.detail)
+                    return
             self.failed.emit(str(error))  # queued to the GUI thread: the receiver lives there
             return
         self.started.emit(url)
@@ -161,6 +175,13 @@ class TrayApp(QObject):
                 window.deleteLater()  # its timers must not call a client that is going away
         self.approvals = self.chat = self.settings = self.status_window = None
 
+    def attach(self) -> None:
+        """The tray shows a service it did not start: quitting it leaves that service running."""
+        self.model.starting = False
+        self.tray.set_attached(True)
+        self.model.refresh()
+        self.events.retry_now()
+
     def service_started(self) -> None:
         """The in-process service listens now: look at once instead of at the next retry."""
         self.model.refresh()
@@ -221,6 +242,7 @@ class TrayApp(QObject):
         return {
             "tray_available": QSystemTrayIcon.isSystemTrayAvailable(),
             "tray_visible": self.tray.icon.isVisible(),
+            "attached": self.tray.attached,
             "tray_geometry": [geometry.x(), geometry.y(), geometry.width(), geometry.height()],
             "level": summary.level,
             "headline": summary.headline,

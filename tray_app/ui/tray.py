@@ -154,8 +154,12 @@ class TrayIcon(QObject):
         self.settings_action = menu.addAction("&Settings…", self.open_settings.emit)
         self.logs_action = menu.addAction("Open &logs folder", self.open_logs)
         menu.addSeparator()
-        quit_text = "&Quit tray (service keeps running)" if self.attached else "&Quit Failsoft"
-        self.quit_action: QAction = menu.addAction(quit_text, self.quit_requested.emit)
+        self.quit_action: QAction = menu.addAction("", self.quit_requested.emit)
+        self.set_attached(self.attached)
+
+    def set_attached(self, attached: bool) -> None:
+        self.attached = attached
+        self.quit_action.setText("&Quit tray (service keeps running)" if attached else "&Quit Failsoft")
 
     def show(self) -> None:
         self.icon.show()
