@@ -9,7 +9,7 @@ SYSTEM_PACKAGES := g++ cmake ninja-build xvfb trayer xdotool x11-utils imagemagi
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 
-.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine test-models gpu-check gpu-check-pack clean
+.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine test-models gpu-check gpu-check-pack install uninstall clean
 
 # llama-cpp-python and llama.cpp's llama-server come from one compile of the same llama.cpp source, built
 # once per (version, GPU backend) into the user cache dir; GPU_BACKEND=cuda|vulkan|hip|cpu chooses one.
@@ -99,6 +99,14 @@ gpu-check-pack: $(STAMP)
 
 gpu-check:
 	$(PYTHON) packaging/gpu_check.py run
+
+# For this user: `failsoft` on PATH (~/.local/bin), the menu entry and icon, the systemd user unit (not
+# enabled); AUTOSTART=1 also starts the tray at login. `make uninstall` removes exactly that.
+install: $(STAMP)
+	$(PYTHON) packaging/install_user.py install --venv $(VENV) $(if $(AUTOSTART),--autostart)
+
+uninstall:
+	$(PYTHON) packaging/install_user.py uninstall --venv $(VENV)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
