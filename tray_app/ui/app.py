@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tray_app import config, paths
 from tray_app.cli import load_config
-from tray_app.host.service_probe import local_url
+from tray_app.host.service_probe import local_url, probe_service
 
 if TYPE_CHECKING:
     from tray_app.ui.single_instance import TrayInstance
@@ -97,8 +97,6 @@ def _tray_for(
     service of its own."""
     if args.attach:
         return _run_tray(app, url, cfg, None, instance)
-    from tray_app.host.service_probe import probe_service
-
     probe = probe_service(url, cfg.server.api_key)
     if probe.found == "failsoft":
         # E.g. `failsoft serve` as a systemd unit and the tray started at login: the tray shows that one.
@@ -126,7 +124,6 @@ def _tray_for(
 def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any, instance: TrayInstance) -> int:
     """The tray at once; the in-process service (if any) starts on a worker thread meanwhile. Another
     start of the tray (`instance`) opens the chat window."""
-    from tray_app.host.service_probe import probe_service
     from tray_app.ui.controller import ServiceStarter, TrayApp
 
     automation = os.environ.get(AUTOMATION_ENV)
