@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from PySide6.QtGui import QFont
 from pytestqt.qtbot import QtBot
 
 from tests.ui.local_server import LocalService
@@ -231,3 +232,22 @@ def _ask(qtbot: QtBot, chat: ChatWindow, question: str) -> None:
     chat.input.setPlainText(question)
     with qtbot.waitSignal(chat.answer_finished, timeout=10_000):
         chat.send()
+
+
+def test_a_finished_answer_is_shown_as_markdown_and_kept_as_written(
+    qtbot: QtBot, local_service: LocalService
+) -> None:
+    words = ["List files with `ls`:\n\n", "```sh\nls -la\n```\n\n", "**Done.** <b>not bold</b>"]
+    chat = _chat_answering(qtbot, local_service, words, STAND_IN, width=640)
+    _ask(qtbot, chat, "How do I list files?")
+    answer = chat.answers[-1]
+    qtbot.waitUntil(lambda: answer.badge.isVisible(), timeout=5_000)
+    assert answer.text.text() == "".join(words)  # what the conversation sends back next turn
+    shown = answer.text.toPlainText()
+    assert "```" not in shown and "**" not in shown and "ls -la" in shown
+    assert "<b>not bold</b>" in shown  # HTML in an answer is text, never markup
+    document = answer.text.document()
+    assert document.findBlock(shown.index("ls -la")).blockFormat().nonBreakableLines()  # a code block
+    done = document.findBlock(shown.index("Done.")).begin().fragment()
+    assert done.text() == "Done." and done.charFormat().fontWeight() >= QFont.Weight.Bold
+    assert chat.history[-1] == {"role": "assistant", "content": "".join(words)}

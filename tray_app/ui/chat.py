@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QResizeEvent, QShortcut, QTextCursor
+from PySide6.QtGui import QKeySequence, QResizeEvent, QShortcut, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -166,15 +166,27 @@ class AnswerText(QTextEdit):
         self.setStyleSheet("QTextEdit { background: transparent; }")
         self.document().setDocumentMargin(0)
         self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        self._source: list[str] = []  # the answer as the model wrote it
         self._fit_height()
 
     def text(self) -> str:
-        return self.toPlainText()
+        """The answer as the model wrote it (Markdown source, also once it is shown formatted)."""
+        return "".join(self._source)
 
     def append_text(self, text: str) -> None:
+        self._source.append(text)
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.insertText(text)
+
+    def show_formatted(self) -> None:
+        """The finished answer as Markdown, as chat clients show one: code blocks, lists, emphasis. HTML in
+        it stays text. Once, at the end: parsing the whole answer again for every token is what made long
+        answers freeze the tray."""
+        features = (
+            QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
+        )
+        self.document().setMarkdown(self.text(), features)
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # the width decides how many lines it wraps to
         super().resizeEvent(event)
@@ -234,7 +246,9 @@ class AnswerView(QFrame):
         self.progress.show()
 
     def set_badge(self, badge: Badge, model: Badge | None = None) -> None:
+        """The answer is over (answered, failed or stopped): its badges, and its text formatted."""
         self.badge_kind = badge.kind
+        self.text.show_formatted()
         _paint_badge(self.badge, badge)
         if model is not None:
             _paint_badge(self.model_badge, model)
