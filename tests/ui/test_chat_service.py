@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,14 @@ def test_streamed_answer_with_gpu_badge(qtbot: QtBot, service: ServiceHandle, tr
         {"role": "assistant", "content": answer.text.text()},
     ]
     assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
+    # The service's own token counts, against the GPU's context per request from its caps.
+    per_request = service.status()["caps"]["n_ctx_per_seq"]
+    used = re.fullmatch(
+        rf"This chat so far: ([\d,]+) tokens of the GPU's {per_request:,} per request",
+        chat.context_line.text(),
+    )
+    assert used is not None, chat.context_line.text()
+    assert int(used[1].replace(",", "")) > len(pieces)  # the question's prompt and the answer
 
 
 def test_stop_cancels_the_job_and_the_next_question_works(

@@ -340,7 +340,14 @@ class ChatStream(QObject):
         request.setRawHeader(b"X-Request-Id", self.request_id.encode())
         if deadline:
             request.setRawHeader(b"X-Failsoft-Deadline", str(deadline).encode())
-        body = {"messages": messages, "stream": True, "max_tokens": max_tokens}
+        # The token counts come in the last chunk: the chat window shows how much of a request's context the
+        # conversation already takes.
+        body = {
+            "messages": messages,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "stream_options": {"include_usage": True},
+        }
         self._reply = client.manager.post(request, QByteArray(json.dumps(body).encode()))
         self._reply.metaDataChanged.connect(self._on_headers)
         self._reply.readyRead.connect(self._on_data)

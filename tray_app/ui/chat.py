@@ -299,6 +299,7 @@ class Exchange:
         self.cpu_started: float | None = None
         self.first_token_at: float | None = None
         self.tokens = 0
+        self.usage: dict[str, Any] = {}  # the answer's token counts (prompt and completion), once it ended
         self.done = False
         self.poll = QTimer(view)
         self.poll.setInterval(JOB_POLL_MS)
@@ -331,6 +332,7 @@ class Exchange:
         self.window.scroll_to_end()
 
     def _finished(self, failsoft: dict[str, Any]) -> None:
+        self.usage = self.stream.usage
         tokens = int(self.stream.usage.get("completion_tokens") or self.tokens)
         seconds = time.monotonic() - self.first_token_at if self.first_token_at is not None else 0.0
         info = with_header_model(failsoft, self.headers)
@@ -412,7 +414,8 @@ class Exchange:
         result = job.get("result") or {}
         if state == "completed":
             self.view.append(_completion_text(result))
-            tokens = int((result.get("usage") or {}).get("completion_tokens") or 0)
+            self.usage = dict(result.get("usage") or {})
+            tokens = int(self.usage.get("completion_tokens") or 0)
             seconds = time.monotonic() - self.cpu_started if self.cpu_started else 0.0
             info = result.get("failsoft") or {
                 "worker": job.get("worker"),
@@ -443,6 +446,8 @@ class ChatWindow(QWidget):
         super().__init__()
         self.client = client
         self.simulated = False
+        self.gpu_context: int | None = None  # the GPU's context per request (the service's caps)
+        self.conversation_tokens = 0  # what the last answer's request and answer took (its usage)
         self.history: list[dict[str, str]] = []
         self.current: Exchange | None = None
         self.answers: list[AnswerView] = []
@@ -474,11 +479,18 @@ class ChatWindow(QWidget):
         self.send_button.setDefault(True)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
+        self.new_button = QPushButton("New chat")
+        self.new_button.setToolTip("Start over: the next question is sent without this conversation")
+        self.context_line = QLabel()
+        self.context_line.setWordWrap(True)
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.stop)
+        self.new_button.clicked.connect(self.new_chat)
+        self.max_tokens.valueChanged.connect(lambda _value: self._show_context())
         QShortcut(QKeySequence("Ctrl+Return"), self, self.send)
 
         controls = QHBoxLayout()
+        controls.addWidget(self.new_button)
         controls.addWidget(self.max_tokens)
         controls.addStretch(1)
         controls.addWidget(self.stop_button)
@@ -489,12 +501,55 @@ class ChatWindow(QWidget):
         layout.addWidget(self.transcript_scroll, 1)
         bottom = QVBoxLayout()
         bottom.setContentsMargins(12, 0, 12, 0)
+        bottom.addWidget(self.context_line)
         bottom.addWidget(self.input)
         bottom.addLayout(controls)
         layout.addLayout(bottom)
 
         for signal in (bridge.approval_needed, bridge.fallback_started, bridge.job_state):
             signal.connect(self._on_event)
+        self._show_context()
+
+    def set_gpu_context(self, tokens: int | None) -> None:
+        self.gpu_context = tokens or None
+        self._show_context()
+
+    def new_chat(self) -> None:
+        """Start over: the transcript and the conversation sent with the next question are emptied."""
+        if self.current is not None:
+            return
+        while self.transcript_layout.count() > 1:  # every bubble's row; the stretch at the end stays
+            row = self.transcript_layout.takeAt(0)
+            layout = row.layout() if row is not None else None
+            while layout is not None and (item := layout.takeAt(0)) is not None:
+                if (widget := item.widget()) is not None:
+                    widget.deleteLater()
+        self.history.clear()
+        self.answers.clear()
+        self.conversation_tokens = 0
+        self._show_context()
+        self.input.setFocus()
+
+    def _show_context(self) -> None:
+        """How much of a request's context the conversation takes, and when the next answer cannot fit the
+        GPU's (the service then runs it on the CPU, or asks)."""
+        used, limit, answer = self.conversation_tokens, self.gpu_context, self.max_tokens.value()
+        if not used:
+            self.context_line.hide()
+            return
+        text = f"This chat so far: {used:,} tokens"
+        style = "color: #6c757d;"
+        if limit is not None and used + answer > limit:
+            text += (
+                f", and with an answer of up to {answer:,} more it exceeds the GPU's {limit:,} tokens per "
+                "request: the next answer runs on the CPU (or waits for your approval). New chat starts over."
+            )
+            style = "color: #a05a00;"
+        elif limit is not None:
+            text += f" of the GPU's {limit:,} per request"
+        self.context_line.setText(text)
+        self.context_line.setStyleSheet(style)
+        self.context_line.show()
 
     def _add_bubble(self, widget: QWidget, mine: bool) -> None:
         # Its width comes from the row, never from its content: a long word or badge wraps or is cut inside
@@ -529,6 +584,7 @@ class ChatWindow(QWidget):
         self.current = Exchange(self, answer, stream, self.max_tokens.value())
         self.send_button.setEnabled(False)
         self.stop_button.setEnabled(True)
+        self.new_button.setEnabled(False)
         self.scroll_to_end()
 
     def stop(self) -> None:
@@ -541,9 +597,15 @@ class ChatWindow(QWidget):
             self.history.pop()  # the question stays on screen; the next one is not asked after a half answer
         else:
             self.history.append({"role": "assistant", "content": answer})
+            usage = exchange.usage
+            self.conversation_tokens = int(usage.get("prompt_tokens") or 0) + int(
+                usage.get("completion_tokens") or 0
+            )
         self.current = None
         self.send_button.setEnabled(True)
         self.stop_button.setEnabled(False)
+        self.new_button.setEnabled(True)
+        self._show_context()
         self.scroll_to_end()
         self.answer_finished.emit(badge.kind)
 

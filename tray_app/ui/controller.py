@@ -145,6 +145,7 @@ class TrayApp(QObject):
         self._tray_poll.setInterval(TRAY_POLL_MS)
         self._tray_poll.timeout.connect(self._show_tray_when_available)
         self.model.changed.connect(self.write_state)
+        self.model.changed.connect(self._chat_limits)
         self.tray.menu.aboutToShow.connect(self.write_state)
         self.tray.menu.aboutToHide.connect(lambda: QTimer.singleShot(0, self.write_state))
 
@@ -205,13 +206,22 @@ class TrayApp(QObject):
             self.approvals.jobs_changed.connect(lambda _count: self.write_state())
         self._raise(self.approvals)
 
+    def _chat_limits(self) -> None:
+        if self.chat is not None:  # a reload may change the GPU's context per request
+            self.chat.set_gpu_context(self._gpu_context())
+
     def show_chat(self) -> None:
         if self.chat is None:
             self.chat = ChatWindow(self.client, self.bridge)
             self.chat.answer_finished.connect(lambda _kind: self.write_state())
         self.chat.simulated = self.model.summary().simulated
+        self.chat.set_gpu_context(self._gpu_context())
         self._raise(self.chat)
         self.chat.input.setFocus()
+
+    def _gpu_context(self) -> int | None:
+        caps = (self.model.status or {}).get("caps") or {}
+        return int(caps.get("n_ctx_per_seq") or 0) or None
 
     def show_settings(self) -> None:
         if self.settings is None:
