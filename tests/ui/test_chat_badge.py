@@ -8,6 +8,7 @@ import pytest
 from PySide6.QtGui import QFont
 from pytestqt.qtbot import QtBot
 
+from tests.ui.chat_helpers import ask, open_chat, stream_answer
 from tests.ui.local_server import LocalService
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.chat import (
@@ -173,7 +174,7 @@ def test_long_badges_wrap_inside_the_answer_instead_of_widening_the_chat(
         "stand_in_for": "Meta-Llama-3.3-70B-Instruct-Q4_K_M.gguf",
     }
     chat = _chat_answering(qtbot, local_service, ["Hello"], failsoft, width=420)
-    _ask(qtbot, chat, "a question with a very long word: " + "x" * 200)
+    ask(qtbot, chat, "a question with a very long word: " + "x" * 200)
     answer = chat.answers[-1]
 
     def laid_out() -> None:
@@ -194,7 +195,7 @@ def test_an_answer_shows_all_of_its_lines_as_it_grows_and_as_the_window_narrows(
 ) -> None:
     words = [" the sea is wide and deep and blue"] * 40 + ["\n\nA second paragraph."]
     chat = _chat_answering(qtbot, local_service, words, STAND_IN, width=640)
-    _ask(qtbot, chat, "Tell me about the sea")
+    ask(qtbot, chat, "Tell me about the sea")
     answer = chat.answers[-1]
     assert answer.text.text() == "".join(words)
 
@@ -216,22 +217,8 @@ def _chat_answering(
     """A chat window on screen, `width` wide, whose service streams `words` and then `failsoft`."""
     chunks: list[dict[str, object]] = [{"choices": [{"index": 0, "delta": {"content": w}}]} for w in words]
     chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "failsoft": failsoft})
-    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-    local_service.answer(
-        "POST", "/v1/chat/completions", 200, body.encode(), {"Content-Type": "text/event-stream"}
-    )
-    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
-    qtbot.addWidget(chat)
-    chat.resize(width, 600)
-    chat.show()
-    qtbot.waitExposed(chat)
-    return chat
-
-
-def _ask(qtbot: QtBot, chat: ChatWindow, question: str) -> None:
-    chat.input.setPlainText(question)
-    with qtbot.waitSignal(chat.answer_finished, timeout=10_000):
-        chat.send()
+    stream_answer(local_service, chunks)
+    return open_chat(qtbot, local_service, width)
 
 
 def test_a_finished_answer_is_shown_as_markdown_and_kept_as_written(
@@ -239,7 +226,7 @@ def test_a_finished_answer_is_shown_as_markdown_and_kept_as_written(
 ) -> None:
     words = ["List files with `ls`:\n\n", "```sh\nls -la\n```\n\n", "**Done.** <b>not bold</b>"]
     chat = _chat_answering(qtbot, local_service, words, STAND_IN, width=640)
-    _ask(qtbot, chat, "How do I list files?")
+    ask(qtbot, chat, "How do I list files?")
     answer = chat.answers[-1]
     qtbot.waitUntil(lambda: answer.badge.isVisible(), timeout=5_000)
     assert answer.text.text() == "".join(words)  # what the conversation sends back next turn

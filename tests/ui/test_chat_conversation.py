@@ -3,47 +3,31 @@ longer fits the GPU's), and New chat, which starts over."""
 
 from __future__ import annotations
 
-import json
-
 from pytestqt.qtbot import QtBot
 
+from tests.ui.chat_helpers import ask, open_chat, stream_answer
 from tests.ui.local_server import LocalService
-from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.chat import ChatWindow
-from tray_app.ui.qt_events import QtEventBridge
 
 FAILSOFT = {"worker": "gpu", "attempts": 1, "fallback_reason": None, "model": "m", "device": "gpu"}
 
 
 def _answering(local_service: LocalService, prompt_tokens: int, completion_tokens: int) -> None:
-    chunks: list[dict[str, object]] = [
-        {"choices": [{"index": 0, "delta": {"content": "Blue."}}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        {
-            "choices": [],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
-            "failsoft": FAILSOFT,
-        },
-    ]
-    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-    local_service.answer(
-        "POST", "/v1/chat/completions", 200, body.encode(), {"Content-Type": "text/event-stream"}
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    stream_answer(
+        local_service,
+        [
+            {"choices": [{"index": 0, "delta": {"content": "Blue."}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": usage, "failsoft": FAILSOFT},
+        ],
     )
 
 
 def _chat(qtbot: QtBot, local_service: LocalService, gpu_context: int) -> ChatWindow:
-    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
-    qtbot.addWidget(chat)
+    chat = open_chat(qtbot, local_service)
     chat.set_gpu_context(gpu_context)
-    chat.show()
-    qtbot.waitExposed(chat)
     return chat
-
-
-def _ask(qtbot: QtBot, chat: ChatWindow, question: str) -> None:
-    chat.input.setPlainText(question)
-    with qtbot.waitSignal(chat.answer_finished, timeout=10_000):
-        chat.send()
 
 
 def test_the_chat_says_how_much_context_it_takes_and_when_the_gpu_can_no_longer_answer(
@@ -52,7 +36,7 @@ def test_the_chat_says_how_much_context_it_takes_and_when_the_gpu_can_no_longer_
     chat = _chat(qtbot, local_service, gpu_context=2048)
     assert not chat.context_line.isVisible()  # nothing asked yet
     _answering(local_service, prompt_tokens=1200, completion_tokens=300)
-    _ask(qtbot, chat, "What colour is the sky?")
+    ask(qtbot, chat, "What colour is the sky?")
     sent = local_service.calls("POST", "/v1/chat/completions")[-1].body
     assert sent["stream_options"] == {"include_usage": True}
     assert chat.context_line.isVisible()
@@ -69,7 +53,7 @@ def test_new_chat_empties_the_transcript_and_the_conversation(
 ) -> None:
     chat = _chat(qtbot, local_service, gpu_context=2048)
     _answering(local_service, prompt_tokens=40, completion_tokens=5)
-    _ask(qtbot, chat, "What colour is the sky?")
+    ask(qtbot, chat, "What colour is the sky?")
     assert len(chat.history) == 2 and len(chat.answers) == 1
 
     chat.new_chat()
@@ -77,7 +61,7 @@ def test_new_chat_empties_the_transcript_and_the_conversation(
     assert chat.transcript_layout.count() == 1  # only the stretch under the bubbles
     assert not chat.context_line.isVisible()
 
-    _ask(qtbot, chat, "And the sea?")  # the next question goes alone
+    ask(qtbot, chat, "And the sea?")  # the next question goes alone
     sent = local_service.calls("POST", "/v1/chat/completions")[-1].body
     assert sent["messages"] == [{"role": "user", "content": "And the sea?"}]
 
