@@ -12,12 +12,14 @@ from tray_app.ui.chat import ChatWindow
 from tray_app.ui.qt_events import QtEventBridge
 
 
-def stream_answer(local_service: LocalService, chunks: list[dict[str, object]]) -> None:
-    """Every chat request to `local_service` is answered with `chunks` as server-sent events, then [DONE]."""
+def stream_answer(
+    local_service: LocalService, chunks: list[dict[str, object]], headers: dict[str, str] | None = None
+) -> None:
+    """Every chat request to `local_service` is answered with `chunks` as server-sent events, then [DONE]
+    (with `headers` beside the content type)."""
     body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-    local_service.answer(
-        "POST", "/v1/chat/completions", 200, body.encode(), {"Content-Type": "text/event-stream"}
-    )
+    headers = {"Content-Type": "text/event-stream", **(headers or {})}
+    local_service.answer("POST", "/v1/chat/completions", 200, body.encode(), headers)
 
 
 def open_chat(qtbot: QtBot, local_service: LocalService, width: int = 640) -> ChatWindow:

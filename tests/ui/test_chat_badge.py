@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from PySide6.QtGui import QFont
 from pytestqt.qtbot import QtBot
 
 from tests.ui.chat_helpers import ask, open_chat, stream_answer
 from tests.ui.local_server import LocalService
-from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.chat import (
     MODEL_NAME_CHARS,
     Badge,
@@ -20,7 +17,6 @@ from tray_app.ui.chat import (
     short_model_name,
     with_header_model,
 )
-from tray_app.ui.qt_events import QtEventBridge
 
 
 @pytest.mark.parametrize(
@@ -128,15 +124,8 @@ def test_the_chat_window_shows_both_badges_for_a_stand_in_answer(
         {"choices": [{"index": 0, "delta": {"content": " there"}}]},
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "failsoft": STAND_IN},
     ]
-    body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
-    headers = {
-        "Content-Type": "text/event-stream",
-        "X-Failsoft-Model": "gemma3-270m",
-        "X-Failsoft-Device": "gpu",
-    }
-    local_service.answer("POST", "/v1/chat/completions", 200, body.encode(), headers)
-    chat = ChatWindow(ServiceClient(local_service.base_url), QtEventBridge())
-    qtbot.addWidget(chat)
+    stream_answer(local_service, chunks, {"X-Failsoft-Model": "gemma3-270m", "X-Failsoft-Device": "gpu"})
+    chat = open_chat(qtbot, local_service)
     chat.input.setPlainText("Hi")
     with qtbot.waitSignal(chat.answer_finished, timeout=10_000) as finished:
         chat.send()
