@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.support.http_server import http_server
-from tests.support.service import running_service, write_config
+from tests.support.service import free_port, running_service, write_config
 from tray_app import config
 from tray_app.host.service_probe import probe_service
 from tray_app.host.thread import ServiceThread
@@ -80,3 +80,37 @@ def test_a_service_that_bound_the_port_first_is_shown_instead_of_failing(tmp_pat
         starter.wait(10)
     assert failed == []
     assert found.args is not None and found.args[0].endswith(f" at {svc.base_url}")
+
+
+def _tray(tmp_path: Path, settings: dict[str, object], *args: str) -> subprocess.CompletedProcess[str]:
+    """`failsoft` (the tray, offscreen) with `settings` as its config, its files under `tmp_path`."""
+    write_config(tmp_path / "config.toml", settings)
+    env = {
+        **os.environ,
+        "QT_QPA_PLATFORM": "offscreen",
+        "FAILSOFT_CONFIG": str(tmp_path / "config.toml"),
+        "FAILSOFT_DATA_DIR": str(tmp_path / "data"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "tray_app", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_service_that_cannot_start_ends_the_tray_with_why(tmp_path: Path) -> None:
+    """It used to leave the tray saying "Starting the service…" for ever, a traceback on stderr."""
+    missing = tmp_path / "nowhere" / "model.gguf"
+    port = free_port()
+    done = _tray(tmp_path, {"server": {"port": port}, "model": {"path": str(missing)}})
+    assert done.returncode == 1, done.stderr
+    expected = (
+        f"failsoft: the service could not start on http://127.0.0.1:{port}: {missing}: model file not found"
+    )
+    assert expected in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_config_error_is_named(tmp_path: Path) -> None:
+    done = _tray(tmp_path, {"server": {"port": "not a port"}})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"failsoft: {tmp_path / 'config.toml'}") and "port" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -120,8 +120,13 @@ def x_server_answers(desktop: Desktop) -> bool:
 
 
 def panel_window(desktop: Desktop) -> str:
+    return desktop_window(desktop, "^panel$")
+
+
+def desktop_window(desktop: Desktop, name: str) -> str:
+    """The first window whose name matches `name` (a regular expression), or ""."""
     try:
-        return desktop.run("xdotool", "search", "--name", "^panel$").split()[0]
+        return desktop.run("xdotool", "search", "--name", name).split()[0]
     except (subprocess.CalledProcessError, IndexError):
         return ""
 
@@ -308,7 +313,7 @@ def test_the_tray_started_beside_a_running_service_shows_it_and_a_second_start_o
             again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
             assert again.returncode == 0, again.stderr
             assert f"Failsoft's tray for {svc.base_url} is already running; it opens its chat window" in (
-                again.stderr
+                again.stdout
             )
             tray.window("chat")
 
@@ -318,3 +323,35 @@ def test_the_tray_started_beside_a_running_service_shows_it_and_a_second_start_o
         finally:
             stop_process_tree(process)
             output.close()
+
+
+def test_a_start_from_the_desktop_that_cannot_go_on_says_why_in_a_window(
+    desktop: Desktop, tmp_path: Path
+) -> None:
+    """Started from a menu, nobody reads stderr: the reason is shown, and the tray ends when it is read."""
+    write_config(tmp_path / "config.toml", {"server": {"port": "not a port"}})
+    env = {
+        **desktop.env,
+        "FAILSOFT_CONFIG": str(tmp_path / "config.toml"),
+        "FAILSOFT_DATA_DIR": str(tmp_path / "data"),
+    }
+    command = [str(Path(sys.executable).parent / "failsoft")]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        window = wait_until(
+            lambda: desktop_window(desktop, "Failsoft could not start"), 60, "the message box"
+        )
+        geometry = dict(
+            line.split("=", 1)
+            for line in desktop.run("xdotool", "getwindowgeometry", "--shell", window).split()
+        )
+        x, y, width, height = (int(geometry[key]) for key in ("X", "Y", "WIDTH", "HEIGHT"))
+        desktop.screenshot("cannot-start", (x, y, width, height))
+        # No window manager hands out focus: a click gives the box the keyboard, Return presses its OK.
+        desktop.run("xdotool", "mousemove", str(x + width // 2), str(y + 10), "click", "1")
+        desktop.run("xdotool", "key", "Return")
+        _out, err = process.communicate(timeout=30)
+    finally:
+        stop_process_tree(process)
+    assert process.returncode == 2, err
+    assert err.startswith(f"failsoft: {tmp_path / 'config.toml'}") and "port" in err

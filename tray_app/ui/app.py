@@ -59,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    cfg = load_config(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The in-process service polls worker health every second: one log line per request is noise here.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -71,19 +70,22 @@ def run(args: argparse.Namespace) -> int:
     app.setApplicationName("Failsoft")
     app.setDesktopFileName("failsoft")
     app.setQuitOnLastWindowClosed(False)
+    try:
+        cfg = load_config(args)
+    except config.ConfigError as error:
+        return cannot_start(app, f"failsoft: {error}", 2)
 
     from tray_app.ui.single_instance import TrayInstance
 
     url = str(args.attach).rstrip("/") if args.attach else local_url(cfg.server.host, cfg.server.port)
     instance = TrayInstance(url)
     if not instance.claim():
-        shown = instance.activate_running()
-        print(
-            f"failsoft: Failsoft's tray for {url} is already running"
-            + ("; it opens its chat window." if shown else ", and did not answer."),
-            file=sys.stderr,
+        if instance.activate_running():
+            print(f"failsoft: Failsoft's tray for {url} is already running; it opens its chat window.")
+            return 0
+        return cannot_start(
+            app, f"failsoft: Failsoft's tray for {url} is already running, and did not answer.", 1
         )
-        return 0 if shown else 1
     try:
         return _tray_for(app, url, cfg, args, instance)
     finally:
@@ -105,13 +107,13 @@ def _tray_for(
         )
         return _run_tray(app, url, cfg, None, instance)
     if probe.found != "nothing":
-        print(
+        return cannot_start(
+            app,
             f"failsoft: {probe.detail}, where the tray would start its service.\n"
             "  Another port: [server] port in the config (or --config with another file); the API key of a "
             "running Failsoft: [server] api_key",
-            file=sys.stderr,
+            1,
         )
-        return 1
     from tray_app.host.thread import ServiceThread
 
     service = ServiceThread(cfg, enable_faults=bool(args.enable_faults))
@@ -163,8 +165,17 @@ def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any, instanc
         tray_app.stop()
         if starter is not None:
             starter.wait(START_TIMEOUT_S)
-    for message in failure:
-        print(message, file=sys.stderr)
+    return cannot_start(app, failure[0], status) if failure else status
+
+
+def cannot_start(app: Any, message: str, status: int) -> int:
+    """Failsoft cannot start: why, on stderr and, when a desktop started it (no terminal to read it in), in
+    a message box. Returns `status`."""
+    print(message, file=sys.stderr)
+    if not sys.stderr.isatty() and app.platformName() not in ("offscreen", "minimal"):
+        from PySide6.QtWidgets import QMessageBox
+
+        QMessageBox.critical(None, "Failsoft could not start", message.removeprefix("failsoft: "))
     return status
 
 

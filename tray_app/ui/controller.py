@@ -67,13 +67,18 @@ class ServiceStarter(QObject):
     def _run(self) -> None:
         try:
             url = self.service.start()
-        except (OSError, RuntimeError) as error:  # a taken port, a config the service refuses
+        except Exception as error:  # a taken port, a model or config the service refuses, a fault of ours
             if isinstance(error, OSError) and error.errno == errno.EADDRINUSE and self._probe is not None:
                 probe = self._probe()
                 if probe.found == "failsoft":
                     self.found_running.emit(probe.detail)
                     return
-            self.failed.emit(str(error))  # queued to the GUI thread: the receiver lives there
+            if not isinstance(error, (OSError, RuntimeError, ValueError)):  # ConfigError is a ValueError
+                log.exception("the service could not start")
+                error = RuntimeError(f"{type(error).__name__}: {error}")
+            # Queued to the GUI thread, where the receiver lives. Unreported, the tray would say "starting"
+            # for ever.
+            self.failed.emit(str(error))
             return
         self.started.emit(url)
 
