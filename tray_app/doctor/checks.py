@@ -23,11 +23,9 @@ from tray_app.engine import binary
 from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
 from tray_app.engine.target import build_fix
 from tray_app.host.bind import listening_socket
-from tray_app.host.service_probe import local_url, probe_service
+from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
 
 Level = Literal["ok", "info", "warn", "blocking"]
-# A service still starting answers within seconds; the doctor does not wait as long as the tray.
-PROBE_WAIT_S = 3.0
 _VARIANT = re.compile(r"llama-cpp-python-(?P<version>[\d.]+)-(?P<backend>[a-z]+)-[0-9a-f]+")
 
 
@@ -153,7 +151,7 @@ def port_check(cfg: Config) -> Check:
     try:
         listening_socket(host, port).close()
     except OSError as error:
-        probe = probe_service(local_url(host, port), cfg.server.api_key, wait=PROBE_WAIT_S)
+        probe = probe_service(local_url(host, port), cfg.server.api_key, wait=TAKEN_PORT_WAIT_S)
         if probe.found == "failsoft":
             summary = f"{probe.detail} is running: `failsoft` shows it in the tray"
             return Check("port", "info", summary, details={**details, "running": "failsoft"})

@@ -16,7 +16,7 @@ from tray_app.config import Config, ConfigError
 from tray_app.host import event_loop
 from tray_app.host.bind import listening_socket
 from tray_app.host.service import Service
-from tray_app.host.service_probe import local_url, probe_service
+from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
 from tray_app.jobs.journal_owner import JournalInUse
 from tray_app.server.app import create_app
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sock = listening_socket(host, port)
     except OSError as error:
-        probe = probe_service(local_url(host, port), cfg.server.api_key, wait=3.0)
+        probe = probe_service(local_url(host, port), cfg.server.api_key, wait=TAKEN_PORT_WAIT_S)
         if probe.found == "failsoft":
             print(f"failsoft serve: {probe.detail} is already running", file=sys.stderr)
             return 1

@@ -18,6 +18,8 @@ import httpx
 # How long a port that accepts connections may stay silent: a `failsoft serve` that has just bound its port
 # answers once it has read its model and opened its journal, a few seconds at most.
 ANSWER_WAIT_S = 15.0
+# `failsoft serve` and `failsoft doctor` only name what holds a port they found taken: a shorter wait.
+TAKEN_PORT_WAIT_S = 3.0
 Found = Literal["failsoft", "refused", "other", "nothing"]
 
 

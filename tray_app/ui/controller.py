@@ -73,12 +73,13 @@ class ServiceStarter(QObject):
                 if probe.found == "failsoft":
                     self.found_running.emit(probe.detail)
                     return
+            message = str(error)
             if not isinstance(error, (OSError, RuntimeError, ValueError)):  # ConfigError is a ValueError
                 log.exception("the service could not start")
-                error = RuntimeError(f"{type(error).__name__}: {error}")
+                message = f"{type(error).__name__}: {error}"
             # Queued to the GUI thread, where the receiver lives. Unreported, the tray would say "starting"
             # for ever.
-            self.failed.emit(str(error))
+            self.failed.emit(message)
             return
         self.started.emit(url)
 
