@@ -485,3 +485,79 @@ async def test_the_next_connection_is_prepared_once_the_client_has_its_first_tok
     # Once, right after the first token (the second chunk, after the role) was taken up; not per token.
     assert relay.prepared == [("http://127.0.0.1:9/v1/chat/completions", 2)]
     assert text_of(outcomes) == "Hi there"
+
+
+def reasoning_chunk(text: str) -> dict[str, Any]:
+    return {
+        **chat_chunk(),
+        "choices": [{"index": 0, "delta": {"reasoning_content": text}, "finish_reason": None}],
+    }
+
+
+async def test_a_thinking_models_reasoning_reaches_the_client_and_its_answer(make_executor: Factory) -> None:
+    relay = ScriptedRelay(
+        [
+            role_chunk(),
+            reasoning_chunk("Two and"),
+            reasoning_chunk(" two."),
+            chat_chunk("4"),
+            chat_chunk(finish="stop"),
+        ]
+    )
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    outcomes = await run(executor, job)
+    deltas = [event["choices"][0]["delta"] for event in events_of(job, outcomes)]
+    assert deltas == [
+        {"role": "assistant"},
+        {"reasoning_content": "Two and"},
+        {"reasoning_content": " two."},
+        {"content": "4"},
+        {},
+    ]
+    message = job.result["choices"][0]["message"] if job.result else {}
+    assert (message["reasoning_content"], message["content"]) == ("Two and two.", "4")
+
+
+async def test_a_stream_that_failed_mid_thought_is_continued_by_the_cpu_without_repeats(
+    make_executor: Factory,
+) -> None:
+    """The delivered reasoning counts as delivered output: the CPU continues it as an assistant message,
+    and the continuation's repeat of it (llama-server's) is cut before anything reaches the client."""
+    crash = UpstreamError("exited", "connection dropped")
+    continued = [
+        role_chunk(),
+        reasoning_chunk("Two and two"),
+        reasoning_chunk(" make four."),
+        chat_chunk("4"),
+    ]
+    relay = ScriptedRelay(
+        [role_chunk(), reasoning_chunk("Two and"), crash], [*continued, chat_chunk(finish="stop")]
+    )
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry)
+    outcomes = await run(executor, job)
+    assert (job.state, job.worker, len(relay.bodies)) == ("completed", "cpu", 2)
+    resumed = relay.bodies[1]
+    assert resumed["messages"][-1] == {"role": "assistant", "content": "", "reasoning_content": "Two and"}
+    assert "prompt" not in resumed and resumed["max_tokens"] == 15
+    deltas = [event["choices"][0]["delta"] for event in events_of(job, outcomes)]
+    assert deltas == [
+        {"role": "assistant"},
+        {"reasoning_content": "Two and"},
+        {"reasoning_content": " two"},
+        {"reasoning_content": " make four."},
+        {"content": "4"},
+        {},
+    ]
+    assert all(event["id"] == "c1" for event in events_of(job, outcomes))
+
+
+async def test_a_stream_that_delivered_only_reasoning_follows_the_stream_rule(make_executor: Factory) -> None:
+    crash = UpstreamError("exited", "connection dropped")
+    relay = ScriptedRelay([reasoning_chunk("Two and"), crash], [reasoning_chunk("Two and two.")])
+    executor, registry, _ = make_executor(relay, policy={"stream_after_content": "error"})
+    job = new_job(registry)
+    outcomes = await run(executor, job)
+    assert job.state == "failed" and len(relay.bodies) == 1
+    assert ended_with(outcomes).code == policy.STREAM_STARTED

@@ -437,3 +437,63 @@ def test_log_probabilities_go_to_the_router_and_come_back_in_ollamas_shape() -> 
         translator.feed(b"".join(sse(event) for event in events) + DONE) + translator.finish()
     )
     assert first["logprobs"] == expected and "logprobs" not in last
+
+
+def test_think_maps_to_reasoning_effort_for_a_thinking_model() -> None:
+    messages = [{"role": "user", "content": "x"}]
+    assert "reasoning_effort" not in chat_request({"messages": messages}, MODEL_ID, thinks=True)
+    assert "reasoning_effort" not in chat_request(
+        {"messages": messages, "think": True}, MODEL_ID, thinks=True
+    )
+    off = chat_request({"messages": messages, "think": False}, MODEL_ID, thinks=True)
+    assert off["reasoning_effort"] == "none"
+    _, high = generate_request({"prompt": "x", "think": "high"}, MODEL_ID, thinks=True)
+    assert high["reasoning_effort"] == "high"
+    # A model that does not think: off is nothing to do, a level is refused as `true` is.
+    assert "reasoning_effort" not in chat_request({"messages": messages, "think": False}, MODEL_ID)
+    with pytest.raises(OllamaError) as level:
+        chat_request({"model": "default", "messages": messages, "think": "low"}, MODEL_ID)
+    assert level.value.message == '"default" does not support thinking'
+    with pytest.raises(OllamaError) as wrong:
+        chat_request({"messages": messages, "think": "very"}, MODEL_ID, thinks=True)
+    assert wrong.value.status == 400 and "think" in wrong.value.message
+
+
+def test_reasoning_becomes_ollamas_thinking_streamed_and_whole() -> None:
+    events = [
+        chat_chunk("id", 1, "m", {"role": "assistant", "content": None}, None),
+        chat_chunk("id", 1, "m", {"reasoning_content": "Sum"}, None),
+        chat_chunk("id", 1, "m", {"reasoning_content": " it."}, None),
+        chat_chunk("id", 1, "m", {"content": "4"}, None),
+        chat_chunk("id", 1, "m", {}, "stop"),
+        failsoft_chunk("chat", "id", 1, "m", FAILSOFT, None),
+    ]
+    data = b"".join(sse(event) for event in events) + DONE
+    for path_kind in ("chat", "generate"):
+        translator = StreamTranslator(path_kind, "default", Timing())  # type: ignore[arg-type]
+        *parts, last = lines(translator.feed(data) + translator.finish())
+        if path_kind == "chat":
+            said = [(p["message"].get("thinking", ""), p["message"]["content"]) for p in parts]
+        else:
+            said = [(p.get("thinking", ""), p["response"]) for p in parts]
+        assert said == [("Sum", ""), (" it.", ""), ("", "4")]
+        assert last["eval_count"] == 3
+    whole = {
+        "id": "id",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "4", "reasoning_content": "Sum it."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3},
+    }
+    assert openai_result("chat", "default", whole, Timing())["message"]["thinking"] == "Sum it."
+    assert openai_result("generate", "default", whole, Timing())["thinking"] == "Sum it."
+    plain = json.loads(json.dumps(whole))
+    del plain["choices"][0]["message"]["reasoning_content"]
+    assert "thinking" not in openai_result("chat", "default", plain, Timing())["message"]

@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.fake_worker import fake_llama_server
 from tray_app.engine import binary
+from tray_app.engine.thinking import model_thinks, template_thinks
 from tray_app.engine.tools import (
     CHATML_TOOL_CALL_CLOSER,
     CHATML_TOOL_CALL_OPENER,
@@ -109,3 +110,16 @@ def test_the_fast_tiers_fake_llama_server_passes_the_same_check(tmp_path: Path) 
     passes), or the fast tier would test a service that refuses to start."""
     info = binary.find(str(fake_llama_server(tmp_path)))
     assert info.commit == "fake000" and not binary.missing_flags(info.flags)
+
+
+def test_a_model_thinks_when_its_workers_template_opens_a_reasoning_block(
+    model_path: Path, tmp_path: Path
+) -> None:
+    thinking = Path(__file__).parent.parent / "support" / "thinking-chatml.jinja"
+    assert model_thinks(model_path, str(thinking))
+    assert not model_thinks(model_path, "")  # SmolLM2's own template (the bundled tool template) does not
+    assert not model_thinks(model_path, "chatml")
+    assert not model_thinks(model_path, str(tmp_path / "missing.jinja"))
+    assert template_thinks("{% if enable_thinking %}{% endif %}")
+    assert template_thinks("<|start|>assistant<|channel|>analysis<|message|>")  # gpt-oss
+    assert not template_thinks(CHATML_TOOLS_TEMPLATE.read_text())

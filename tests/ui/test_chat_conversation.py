@@ -3,11 +3,12 @@ longer fits the GPU's), and New chat, which starts over."""
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from tests.ui.chat_helpers import ask, open_chat, stream_answer
 from tests.ui.local_server import LocalService
-from tray_app.ui.chat import ChatWindow
+from tray_app.ui.chat import AnswerView, ChatWindow
 
 FAILSOFT = {"worker": "gpu", "attempts": 1, "fallback_reason": None, "model": "m", "device": "gpu"}
 
@@ -76,3 +77,43 @@ def test_new_chat_waits_while_an_answer_streams(qtbot: QtBot, local_service: Loc
         chat.new_chat()  # ignored: the answer in progress keeps its place
         assert len(chat.history) == 1
     assert chat.new_button.isEnabled() and len(chat.history) == 2
+
+
+def test_a_thinking_models_reasoning_is_shown_then_folded_and_never_sent_back(
+    qtbot: QtBot, local_service: LocalService
+) -> None:
+    chat = _chat(qtbot, local_service, gpu_context=2048)
+    stream_answer(
+        local_service,
+        [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+            {"choices": [{"index": 0, "delta": {"reasoning_content": "The sky scatters"}}]},
+            {"choices": [{"index": 0, "delta": {"reasoning_content": " blue light."}}]},
+            {"choices": [{"index": 0, "delta": {"content": "Blue."}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {"choices": [], "failsoft": FAILSOFT},
+        ],
+    )
+    ask(qtbot, chat, "What colour is the sky?")
+    answer = chat.answers[-1]
+    assert answer.thought.text() == "The sky scatters blue light." and answer.text.text() == "Blue."
+    assert not answer.thought.isVisible() and answer.thought_toggle.isVisible()
+    assert answer.thought_toggle.text() == "Reasoning (5 words): show"
+    qtbot.mouseClick(answer.thought_toggle, Qt.MouseButton.LeftButton)
+    assert answer.thought.isVisible() and answer.thought_toggle.text() == "Hide the reasoning"
+    assert chat.history[-1] == {"role": "assistant", "content": "Blue."}  # the reasoning stays here
+
+    _answering(local_service, prompt_tokens=40, completion_tokens=5)
+    ask(qtbot, chat, "And the sea?")
+    plain = chat.answers[-1]
+    assert not plain.thought_toggle.isVisible() and not plain.thought.isVisible()
+
+
+def test_the_reasoning_shows_while_the_model_thinks(qtbot: QtBot) -> None:
+    view = AnswerView()
+    qtbot.addWidget(view)
+    view.show()
+    view.append_thinking("Let me see")
+    assert view.thought.isVisible() and view.thought_toggle.text() == "Thinking…"
+    view.append(" Four.")
+    assert not view.thought.isVisible() and view.thought_toggle.text() == "Reasoning (3 words): show"

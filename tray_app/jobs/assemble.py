@@ -16,6 +16,7 @@ class Assembler:
         self.created = 0
         self.model = ""
         self.content: list[str] = []
+        self.reasoning: list[str] = []  # a thinking model's reasoning, parted from the answer by llama-server
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.tokens = 0  # content chunks seen: llama.cpp sends one token per chunk
@@ -45,6 +46,9 @@ class Assembler:
             if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
                 self.logprobs.extend(logprobs["content"])
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                self.reasoning.append(delta["reasoning_content"])
+                self.tokens += 1
             if delta.get("content"):
                 self.content.append(delta["content"])
                 self.tokens += 1
@@ -89,6 +93,8 @@ class Assembler:
             obj = "text_completion"
         else:
             message: dict[str, Any] = {"role": self.role, "content": self.text or None}
+            if self.reasoning:
+                message["reasoning_content"] = "".join(self.reasoning)
             if self.tool_calls:
                 message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
             choice = {

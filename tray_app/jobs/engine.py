@@ -28,6 +28,7 @@ from tray_app.contract.events import (
 from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.assemble import Assembler, chat_chunk
+from tray_app.jobs.continuation import EchoedPrefix, continuation_messages
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece, cannot_serve
 from tray_app.jobs.registry import Job, JobRegistry, upstream_stream
 from tray_app.jobs.relay import Relay, Sent, UpstreamError
@@ -133,6 +134,7 @@ class Progress:
 
     assembler: Assembler
     delivered_text: str = ""  # streamed: text that reached the client
+    delivered_reasoning: str = ""  # streamed: a thinking model's reasoning that reached the client
     delivered_tokens: int = 0
     tool_call_delivered: bool = False
     role_sent: bool = False
@@ -140,6 +142,11 @@ class Progress:
     chunk_id: str = ""
     created: int = 0
     model: str = ""
+
+    @property
+    def output_delivered(self) -> bool:
+        """The client has generated text: the answer's, or its reasoning's."""
+        return bool(self.delivered_text or self.delivered_reasoning)
 
     def reset_undelivered(self, kind: str) -> None:
         """A non-streamed replay starts from nothing: the failed attempt's output never left the router."""
@@ -369,7 +376,15 @@ class Executor:
                 return  # the job ended (cancelled) while it waited for a slot or a worker: no late start
             url, body = self._upstream(job, worker, progress, resume)
             first_timeout = self.settings.stall_seconds + job.prompt_tokens / 100
+            # A resumed chat's chunks come back as completion chunks, or (a thinking model's, continued
+            # by llama-server) as chat chunks that repeat the answer so far: either way they leave as the
+            # chunks of the stream the client already reads.
             convert = resume and job.kind == "chat"
+            echoed = (
+                EchoedPrefix(progress.delivered_reasoning, progress.delivered_text)
+                if convert and progress.delivered_reasoning
+                else None
+            )
             sent = self._take_dispatched(job, worker_role, url, resume)
             if sent is None:
                 worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
@@ -381,7 +396,7 @@ class Executor:
                 async for chunk in chunks:
                     if job.final:
                         return  # cancelled meanwhile: whatever this attempt still says is dropped
-                    obj = self._resumed_chat_chunk(progress, chunk.obj) if convert else chunk.obj
+                    obj = self._resumed_chat_chunk(progress, chunk.obj, echoed) if convert else chunk.obj
                     progress.assembler.feed(obj)
                     worker.note_tokens(1)
                     if deliver:
@@ -441,11 +456,20 @@ class Executor:
             return self._first_request(job, worker)
         base = worker.base_url or ""
         remaining = max(job.max_tokens - progress.delivered_tokens, 1)
+        body: dict[str, Any]
+        if job.kind == "chat" and progress.delivered_reasoning:
+            # A thinking model's answer: llama-server continues it (see jobs.continuation).
+            body = {key: value for key, value in job.body.items() if key != "stream_options"}
+            messages = job.body["messages"]
+            reasoning, text = progress.delivered_reasoning, progress.delivered_text
+            body.update(messages=continuation_messages(messages, reasoning, text), max_tokens=remaining)
+            body.update(upstream_stream(job.prompt_tokens + progress.delivered_tokens))
+            return base + "/v1/chat/completions", json.dumps(body).encode()
         if job.kind == "chat":
             prompt, stops = self._chat_prompt(job.body["messages"], job.model)
             user_stop = job.body.get("stop")
             stops = stops + ([user_stop] if isinstance(user_stop, str) else list(user_stop or []))
-            body: dict[str, Any] = {name: job.body[name] for name in _SAMPLING_FIELDS if name in job.body}
+            body = {name: job.body[name] for name in _SAMPLING_FIELDS if name in job.body}
             body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining, stop=stops)
         else:
             body = dict(job.body)
@@ -455,11 +479,17 @@ class Executor:
         return base + "/v1/completions", json.dumps(body).encode()
 
     @staticmethod
-    def _resumed_chat_chunk(progress: Progress, obj: dict[str, Any]) -> dict[str, Any]:
-        """A completion chunk of a resumed chat, shaped as the chat chunk the client's stream expects."""
+    def _resumed_chat_chunk(
+        progress: Progress, obj: dict[str, Any], echoed: EchoedPrefix | None
+    ) -> dict[str, Any]:
+        """A chunk of a resumed chat (a completion chunk, or a continued chat's with `echoed`), shaped as
+        the chat chunk the client's stream expects."""
         choice = (obj.get("choices") or [{}])[0]
-        text = choice.get("text") or ""
-        delta = {"content": text} if text else {}
+        if echoed is not None:
+            delta = echoed.cut({k: v for k, v in (choice.get("delta") or {}).items() if k != "role"})
+        else:
+            text = choice.get("text") or ""
+            delta = {"content": text} if text else {}
         return chat_chunk(
             progress.chunk_id, progress.created, progress.model, delta, choice.get("finish_reason")
         )
@@ -478,6 +508,11 @@ class Executor:
             text = choice.get("text") if delta is None else delta.get("content")
             if text:
                 progress.delivered_text += text
+                progress.delivered_tokens += 1
+                has_effect = output = True
+            reasoning = delta.get("reasoning_content") if delta else None
+            if reasoning:
+                progress.delivered_reasoning += reasoning
                 progress.delivered_tokens += 1
                 has_effect = output = True
             if delta and delta.get("tool_calls"):
@@ -508,7 +543,7 @@ class Executor:
                     failure.kind = str(ended["kind"])
         context = policy.FailureContext(
             streaming=deliver,
-            content_delivered=bool(progress.delivered_text),
+            content_delivered=progress.output_delivered,
             tool_call_delivered=progress.tool_call_delivered,
             prompt_tokens=job.prompt_tokens,
             remaining_tokens=max(job.max_tokens - progress.delivered_tokens, 1),
@@ -522,7 +557,7 @@ class Executor:
             available=stand_in is not None,
             fits=stand_in is not None
             and stand_in.prompt_tokens + context.remaining_tokens <= stand_in.n_ctx_per_seq,
-            content_delivered=bool(progress.delivered_text),
+            content_delivered=progress.output_delivered,
             tool_call_delivered=progress.tool_call_delivered,
         )
         if stand_in is not None and policy.stand_in_first(case):
@@ -536,7 +571,7 @@ class Executor:
         cpu = await self._cpu_state(job.time_left(), job.worker_role("cpu"))
         decision = policy.decide_replay(context, cpu, self.settings.policy)
         if (
-            policy.try_gpu_again(failure.kind, bool(progress.delivered_text), decision)
+            policy.try_gpu_again(failure.kind, progress.output_delivered, decision)
             and gpu is not None
             and await gpu.ensure_ready(min(self.settings.worker_ready_wait, max(job.time_left(), 0.0)))
         ):

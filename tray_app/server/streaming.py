@@ -58,6 +58,8 @@ def result_to_stream(kind: str, result: dict[str, Any], with_usage: bool = False
     else:
         message = choice.get("message") or {}
         delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("reasoning_content"):
+            delta["reasoning_content"] = message["reasoning_content"]
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
         pieces = [chat_chunk(chunk_id, created, model, delta, finish)]

@@ -309,11 +309,13 @@ class EventStream(QObject):
 
 
 class ChatStream(QObject):
-    """One streamed chat completion. Signals, in order: `started(headers)`, `delta(text)`* then exactly one of
-    `finished(failsoft_info)`, `failed(message, error_object)` or `stopped()`."""
+    """One streamed chat completion. Signals, in order: `started(headers)`, `thinking(text)`* and
+    `delta(text)`*, then exactly one of `finished(failsoft_info)`, `failed(message, error_object)` or
+    `stopped()`."""
 
     started = Signal(dict)
     delta = Signal(str)
+    thinking = Signal(str)  # a thinking model's reasoning, before (and apart from) its answer
     finished = Signal(dict)
     failed = Signal(str, dict)
     stopped = Signal()
@@ -399,7 +401,12 @@ class ChatStream(QObject):
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content")
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content")
+            if reasoning:
+                self.chunks += 1
+                self.thinking.emit(reasoning)
+            text = delta.get("content")
             if text:
                 self.chunks += 1
                 self.delta.emit(text)

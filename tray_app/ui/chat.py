@@ -141,12 +141,15 @@ def with_header_model(failsoft: dict[str, Any], headers: dict[str, str]) -> dict
     return info
 
 
-def _completion_text(result: dict[str, Any]) -> str:
+def _completion_text(result: dict[str, Any]) -> tuple[str, str]:
+    """A finished job's answer and its reasoning (a thinking model's; else "")."""
     choices = result.get("choices") or []
     if not choices:
-        return ""
+        return "", ""
     choice = choices[0]
-    return str((choice.get("message") or {}).get("content") or choice.get("text") or "")
+    message = choice.get("message") or {}
+    text = str(message.get("content") or choice.get("text") or "")
+    return text, str(message.get("reasoning_content") or "")
 
 
 class AnswerText(QTextEdit):
@@ -200,11 +203,22 @@ class AnswerText(QTextEdit):
 
 
 class AnswerView(QFrame):
-    """One assistant answer: its text, a progress line while it waits or runs on the CPU, and its badge."""
+    """One assistant answer: a thinking model's reasoning (shown while it thinks, folded away once the
+    answer begins, a click shows it again), its text, a progress line while it waits or runs on the CPU, and
+    its badge."""
 
     def __init__(self) -> None:
         super().__init__()
         self.setObjectName("answer")
+        self.thought_toggle = QPushButton("Thinking…")
+        self.thought_toggle.setCheckable(True)
+        self.thought_toggle.setFlat(True)
+        self.thought_toggle.setStyleSheet("color: #6c757d; text-align: left; padding: 0;")
+        self.thought_toggle.toggled.connect(self._show_thought)
+        self.thought_toggle.hide()
+        self.thought = AnswerText()
+        self.thought.setStyleSheet("QTextEdit { background: transparent; color: #6c757d; }")
+        self.thought.hide()
         self.text = AnswerText()
         self.phase = QLabel("Waiting for the service…")
         self.phase.setStyleSheet("color: #6c757d; font-style: italic;")
@@ -220,6 +234,8 @@ class AnswerView(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
+        layout.addWidget(self.thought_toggle)
+        layout.addWidget(self.thought)
         layout.addWidget(self.text)
         layout.addWidget(self.phase)
         layout.addWidget(self.progress)
@@ -230,7 +246,23 @@ class AnswerView(QFrame):
         self.setStyleSheet("#answer { background: #ffffff; border: 1px solid #dee2e6; border-radius: 10px; }")
 
     def append(self, text: str) -> None:
+        if self.thought.text() and not self.text.text():
+            self.thought_toggle.setChecked(False)  # the answer begins: its reasoning folds away
         self.text.append_text(text)
+
+    def append_thinking(self, text: str) -> None:
+        if not self.thought.text():
+            self.thought_toggle.show()
+            self.thought_toggle.setChecked(True)
+        self.thought.append_text(text)
+
+    def _show_thought(self, shown: bool) -> None:
+        self.thought.setVisible(shown)
+        words = len(self.thought.text().split())
+        if shown:
+            self.thought_toggle.setText("Thinking…" if not self.text.text() else "Hide the reasoning")
+        else:
+            self.thought_toggle.setText(f"Reasoning ({words} words): show")
 
     def set_phase(self, text: str) -> None:
         self.phase.setText(text)
@@ -249,6 +281,8 @@ class AnswerView(QFrame):
         """The answer is over (answered, failed or stopped): its badges, and its text formatted."""
         self.badge_kind = badge.kind
         self.text.show_formatted()
+        if self.thought.text():
+            self._show_thought(self.thought_toggle.isChecked())  # "Thinking…" is over
         _paint_badge(self.badge, badge)
         if model is not None:
             _paint_badge(self.model_badge, model)
@@ -306,6 +340,7 @@ class Exchange:
         self.poll.timeout.connect(self._poll_job)
         stream.started.connect(self._started)
         stream.delta.connect(self._delta)
+        stream.thinking.connect(self._thinking)
         stream.finished.connect(self._finished)
         stream.failed.connect(self._failed)
         stream.stopped.connect(self._stopped)
@@ -325,6 +360,17 @@ class Exchange:
             self.first_token_at = now
         self.tokens += 1
         self.view.append(text)
+        if self.on_cpu:
+            self._show_cpu_progress()
+        else:
+            self.view.set_phase("")
+        self.window.scroll_to_end()
+
+    def _thinking(self, text: str) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.tokens += 1
+        self.view.append_thinking(text)
         if self.on_cpu:
             self._show_cpu_progress()
         else:
@@ -413,7 +459,10 @@ class Exchange:
         self.poll.stop()
         result = job.get("result") or {}
         if state == "completed":
-            self.view.append(_completion_text(result))
+            text, reasoning = _completion_text(result)
+            if reasoning:
+                self.view.append_thinking(reasoning)
+            self.view.append(text)
             self.usage = dict(result.get("usage") or {})
             tokens = int(self.usage.get("completion_tokens") or 0)
             seconds = time.monotonic() - self.cpu_started if self.cpu_started else 0.0

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tray_app.budget.planner import Plan
+from tray_app.engine.thinking import model_thinks
 from tray_app.host.library import LoadRefused
 from tray_app.host.service import Service
 from tray_app.library.catalog import ModelEntry
@@ -35,6 +36,7 @@ from tray_app.server.ollama.translate import (
     OllamaError,
     StreamTranslator,
     Timing,
+    capabilities,
     chat_request,
     embed_answer,
     embed_request,
@@ -161,10 +163,11 @@ class OllamaRoutes:
                 await self._load_or_unload(entry, body)
                 return JSONResponse(load_answer(path_kind, model, body))
             kind: Kind = "chat"
+            thinks = model_thinks(entry.path, entry.chat_format)
             if path_kind == "chat":
-                openai = chat_request(body, entry.name)
+                openai = chat_request(body, entry.name, thinks)
             else:
-                kind, openai = generate_request(body, entry.name)
+                kind, openai = generate_request(body, entry.name, thinks)
             if body.get("keep_alive") is not None:
                 openai["keep_alive"] = body["keep_alive"]  # the router takes it (and checks it)
         except OllamaError as error:
@@ -276,7 +279,7 @@ class OllamaRoutes:
                 "template": card.chat_template,
                 "details": card.details(),
                 "model_info": card.model_info,
-                "capabilities": ["completion", "tools"],
+                "capabilities": capabilities(model_thinks(entry.path, entry.chat_format)),
                 "modified_at": iso(card.modified),
             }
         )

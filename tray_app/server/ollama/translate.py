@@ -210,11 +210,31 @@ def map_format(value: Any) -> dict[str, Any] | None:
     raise OllamaError(400, f'invalid format {value!r}: use "json" or a JSON schema object')
 
 
-def _check_think(body: dict[str, Any], model: str) -> None:
+THINK_LEVELS = ("low", "medium", "high")
+
+
+def capabilities(thinks: bool) -> list[str]:
+    """What /api/show says a model can do (Ollama's names)."""
+    return ["completion", "tools", *(["thinking"] if thinks else [])]
+
+
+def _think(body: dict[str, Any], model: str, thinks: bool) -> dict[str, Any]:
+    """Ollama's `think` as the OpenAI fields llama-server takes: off is `reasoning_effort: "none"`, a level
+    (gpt-oss) is that effort; on (or unset) is what a thinking model does anyway."""
     think = body.get("think")
-    if think is True or (isinstance(think, str) and think not in ("", "false", "none")):
-        # Ollama's own answer for a model without the thinking capability.
-        raise OllamaError(400, f'"{model}" does not support thinking')
+    if think is None or think is True:
+        if think is True and not thinks:
+            # Ollama's own answer for a model without the thinking capability.
+            raise OllamaError(400, f'"{model}" does not support thinking')
+        return {}
+    if think is False or think in ("", "false", "none"):
+        return {"reasoning_effort": "none"} if thinks else {}
+    if think in THINK_LEVELS:
+        if not thinks:
+            raise OllamaError(400, f'"{model}" does not support thinking')
+        return {"reasoning_effort": think}
+    levels = ", ".join(THINK_LEVELS)
+    raise OllamaError(400, f"invalid think value {think!r}: use true, false, or one of {levels}")
 
 
 def _arguments_text(arguments: Any) -> str:
@@ -294,16 +314,18 @@ def wants_stream(body: dict[str, Any]) -> bool:
     return stream is not False
 
 
-def chat_request(body: dict[str, Any], model_id: str) -> dict[str, Any]:
-    """An Ollama /api/chat body (with messages) as an OpenAI chat completion body."""
+def chat_request(body: dict[str, Any], model_id: str, thinks: bool = False) -> dict[str, Any]:
+    """An Ollama /api/chat body (with messages) as an OpenAI chat completion body (`thinks`: the model's
+    template thinks)."""
     stream = wants_stream(body)
-    _check_think(body, str(body.get("model")))
+    think = _think(body, str(body.get("model")), thinks)
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise OllamaError(400, "'messages' must be an array")
     pending: list[str] = []
     out = _common(body, model_id, stream)
     out["messages"] = [_openai_message(message, index, pending) for index, message in enumerate(messages)]
+    out.update(think)
     tools = body.get("tools")
     if tools:
         if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
@@ -313,11 +335,13 @@ def chat_request(body: dict[str, Any], model_id: str) -> dict[str, Any]:
     return out
 
 
-def generate_request(body: dict[str, Any], model_id: str) -> tuple[Kind, dict[str, Any]]:
+def generate_request(
+    body: dict[str, Any], model_id: str, thinks: bool = False
+) -> tuple[Kind, dict[str, Any]]:
     """An Ollama /api/generate body (with a prompt) as an OpenAI body: a chat of `system` and `prompt`, or
     with `raw` a plain completion of the prompt as it is."""
     stream = wants_stream(body)
-    _check_think(body, str(body.get("model")))
+    think = _think(body, str(body.get("model")), thinks)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise OllamaError(400, "'prompt' must be a string")
@@ -348,6 +372,7 @@ def generate_request(body: dict[str, Any], model_id: str) -> tuple[Kind, dict[st
         return "completion", out
     messages = [{"role": "system", "content": system}] if system else []
     out["messages"] = [*messages, {"role": "user", "content": prompt}]
+    out.update(think)
     return "chat", out
 
 
@@ -496,15 +521,11 @@ def _final(
     tokens: int,
     timing: Timing,
     failsoft: dict[str, Any] | None,
+    thinking: str = "",
 ) -> dict[str, Any]:
-    answer: dict[str, Any] = {"model": model, "created_at": now_iso()}
-    if path_kind == "chat":
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if calls:
-            message["tool_calls"] = ollama_tool_calls(calls)
-        answer["message"] = message
-    else:
-        answer["response"] = text
+    answer = _answer_text(path_kind, model, text, thinking)
+    if path_kind == "chat" and calls:
+        answer["message"]["tool_calls"] = ollama_tool_calls(calls)
     durations = timing.durations()
     counts = _counts(usage, tokens)
     answer.update(
@@ -522,15 +543,33 @@ def _final(
     return answer
 
 
+def _answer_text(
+    path_kind: Literal["chat", "generate"], model: str, text: str, thinking: str
+) -> dict[str, Any]:
+    """The start of an answer line: the text, and a thinking model's reasoning as Ollama's `thinking`."""
+    answer: dict[str, Any] = {"model": model, "created_at": now_iso()}
+    if path_kind == "chat":
+        answer["message"] = {"role": "assistant", "content": text}
+        if thinking:
+            answer["message"]["thinking"] = thinking
+    else:
+        answer["response"] = text
+        if thinking:
+            answer["thinking"] = thinking
+    return answer
+
+
 def openai_result(
     path_kind: Literal["chat", "generate"], model: str, result: dict[str, Any], timing: Timing
 ) -> dict[str, Any]:
     """A whole OpenAI answer (chat.completion or text_completion) as Ollama's single JSON answer, timed by
     the worker's own figures where it gives them (see Timing.durations)."""
     choice = (result.get("choices") or [{}])[0]
+    thinking = ""
     if "message" in choice:
         message = choice.get("message") or {}
         text, calls = message.get("content") or "", list(message.get("tool_calls") or [])
+        thinking = message.get("reasoning_content") or ""
     else:
         text, calls = choice.get("text") or "", []
     timing.note_answer(result)
@@ -544,6 +583,7 @@ def openai_result(
         0,
         timing,
         result.get("failsoft"),
+        thinking,
     )
     logprobs = ollama_logprobs(choice)
     if logprobs:
@@ -648,6 +688,11 @@ class StreamTranslator:
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         out: list[bytes] = []
         delta = choice.get("delta")
+        thinking = (delta or {}).get("reasoning_content")
+        if thinking:
+            self.timing.token()
+            self.tokens += 1
+            out.append(_line(self._partial("", thinking)))
         text = choice.get("text") if delta is None else delta.get("content")
         if text:
             self.timing.token()
@@ -681,12 +726,8 @@ class StreamTranslator:
         line["message"]["tool_calls"] = ollama_tool_calls(calls)
         return [_line(line)]
 
-    def _partial(self, text: str) -> dict[str, Any]:
-        line: dict[str, Any] = {"model": self.model, "created_at": now_iso()}
-        if self.path_kind == "chat":
-            line["message"] = {"role": "assistant", "content": text}
-        else:
-            line["response"] = text
+    def _partial(self, text: str, thinking: str = "") -> dict[str, Any]:
+        line = _answer_text(self.path_kind, self.model, text, thinking)
         line["done"] = False
         return line
 
