@@ -122,4 +122,5 @@ def test_a_model_thinks_when_its_workers_template_opens_a_reasoning_block(
     assert not model_thinks(model_path, str(tmp_path / "missing.jinja"))
     assert template_thinks("{% if enable_thinking %}{% endif %}")
     assert template_thinks("<|start|>assistant<|channel|>analysis<|message|>")  # gpt-oss
+    assert template_thinks("{{ content.split('</think>')[-1] }}")  # a DeepSeek-R1 distill
     assert not template_thinks(CHATML_TOOLS_TEMPLATE.read_text())

@@ -8,7 +8,7 @@ from pytestqt.qtbot import QtBot
 
 from tests.ui.chat_helpers import ask, open_chat, stream_answer
 from tests.ui.local_server import LocalService
-from tray_app.ui.chat import AnswerView, ChatWindow
+from tray_app.ui.chat import AnswerView, Badge, ChatWindow
 
 FAILSOFT = {"worker": "gpu", "attempts": 1, "fallback_reason": None, "model": "m", "device": "gpu"}
 
@@ -117,3 +117,12 @@ def test_the_reasoning_shows_while_the_model_thinks(qtbot: QtBot) -> None:
     assert view.thought.isVisible() and view.thought_toggle.text() == "Thinking…"
     view.append(" Four.")
     assert not view.thought.isVisible() and view.thought_toggle.text() == "Reasoning (3 words): show"
+
+
+def test_an_answer_that_only_thought_does_not_say_thinking_once_over(qtbot: QtBot) -> None:
+    view = AnswerView()
+    qtbot.addWidget(view)
+    view.show()
+    view.append_thinking("Hmm, let me")
+    view.set_badge(Badge("gpu", "GPU"))
+    assert view.thought.isVisible() and view.thought_toggle.text() == "Hide the reasoning"

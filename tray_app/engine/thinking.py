@@ -4,8 +4,9 @@ OpenAI's shape; Ollama's API needs to know up front, to answer `think` as Ollama
 "thinking" capability.
 
 Judged from the template's text: the reasoning tags and switches of the thinking templates in use (Qwen3,
-DeepSeek-R1 and their kin: `<think>`, `enable_thinking`, `reasoning_content`; gpt-oss: its analysis
-channel). llama-server's own analysis (its template autoparser) is not exposed over HTTP at this commit.
+DeepSeek-R1 and their kin: `<think>`, or the `</think>` an R1 template cuts earlier answers at,
+`enable_thinking`, `reasoning_content`; gpt-oss: its analysis channel). llama-server's own analysis (its
+template autoparser) is not exposed over HTTP at this commit.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from tray_app.budget.model_info import inspect_model
 from tray_app.engine.tools import is_template_file, template_for
 
-MARKS = ("<think>", "enable_thinking", "reasoning_content", "<|channel|>")
+MARKS = ("<think>", "</think>", "enable_thinking", "reasoning_content", "<|channel|>")
 
 
 def template_thinks(template: str) -> bool:

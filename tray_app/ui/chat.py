@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,7 +261,8 @@ class AnswerView(QFrame):
         self.thought.setVisible(shown)
         words = len(self.thought.text().split())
         if shown:
-            self.thought_toggle.setText("Thinking…" if not self.text.text() else "Hide the reasoning")
+            thinking = not self.text.text() and not self.badge_kind  # no answer yet, and not over
+            self.thought_toggle.setText("Thinking…" if thinking else "Hide the reasoning")
         else:
             self.thought_toggle.setText(f"Reasoning ({words} words): show")
 
@@ -355,22 +357,16 @@ class Exchange:
             self.view.set_phase(f"Generating{on}…")
 
     def _delta(self, text: str) -> None:
-        now = time.monotonic()
-        if self.first_token_at is None:
-            self.first_token_at = now
-        self.tokens += 1
-        self.view.append(text)
-        if self.on_cpu:
-            self._show_cpu_progress()
-        else:
-            self.view.set_phase("")
-        self.window.scroll_to_end()
+        self._token(self.view.append, text)
 
     def _thinking(self, text: str) -> None:
+        self._token(self.view.append_thinking, text)
+
+    def _token(self, show: Callable[[str], None], text: str) -> None:
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self.tokens += 1
-        self.view.append_thinking(text)
+        show(text)
         if self.on_cpu:
             self._show_cpu_progress()
         else:
