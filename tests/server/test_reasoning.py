@@ -18,26 +18,21 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import start_module_service
 from tests.support.helpers import arm, base_settings, client_for, failsoft_of, wait_replaced
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle
 
 pytestmark = pytest.mark.integration
 
 TEMPLATE = Path(__file__).parent.parent / "support" / "thinking-chatml.jinja"
 SETTINGS = base_settings(model={"chat_format": str(TEMPLATE)}, failover={"auto_approve_seconds": 3600})
-REQUEST: dict[str, Any] = {
-    "model": "default",
-    "messages": [{"role": "user", "content": "What is two plus two?"}],
-    "max_tokens": 24,
-    "temperature": 0,
-    "seed": 5,
-}
+QUESTION = [{"role": "user", "content": "What is two plus two?"}]
+REQUEST: dict[str, Any] = dict(model="default", messages=QUESTION, max_tokens=24, temperature=0, seed=5)
 
 
 @pytest.fixture(scope="module")
 def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, enable_faults=True, settings=SETTINGS) as handle:
-        yield handle
+    yield from start_module_service(module_root, enable_faults=True, settings=SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +117,8 @@ def test_a_non_streamed_answer_that_fails_is_replayed_with_its_reasoning(
 
 
 def test_ollama_clients_get_the_reasoning_as_thinking(svc: ServiceHandle, gpu_reasoning: str) -> None:
-    body = {"model": "default", "messages": REQUEST["messages"], "options": {"num_predict": 24, "seed": 5}}
-    body["options"]["temperature"] = 0
+    options = {"num_predict": 24, "seed": 5, "temperature": 0}
+    body = {"model": "default", "messages": QUESTION, "options": options}
     whole = httpx.post(svc.base_url + "/api/chat", json={**body, "stream": False}, timeout=60).json()
     assert whole["message"]["thinking"] == gpu_reasoning and whole["message"]["content"] == ""
     with httpx.stream("POST", svc.base_url + "/api/chat", json=body, timeout=60) as response:
