@@ -561,3 +561,43 @@ async def test_a_stream_that_delivered_only_reasoning_follows_the_stream_rule(ma
     outcomes = await run(executor, job)
     assert job.state == "failed" and len(relay.bodies) == 1
     assert ended_with(outcomes).code == policy.STREAM_STARTED
+
+
+@pytest.mark.parametrize(
+    ("shape", "resumed"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "add"}}]}, True),
+        ({"response_format": {"type": "json_object"}}, True),
+        ({"grammar": 'root ::= "x"'}, False),  # from the first token: a continuation cannot promise it
+    ],
+)
+async def test_a_shape_is_kept_when_only_reasoning_was_delivered(
+    make_executor: Factory, shape: dict[str, Any], resumed: bool
+) -> None:
+    """Tools and a response format shape the answer still to come, and llama-server's continuation applies
+    them to it: a stream that had sent only reasoning goes on with them."""
+    crash = UpstreamError("exited", "connection dropped")
+    relay = ScriptedRelay([reasoning_chunk("Add"), crash], [reasoning_chunk("Add them."), chat_chunk("{}")])
+    executor, registry, _ = make_executor(relay)
+    job = new_job(registry, **shape)
+    outcomes = await run(executor, job)
+    if resumed:
+        assert (job.state, len(relay.bodies)) == ("completed", 2)
+        assert {key: relay.bodies[1][key] for key in shape} == shape
+    else:
+        assert job.state == "failed" and len(relay.bodies) == 1
+        assert ended_with(outcomes).code == policy.CONSTRAINED_STREAM_STARTED
+
+
+async def test_a_request_with_its_own_prefill_is_resumed_as_a_completion(make_executor: Factory) -> None:
+    """llama-server continues one trailing assistant message, not two: after a prefill of the request's own
+    the plain continuation of the text so far is used."""
+    crash = UpstreamError("exited", "connection dropped")
+    resumed = {"id": "c2", "choices": [{"index": 0, "text": " more.", "finish_reason": "stop"}]}
+    relay = ScriptedRelay([reasoning_chunk("Hm"), chat_chunk("Yes"), crash], [resumed])
+    executor, registry, _ = make_executor(relay)
+    prefill = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well,"}]
+    job = new_job(registry, messages=prefill)
+    await run(executor, job)
+    assert (job.state, job.worker) == ("completed", "cpu")
+    assert relay.bodies[1]["prompt"].endswith("Yes")

@@ -129,3 +129,22 @@ def test_ollama_clients_get_the_reasoning_as_thinking(svc: ServiceHandle, gpu_re
     assert off.json()["message"]["content"] and "thinking" not in off.json()["message"]
     shown = httpx.post(svc.base_url + "/api/show", json={"model": "default"}, timeout=60).json()
     assert "thinking" in shown["capabilities"]
+
+
+def test_a_json_answer_that_fails_mid_thought_is_continued_in_its_format(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
+    """Only reasoning had reached the client: the CPU's continuation still answers in the asked format
+    (llama-server applies it to the answer still to come). `reasoning_budget_tokens` makes SmolLM2 close its
+    thinking, so that an answer follows."""
+    request = {
+        **REQUEST,
+        "max_tokens": 48,
+        "response_format": {"type": "json_object"},
+        "extra_body": {"reasoning_budget_tokens": 6},
+    }
+    armed = arm(svc, "abort", after_tokens=3)
+    reasoning, content, info = _streamed(client, request)
+    assert info["worker"] == "cpu" and info["attempts"] == 2 and info["fallback_reason"] == "crash_abort"
+    assert reasoning and content.lstrip().startswith("{")
+    wait_replaced(svc, armed["pid"])

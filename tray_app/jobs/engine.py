@@ -59,6 +59,24 @@ def constrained_output(body: dict[str, Any]) -> bool:
     return bool(asked or shaped)
 
 
+def continues_chat(job: Job, progress: Progress) -> bool:
+    """Whether a resumed stream of this job is a chat continuation (jobs.continuation): a thinking model's,
+    whose reasoning reached the client. Not after an assistant prefill of the request's own: llama-server
+    continues one trailing assistant message, not two."""
+    messages = job.body.get("messages") or [{}]
+    prefilled = messages[-1].get("role") == "assistant"
+    return job.kind == "chat" and bool(progress.delivered_reasoning) and not prefilled
+
+
+def shape_survives_resume(job: Job, progress: Progress) -> bool:
+    """A chat continuation that has sent only reasoning keeps the request's tools and response format: they
+    shape the answer still to come, none of which reached the client. A raw grammar (from the first token)
+    or log probabilities it cannot promise."""
+    only_reasoning = not progress.delivered_text and not progress.tool_call_delivered
+    unkept = job.body.get("grammar") or job.body.get("logprobs")
+    return continues_chat(job, progress) and only_reasoning and not unkept
+
+
 CAUSE_WAIT_SECONDS = 1.0  # how long a failed attempt waits for its worker's supervisor to name the cause
 
 
@@ -382,7 +400,7 @@ class Executor:
             convert = resume and job.kind == "chat"
             echoed = (
                 EchoedPrefix(progress.delivered_reasoning, progress.delivered_text)
-                if convert and progress.delivered_reasoning
+                if convert and continues_chat(job, progress)
                 else None
             )
             sent = self._take_dispatched(job, worker_role, url, resume)
@@ -457,7 +475,7 @@ class Executor:
         base = worker.base_url or ""
         remaining = max(job.max_tokens - progress.delivered_tokens, 1)
         body: dict[str, Any]
-        if job.kind == "chat" and progress.delivered_reasoning:
+        if continues_chat(job, progress):
             # A thinking model's answer: llama-server continues it (see jobs.continuation).
             body = {key: value for key, value in job.body.items() if key != "stream_options"}
             messages = job.body["messages"]
@@ -548,7 +566,7 @@ class Executor:
             prompt_tokens=job.prompt_tokens,
             remaining_tokens=max(job.max_tokens - progress.delivered_tokens, 1),
             time_left=job.time_left(),
-            constrained=constrained_output(job.body),
+            constrained=constrained_output(job.body) and not shape_survives_resume(job, progress),
         )
         worker_fault = failure.kind not in NOT_WORKER_FAULTS
         stand_in = await self._stand_in(job) if self._stand_in is not None and worker_fault else None
