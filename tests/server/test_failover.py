@@ -123,11 +123,6 @@ def test_a_hung_gpu_worker_is_detected_and_the_job_replayed(
     assert wait_replaced(svc, armed["pid"])["workers"]["gpu"]["last_failure"]["kind"] == "hung"
 
 
-def common_prefix(a: str, b: str) -> str:
-    length = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return a[:length]
-
-
 def _stream_text(client: openai.OpenAI, request: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     chunks = list(client.chat.completions.create(**request, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -149,13 +144,11 @@ def test_stream_failure_after_content_resumes_on_the_cpu(
 ) -> None:
     armed = arm(svc, "abort", after_tokens=6)
     text, info = _stream_text(client, REQUEST)
-    assert info["worker"] == "cpu" and info["fallback_reason"] == "crash_abort"
-    # One uninterrupted stream: it starts with what the GPU sent and the CPU continued from there. (The
-    # continuation is prompted with the model's own chat template; this module's workers use the
-    # function-calling format, so the words after the hand-over may differ from the GPU's.)
-    delivered = common_prefix(text, gpu_text)
-    assert len(delivered) >= len("The sea is a vast")
-    assert len(text) > len(delivered)
+    assert info["worker"] == "cpu" and info["fallback_reason"] == "crash_abort" and info["attempts"] == 2
+    # One uninterrupted stream: what the GPU sent, and the CPU's continuation of it, prompted with the
+    # template the workers render (here the bundled tool template, not the model's own): at temperature 0
+    # the CPU goes on with the GPU's own words.
+    assert text == gpu_text
     wait_replaced(svc, armed["pid"])
 
 

@@ -18,6 +18,7 @@ from tray_app.engine.tools import (
     template_for,
     tool_call_opener,
     worker_tool_choice,
+    workers_template,
 )
 
 VERSION_TEXT = "version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0 for Linux x86_64\n"
@@ -124,3 +125,14 @@ def test_a_model_thinks_when_its_workers_template_opens_a_reasoning_block(
     assert template_thinks("<|start|>assistant<|channel|>analysis<|message|>")  # gpt-oss
     assert template_thinks("{{ content.split('</think>')[-1] }}")  # a DeepSeek-R1 distill
     assert not template_thinks(CHATML_TOOLS_TEMPLATE.read_text())
+
+
+def test_the_router_renders_the_template_its_workers_render(tmp_path: Path) -> None:
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"
+    assert workers_template(chatml, "") == CHATML_TOOLS_TEMPLATE.read_text()  # picked for a chatml model
+    own = "[INST] {{ m }} [/INST]"
+    assert workers_template(own, "") == own
+    mine = tmp_path / "mine.jinja"
+    mine.write_text("{{ messages[0].content }}")
+    assert workers_template(own, str(mine)) == "{{ messages[0].content }}"
+    assert workers_template(own, "chatml") == own  # a built-in by name: the model's own stands in

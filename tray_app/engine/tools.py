@@ -37,6 +37,15 @@ def template_for(own_template: str, configured: str) -> str:
     return ""
 
 
+def workers_template(own_template: str, configured: str) -> str:
+    """The Jinja text the workers render: a template file's (the configured one, or the bundled tool
+    template that template_for picks), else the model's own."""
+    chat_format = template_for(own_template, configured)
+    if is_template_file(chat_format):
+        return Path(chat_format).read_text(encoding="utf-8")
+    return own_template
+
+
 def is_template_file(chat_format: str) -> bool:
     return chat_format.endswith(".jinja") or "/" in chat_format
 

@@ -94,7 +94,7 @@ class Library:
             return self._main_tokens()
         counter = self._tokens.get(entry.name)
         if counter is None:
-            counter = self._tokens[entry.name] = TokenCounter(entry.path)
+            counter = self._tokens[entry.name] = TokenCounter(entry.path, entry.chat_format)
         return counter
 
     def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int:

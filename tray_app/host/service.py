@@ -73,7 +73,7 @@ class Service:
         self.bus.add_listener(self.metrics.on_event)
         self.workers: dict[str, Any] = {}
         self.started_at = time.time()
-        self.tokens = TokenCounter(self.model_path)
+        self.tokens = TokenCounter(self.model_path, cfg.model.chat_format)
         self.relay = Relay()
         self.journal = Journal(
             paths.data_dir() / JOURNAL_FILE,
@@ -473,8 +473,8 @@ class Service:
         worker keeps serving meanwhile.
         """
         model_path = fresh.model_path()
-        if model_path != self.model_path:
-            self.tokens = TokenCounter(model_path)
+        if (model_path, fresh.model.chat_format) != (self.model_path, self.cfg.model.chat_format):
+            self.tokens = TokenCounter(model_path, fresh.model.chat_format)
             self.model_path = model_path
             self.model_id = model_path.name
             self.catalog = self.library.catalog = catalog_from_config(fresh)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tray_app.budget.llama_log import capture_llama_log
+from tray_app.engine.tools import workers_template
 from tray_app.jobs import grammar_check
 
 DEFAULT_CHAT_TEMPLATE_STOP = "<|im_end|>"
@@ -21,9 +22,12 @@ CONTENT_CACHE_SIZE = 4096
 
 
 class TokenCounter:
-    """The model's tokenizer and chat template, loaded once (vocab only: no weights, fast to load)."""
+    """The model's tokenizer and its workers' chat template, loaded once (vocab only: no weights, fast to
+    load). The template is the one the workers render (`chat_format` as configured, see
+    engine.tools.template_for): a prompt counted or continued here is the prompt the worker saw. A built-in
+    llama.cpp template named in the config has no Jinja text here: the model's own stands in for it."""
 
-    def __init__(self, model_path: Path) -> None:
+    def __init__(self, model_path: Path, chat_format: str = "") -> None:
         # Imported here so the pure parts of this module load without the native library.
         import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -41,7 +45,7 @@ class TokenCounter:
         self._framing_cache: dict[tuple[str, ...], int] = {}
         self._content_cache: dict[str, int] = {}
         metadata: dict[str, str] = self._llama.metadata
-        template = metadata.get("tokenizer.chat_template")
+        template = workers_template(metadata.get("tokenizer.chat_template") or "", chat_format)
         self._formatter: Jinja2ChatFormatter | None = None
         if template:
             vocab = self._llama
