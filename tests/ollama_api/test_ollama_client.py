@@ -259,10 +259,9 @@ def test_a_gpu_failure_mid_stream_fails_over_once_to_the_cpu(
     text = "".join(part.message.content or "" for part in parts)
     assert parts[-1].done and parts[-1].done_reason in ("stop", "length")
     assert not any(part.done for part in parts[:-1])
-    # One uninterrupted stream: what the GPU sent, then the CPU's continuation.
-    same = [a == b for a, b in zip(text, gpu_text, strict=False)]
-    delivered = same.index(False) if False in same else len(same)
-    assert delivered >= len("The sea is a vast") and len(text) > delivered
+    # One uninterrupted stream: what the GPU sent, then the CPU's continuation of it, prompted with the
+    # workers' own template: greedy, it goes on with the GPU's words.
+    assert text == gpu_text
 
     stored = job_state(svc, job_id)
     assert stored["worker"] == "cpu" and stored["attempts"] == 2
