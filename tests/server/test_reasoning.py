@@ -148,3 +148,19 @@ def test_a_json_answer_that_fails_mid_thought_is_continued_in_its_format(
     assert info["worker"] == "cpu" and info["attempts"] == 2 and info["fallback_reason"] == "crash_abort"
     assert reasoning and content.lstrip().startswith("{")
     wait_replaced(svc, armed["pid"])
+
+
+def test_responses_api_clients_get_the_reasoning_as_its_own_item(
+    client: openai.OpenAI, gpu_reasoning: str
+) -> None:
+    ask: dict[str, Any] = {"model": "default", "input": QUESTION, "max_output_tokens": 24, "temperature": 0}
+    whole = client.responses.create(**ask)
+    reasoning = [item for item in whole.output if item.type == "reasoning"]
+    assert len(reasoning) == 1 and reasoning[0].content is not None
+    assert reasoning[0].content[0].text == gpu_reasoning
+    deltas = [
+        event.delta
+        for event in client.responses.create(**ask, stream=True)
+        if event.type == "response.reasoning_text.delta"
+    ]
+    assert "".join(deltas) == gpu_reasoning

@@ -823,10 +823,14 @@ async def not_found(request: Request, exc: Exception) -> Response:
 
 def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     """The ASGI app. With `manage_lifecycle`, starting the app starts the service (workers and all)."""
-    from tray_app.server.ollama.routes import OllamaRoutes  # it builds on Router: imported once both exist
+    # Both build on Router: imported once it exists.
+    from tray_app.server.ollama.routes import OllamaRoutes
+    from tray_app.server.responses.routes import PATH as RESPONSES
+    from tray_app.server.responses.routes import ResponsesRoute
 
     router = Router(service)
     ollama = OllamaRoutes(service, router)
+    responses = ResponsesRoute(router)
     ctl = control.Control(service)
     retention = service.cfg.journal
     if (retention.retention_days, retention.max_jobs) != (
@@ -838,6 +842,7 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
         "/v1/chat/completions": router.chat,
         "/v1/completions": router.completions,
         "/v1/embeddings": router.embeddings,
+        RESPONSES: responses.create,
         **ollama.direct(),
     }
 
@@ -849,6 +854,7 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
         Route("/v1/chat/completions", post_only, methods=["POST"]),
         Route("/v1/completions", post_only, methods=["POST"]),
         Route("/v1/embeddings", post_only, methods=["POST"]),
+        Route(RESPONSES, post_only, methods=["POST"]),
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/v1/jobs", router.create_job, methods=["POST"]),
         Route("/v1/jobs/{job_id}", router.get_job, methods=["GET"]),

@@ -1,0 +1,156 @@
+"""OpenAI's Responses API (`POST /v1/responses`) on real llama-server workers, with the real openai client:
+whole and streamed (its own stream helper put together from the events), function calls over two turns,
+a GPU failure under a stream, and what is not supported."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import start_module_service
+from tests.support.helpers import arm, base_settings, client_for, wait_replaced
+from tests.support.service import ServiceHandle
+
+pytestmark = pytest.mark.integration
+
+# A question SmolLM2 answers in a few words (at temperature 0): the answer ends by itself, "completed".
+ASK: dict[str, Any] = {
+    "model": "default",
+    "instructions": "Answer in one sentence.",
+    "input": "What colour is the sky?",
+    "max_output_tokens": 120,
+    "temperature": 0,
+}
+ADD = {
+    "type": "function",
+    "name": "add",
+    "description": "Add two integers",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def svc(module_root: Path) -> Iterator[ServiceHandle]:
+    settings = base_settings(failover={"auto_approve_seconds": 3600})
+    yield from start_module_service(module_root, enable_faults=True, settings=settings)
+
+
+@pytest.fixture(scope="module")
+def client(svc: ServiceHandle) -> openai.OpenAI:
+    return client_for(svc)
+
+
+def _failsoft(response: Any) -> dict[str, Any]:
+    info: dict[str, Any] = (response.model_extra or {})["failsoft"]
+    return info
+
+
+def test_a_whole_response(client: openai.OpenAI) -> None:
+    response = client.responses.create(**ASK)
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status == "completed" and response.output_text
+    assert [item.type for item in response.output] == ["message"]
+    assert response.usage is not None and response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    assert _failsoft(response)["worker"] == "gpu"
+
+
+def test_a_streamed_response_is_the_whole_one_told_in_events(client: openai.OpenAI) -> None:
+    whole = client.responses.create(**ASK)
+    with client.responses.stream(**ASK) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds and "response.output_item.done" in kinds
+    assert final.output_text == whole.output_text  # temperature 0: the same words
+    assert final.usage is not None and final.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_function_call_and_its_result_over_two_turns(client: openai.OpenAI, stream: bool) -> None:
+    ask = {
+        "model": "default",
+        "input": [{"role": "user", "content": "What is 2 plus 3? Use the add tool."}],
+        "tools": [ADD],
+        "tool_choice": "required",
+        "max_output_tokens": 60,
+        "temperature": 0,
+    }
+    if stream:
+        with client.responses.stream(**ask) as events:  # type: ignore[arg-type]
+            kinds = {event.type for event in events}
+            first = events.get_final_response()
+        assert "response.function_call_arguments.delta" in kinds
+    else:
+        first = client.responses.create(**ask)  # type: ignore[arg-type]
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "add" and calls[0].call_id
+    arguments = json.loads(calls[0].arguments)
+    assert set(arguments) == {"a", "b"}
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "5"}
+    second = client.responses.create(
+        model="default",
+        input=[*ask["input"], calls[0].model_dump(exclude_none=True), result],  # type: ignore[list-item]
+        tools=[ADD],  # type: ignore[list-item]
+        tool_choice="none",  # the answer now, in words (SmolLM2 would call the tool again)
+        max_output_tokens=30,
+        temperature=0,
+    )
+    assert second.output_text
+
+
+def test_a_gpu_failure_under_a_stream_is_answered_on_the_cpu(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
+    whole = client.responses.create(**ASK)
+    armed = arm(svc, "abort", after_tokens=0)
+    with client.responses.stream(**ASK) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    assert _failsoft(final)["worker"] == "cpu" and _failsoft(final)["fallback_reason"] == "crash_abort"
+    assert final.output_text == whole.output_text
+    wait_replaced(svc, armed["pid"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("previous_response_id", "resp_123"),
+        ("tools", [{"type": "web_search"}]),
+        ("input", [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]),
+    ],
+)
+def test_what_is_not_supported_is_a_400_naming_it(client: openai.OpenAI, field: str, value: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(**{**ASK, field: value})
+    error = refused.value.body
+    assert isinstance(error, dict) and str(error.get("param") or "").startswith(field)
+
+
+def test_a_web_page_cannot_use_it(svc: ServiceHandle) -> None:
+    url = svc.v1 + "/responses"
+    page = httpx.post(url, json=ASK, headers={"Origin": "https://evil.example"}, timeout=30)
+    rebound = httpx.post(url, json=ASK, headers={"Host": "evil.example"}, timeout=30)
+    assert (page.status_code, rebound.status_code) == (403, 403)
+    assert page.json()["error"]["code"] == "forbidden_origin"
+    assert httpx.get(url, timeout=30).status_code == 405
+
+
+def test_an_idempotency_key_gets_the_same_response_again(client: openai.OpenAI) -> None:
+    key = {"Idempotency-Key": "responses-once"}
+    first = client.responses.create(**ASK, extra_headers=key)
+    again = client.responses.with_raw_response.create(**ASK, extra_headers=key)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    replayed = again.parse()
+    assert (replayed.id, replayed.output_text) == (first.id, first.output_text)

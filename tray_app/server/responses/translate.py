@@ -1,0 +1,277 @@
+"""OpenAI's Responses API (`POST /v1/responses`, what the OpenAI Agents SDK and Codex-style clients speak) as
+the chat completions the router serves, and the router's answers back in the Responses shape.
+
+A request becomes a chat completion (input items as messages, function tools, `text.format` as
+`response_format`, `reasoning.effort` as `reasoning_effort`), so admission, failover, approvals and the
+journal apply to it as to any chat. Responses are not stored: `previous_response_id` and `conversation` are
+a 400 that says to send the whole conversation, as clients with `store: false` do anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from tray_app.jobs.ids import random_hex
+from tray_app.server.errors import ApiError, bad_request
+
+# What an answer's echo of its request keeps (the fields a client may read back).
+ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "temperature", "top_p", "metadata")
+
+
+def unsupported(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param, code="unsupported_value")
+
+
+# ------------------------------------------------------------------------------------------- request
+def chat_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses request body as a chat completion body; ApiError (400) naming the field otherwise."""
+    for name in ("previous_response_id", "conversation"):
+        if body.get(name):
+            raise unsupported(
+                f"'{name}' is not supported: responses are not stored here; send the whole conversation in"
+                " 'input'",
+                name,
+            )
+    if body.get("background"):
+        raise unsupported(
+            "'background' is not supported: use POST /v1/jobs for background work", "background"
+        )
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise bad_request("'instructions' must be a string", "instructions")
+        messages.append({"role": "system", "content": instructions})
+    messages += _messages(body.get("input"))
+    out: dict[str, Any] = {"messages": messages, "stream": body.get("stream") is True}
+    if out["stream"]:
+        out["stream_options"] = {"include_usage": True}  # for the usage of response.completed
+    if body.get("model") is not None:
+        out["model"] = body["model"]
+    for name in ("temperature", "top_p", "seed", "parallel_tool_calls", "stop"):
+        if body.get(name) is not None:
+            out[name] = body[name]
+    if body.get("max_output_tokens") is not None:
+        out["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools"):
+        out["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        out["tool_choice"] = _tool_choice(body["tool_choice"])
+    response_format = _format(body.get("text"))
+    if response_format is not None:
+        out["response_format"] = response_format
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and isinstance(reasoning.get("effort"), str):
+        out["reasoning_effort"] = reasoning["effort"]
+    return out
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise bad_request("'input' must be a string or a non-empty array of items", "input")
+    messages: list[dict[str, Any]] = []
+    for index, item in enumerate(value):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"'{where}' must be an object", where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append(_message(item, where))
+        elif kind == "function_call":
+            call = {
+                "id": str(item.get("call_id") or ""),
+                "type": "function",
+                "function": {
+                    "name": str(item.get("name") or ""),
+                    "arguments": str(item.get("arguments") or ""),
+                },
+            }
+            previous = messages[-1] if messages else None
+            if previous is not None and previous["role"] == "assistant" and "tool_calls" in previous:
+                previous["tool_calls"].append(call)  # parallel calls of one turn: one assistant message
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, where)
+            messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
+        elif kind == "reasoning":
+            continue  # a model's earlier reasoning: its template decides what it keeps, and it gets none
+        else:
+            raise unsupported(f"'{where}': items of type {kind!r} are not supported", where)
+    return messages
+
+
+def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise bad_request(f"'{where}.role' must be user, assistant, system or developer", f"{where}.role")
+    return {"role": role, "content": _text(item.get("content"), f"{where}.content")}
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content: a string, or its text parts joined (images are refused: text models here)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"'{where}' must be a string or an array of content parts", where)
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text"):
+            texts.append(str(part.get("text") or ""))
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise ApiError(400, f"'{where}': {kind} parts are not supported: the workers read text only",
+                           param=where, code="unsupported_content")  # fmt: skip
+        else:
+            raise bad_request(f"'{where}' has a content part of unknown type {kind!r}", where)
+    return "".join(texts)
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be an array", "tools")
+    out = []
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise unsupported(f"'tools[{index}]': only function tools are supported (not {kind!r})", "tools")
+        function = {"name": tool.get("name"), "parameters": tool.get("parameters") or {"type": "object"}}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if choice in ("auto", "none", "required"):
+        return choice
+    raise unsupported("'tool_choice' must be auto, none, required or a function", "tool_choice")
+
+
+def _format(text: Any) -> dict[str, Any] | None:
+    if not isinstance(text, dict) or not isinstance(text.get("format"), dict):
+        return None
+    fmt = text["format"]
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {"name": fmt.get("name") or "format", "schema": fmt.get("schema") or {}}
+        if fmt.get("strict") is not None:
+            schema["strict"] = fmt["strict"]
+        return {"type": "json_schema", "json_schema": schema}
+    raise unsupported(f"'text.format.type' {kind!r} is not supported", "text.format")
+
+
+# ------------------------------------------------------------------------------------------- answers
+def new_item_id(prefix: str) -> str:
+    return f"{prefix}_{random_hex(12)}"
+
+
+def response_shell(request: dict[str, Any], response_id: str, model: str, status: str) -> dict[str, Any]:
+    """A Response object without its output: what the request asked, echoed as OpenAI does."""
+    shell: dict[str, Any] = {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": model,
+        "output": [],
+        "error": None,
+        "incomplete_details": None,
+        "tools": request.get("tools") or [],
+        "tool_choice": request.get("tool_choice") or "auto",
+        "text": request.get("text") or {"format": {"type": "text"}},
+        "reasoning": request.get("reasoning") or {},
+        "store": False,
+        "usage": None,
+    }
+    for name in ECHOED:
+        shell[name] = request.get(name)
+    shell["parallel_tool_calls"] = request.get("parallel_tool_calls", True)
+    shell["metadata"] = request.get("metadata") or {}
+    return shell
+
+
+def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    }
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [part]}
+
+
+def call_item(item_id: str, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    function = call.get("function") or {}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": str(call.get("id") or ""),
+        "name": str(function.get("name") or ""),
+        "arguments": str(function.get("arguments") or ""),
+        "status": status,
+    }
+
+
+def usage_of(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def finish(shell: dict[str, Any], finish_reason: str | None) -> None:
+    """The answer's status from the chat's finish reason: cut by its token budget is "incomplete"."""
+    if finish_reason == "length":
+        shell["status"] = "incomplete"
+        shell["incomplete_details"] = {"reason": "max_output_tokens"}
+    else:
+        shell["status"] = "completed"
+
+
+def response_of(request: dict[str, Any], result: dict[str, Any], response_id: str) -> dict[str, Any]:
+    """A whole chat completion (the router's, with its `failsoft`) as a Response."""
+    shell = response_shell(request, response_id, str(result.get("model") or ""), "completed")
+    choice = (result.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    if message.get("reasoning_content"):
+        shell["output"].append(reasoning_item(new_item_id("rs"), message["reasoning_content"]))
+    if message.get("content"):
+        shell["output"].append(message_item(new_item_id("msg"), message["content"]))
+    for call in message.get("tool_calls") or []:
+        shell["output"].append(call_item(new_item_id("fc"), call))
+    finish(shell, choice.get("finish_reason"))
+    shell["usage"] = usage_of(result.get("usage"))
+    if result.get("failsoft"):
+        shell["failsoft"] = result["failsoft"]
+    return shell
+
+
+def error_of(status: int, body: bytes) -> bytes:
+    """A router error answer, already in OpenAI's error format: passed on as it is."""
+    try:
+        json.loads(body)
+    except ValueError:
+        return ApiError(status, body.decode("utf-8", "replace") or f"HTTP {status}").body_bytes()
+    return body
