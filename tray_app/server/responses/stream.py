@@ -119,15 +119,16 @@ class ResponsesStream:
             out += self._open(kind)
         item = self.current
         assert item is not None
-        index = len(self.shell["output"]) - 1
         part = item["content"][0]
         part["text"] += text
         event = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
         extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
-        out.append(
-            self._emit(event, item_id=item["id"], output_index=index, content_index=0, delta=text, **extra)
-        )
+        out.append(self._emit(event, **self._at(item), content_index=0, delta=text, **extra))
         return out
+
+    def _at(self, item: dict[str, Any]) -> dict[str, Any]:
+        """Where an event's item is: its id and its place in the output."""
+        return {"item_id": item["id"], "output_index": self.shell["output"].index(item)}
 
     def _open(self, kind: str) -> list[bytes]:
         item = (
@@ -142,8 +143,8 @@ class ResponsesStream:
         out = [self._emit("response.output_item.added", output_index=index, item=empty)]
         if kind == "message":
             part = {"type": "output_text", "text": "", "annotations": []}
-            out.append(self._emit("response.content_part.added", item_id=item["id"], output_index=index,
-                                  content_index=0, part=part))  # fmt: skip
+            added = {**self._at(item), "content_index": 0}
+            out.append(self._emit("response.content_part.added", **added, part=part))
         return out
 
     def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
@@ -159,13 +160,12 @@ class ResponsesStream:
             item["status"] = "in_progress"
             self.calls[number] = self.current = item
             self.shell["output"].append(item)
-            out.append(self._emit("response.output_item.added", output_index=len(self.shell["output"]) - 1,
-                                  item=dict(item)))  # fmt: skip
+            index = len(self.shell["output"]) - 1
+            out.append(self._emit("response.output_item.added", output_index=index, item=dict(item)))
         if function.get("arguments"):
             item["arguments"] += function["arguments"]
-            index = self.shell["output"].index(item)
-            out.append(self._emit("response.function_call_arguments.delta", item_id=item["id"],
-                                  output_index=index, delta=function["arguments"]))  # fmt: skip
+            delta = function["arguments"]
+            out.append(self._emit("response.function_call_arguments.delta", **self._at(item), delta=delta))
         return out
 
     def _close(self) -> list[bytes]:
@@ -173,24 +173,22 @@ class ResponsesStream:
         item, self.current = self.current, None
         if item is None:
             return []
-        index = self.shell["output"].index(item)
+        at = self._at(item)
         out: list[bytes] = []
         if item["type"] == "reasoning":
             text = item["content"][0]["text"]
-            out.append(self._emit("response.reasoning_text.done", item_id=item["id"], output_index=index,
-                                  content_index=0, text=text))  # fmt: skip
+            out.append(self._emit("response.reasoning_text.done", **at, content_index=0, text=text))
         elif item["type"] == "message":
             part = item["content"][0]
             item["status"] = "completed"
-            out.append(self._emit("response.output_text.done", item_id=item["id"], output_index=index,
-                                  content_index=0, text=part["text"], logprobs=[]))  # fmt: skip
-            out.append(self._emit("response.content_part.done", item_id=item["id"], output_index=index,
-                                  content_index=0, part=part))  # fmt: skip
+            done = {**at, "content_index": 0}
+            out.append(self._emit("response.output_text.done", **done, text=part["text"], logprobs=[]))
+            out.append(self._emit("response.content_part.done", **done, part=part))
         else:
             item["status"] = "completed"
-            out.append(self._emit("response.function_call_arguments.done", item_id=item["id"],
-                                  output_index=index, arguments=item["arguments"]))  # fmt: skip
-        out.append(self._emit("response.output_item.done", output_index=index, item=item))
+            arguments = item["arguments"]
+            out.append(self._emit("response.function_call_arguments.done", **at, arguments=arguments))
+        out.append(self._emit("response.output_item.done", output_index=at["output_index"], item=item))
         return out
 
     def _failed(self, message: str, code: str) -> list[bytes]:

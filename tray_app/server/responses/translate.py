@@ -16,8 +16,8 @@ from typing import Any
 from tray_app.jobs.ids import random_hex
 from tray_app.server.errors import ApiError, bad_request
 
-# What an answer's echo of its request keeps (the fields a client may read back).
-ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "temperature", "top_p", "metadata")
+# What an answer's echo of its request keeps as it was asked (the fields a client may read back).
+ECHOED = ("instructions", "max_output_tokens", "temperature", "top_p")
 
 
 def unsupported(message: str, param: str) -> ApiError:
@@ -125,8 +125,8 @@ def _text(content: Any, where: str) -> str:
         if kind in ("input_text", "output_text", "text"):
             texts.append(str(part.get("text") or ""))
         elif kind in ("input_image", "input_file", "input_audio"):
-            raise ApiError(400, f"'{where}': {kind} parts are not supported: the workers read text only",
-                           param=where, code="unsupported_content")  # fmt: skip
+            message = f"'{where}': {kind} parts are not supported: the workers read text only"
+            raise ApiError(400, message, param=where, code="unsupported_content")
         else:
             raise bad_request(f"'{where}' has a content part of unknown type {kind!r}", where)
     return "".join(texts)
