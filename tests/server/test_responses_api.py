@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import start_module_service
 from tests.support.helpers import arm, base_settings, client_for, wait_replaced
 from tests.support.service import ServiceHandle
+from tray_app.drill.scenarios import ADD_TOOL
 
 pytestmark = pytest.mark.integration
 
@@ -27,16 +28,7 @@ ASK: dict[str, Any] = {
     "max_output_tokens": 120,
     "temperature": 0,
 }
-ADD = {
-    "type": "function",
-    "name": "add",
-    "description": "Add two integers",
-    "parameters": {
-        "type": "object",
-        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"],
-    },
-}
+ADD = {"type": "function", **ADD_TOOL["function"]}  # the drill's tool, in the Responses shape
 
 
 @pytest.fixture(scope="module")

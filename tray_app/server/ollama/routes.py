@@ -18,7 +18,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from tray_app.budget.planner import Plan
 from tray_app.engine.thinking import model_thinks
@@ -55,6 +55,7 @@ from tray_app.server.ollama.translate import (
     parse_body,
     require_model,
 )
+from tray_app.server.rewrite import Headers, RewrittenAnswer
 
 PathKind = Literal["chat", "generate"]
 NDJSON = b"application/x-ndjson"
@@ -74,50 +75,19 @@ def _from_api_error(error: ApiError) -> OllamaError:
     return OllamaError(error.status, error.message, error.headers)
 
 
-class OllamaAnswer:
+class OllamaAnswer(RewrittenAnswer):
     """The router's answer to a translated request, rewritten into Ollama's shape as it is sent."""
 
     def __init__(self, inner: ASGIApp, path_kind: PathKind, model: str, timing: Timing) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.path_kind = path_kind
         self.model = model
         self.timing = timing
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        translator: StreamTranslator | None = None
-        held: Message | None = None
-        body: list[bytes] = []
+    def stream(self, headers: Headers) -> tuple[StreamTranslator, Headers]:
+        return StreamTranslator(self.path_kind, self.model, self.timing), _replace_type(headers, NDJSON)
 
-        async def rewriting(message: Message) -> None:
-            nonlocal translator, held
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                content_type = next((value for name, value in headers if name == b"content-type"), b"")
-                if message["status"] == 200 and content_type.startswith(b"text/event-stream"):
-                    translator = StreamTranslator(self.path_kind, self.model, self.timing)
-                    await send({**message, "headers": _replace_type(headers, NDJSON)})
-                else:
-                    held = message  # a whole answer: rewritten once all of it is here
-                return
-            if message["type"] != "http.response.body":
-                await send(message)
-                return
-            more = bool(message.get("more_body", False))
-            if translator is not None:
-                out = translator.feed(message.get("body", b""))
-                if not more:
-                    out += translator.finish()
-                await send({"type": "http.response.body", "body": out, "more_body": more})
-                return
-            body.append(message.get("body", b""))
-            if not more and held is not None:
-                await self._send_whole(held, b"".join(body), send)
-
-        await self.inner(scope, receive, rewriting)
-
-    async def _send_whole(self, start: Message, data: bytes, send: Send) -> None:
-        status = int(start["status"])
-        headers = [(name, value) for name, value in start.get("headers", []) if name != b"content-length"]
+    def whole(self, status: int, headers: Headers, data: bytes) -> tuple[bytes, Headers]:
         if status == 200:
             self.timing.ended = self.timing.ended or time.monotonic_ns()
             answer: dict[str, Any] = openai_result(self.path_kind, self.model, json.loads(data), self.timing)
@@ -126,9 +96,7 @@ class OllamaAnswer:
             out = data  # the client went away: nobody reads this
         else:
             out = openai_error(status, data).body_bytes()
-        headers = [*_replace_type(headers, JSON), (b"content-length", str(len(out)).encode())]
-        await send({**start, "headers": headers})
-        await send({"type": "http.response.body", "body": out, "more_body": False})
+        return out, _replace_type(headers, JSON)
 
 
 def _replace_type(headers: list[tuple[bytes, bytes]], content_type: bytes) -> list[tuple[bytes, bytes]]:

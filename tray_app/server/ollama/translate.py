@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from tray_app.server.rewrite import event_object, events
+
 Kind = Literal["chat", "completion"]
 
 # Open WebUI takes the lowest version over its Ollama backends and turns features off below the versions
@@ -627,14 +629,11 @@ class StreamTranslator:
         self.ended = False
 
     def feed(self, data: bytes) -> bytes:
-        self.buffer += data
+        found, self.buffer = events(self.buffer + data)
         out: list[bytes] = []
-        while not self.ended:
-            end = self.buffer.find(b"\n\n")
-            if end < 0:
-                break
-            event, self.buffer = self.buffer[:end], self.buffer[end + 2 :]
-            out.extend(self._event(event))
+        for event in found:
+            if not self.ended:
+                out.extend(self._event(event))
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -647,16 +646,8 @@ class StreamTranslator:
         return out
 
     def _event(self, event: bytes) -> list[bytes]:
-        payload = b"".join(
-            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
-        ).decode("utf-8", "replace")
-        if not payload or payload == "[DONE]":
-            return []
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            return []
-        if not isinstance(obj, dict):
+        obj = event_object(event)
+        if obj is None:
             return []
         if "error" in obj:
             self.ended = True

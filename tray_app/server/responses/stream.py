@@ -21,6 +21,7 @@ from tray_app.server.responses.translate import (
     response_shell,
     usage_of,
 )
+from tray_app.server.rewrite import event_object, events
 
 
 class ResponsesStream:
@@ -37,14 +38,11 @@ class ResponsesStream:
         self.finish_reason: str | None = None
 
     def feed(self, data: bytes) -> bytes:
-        self.buffer += data
+        found, self.buffer = events(self.buffer + data)
         out: list[bytes] = self._start()
-        while not self.ended:
-            end = self.buffer.find(b"\n\n")
-            if end < 0:
-                break
-            event, self.buffer = self.buffer[:end], self.buffer[end + 2 :]
-            out += self._event(event)
+        for event in found:
+            if not self.ended:
+                out += self._event(event)
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -70,14 +68,8 @@ class ResponsesStream:
         ]
 
     def _event(self, event: bytes) -> list[bytes]:
-        payload = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-        if not payload or payload == b"[DONE]":
-            return []
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            return []
-        if not isinstance(obj, dict):
+        obj = event_object(event)
+        if obj is None:
             return []
         if "error" in obj:
             error = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}

@@ -1,0 +1,96 @@
+"""The router's answer to a translated request (Ollama's API, OpenAI's Responses API), rewritten into the
+caller's API as it is sent: an event stream piece by piece as it comes, a whole answer once all of it is
+here. Also the reading of the router's own server-sent events, which both rewriters take apart."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class StreamRewriter(Protocol):
+    def feed(self, data: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
+class RewrittenAnswer:
+    """Subclasses say how: `stream` (a rewriter for an event stream, and the headers it goes out with) and
+    `whole` (a whole answer's bytes, and its headers)."""
+
+    def __init__(self, inner: ASGIApp) -> None:
+        self.inner = inner
+
+    def stream(self, headers: Headers) -> tuple[StreamRewriter, Headers]:
+        raise NotImplementedError
+
+    def whole(self, status: int, headers: Headers, data: bytes) -> tuple[bytes, Headers]:
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rewriter: StreamRewriter | None = None
+        held: Message | None = None
+        body: list[bytes] = []
+
+        async def rewriting(message: Message) -> None:
+            nonlocal rewriter, held
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                content_type = next((value for name, value in headers if name == b"content-type"), b"")
+                if message["status"] == 200 and content_type.startswith(b"text/event-stream"):
+                    rewriter, headers = self.stream(headers)
+                    await send({**message, "headers": headers})
+                else:
+                    held = message  # a whole answer: rewritten once all of it is here
+                return
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            more = bool(message.get("more_body", False))
+            if rewriter is not None:
+                out = rewriter.feed(message.get("body", b""))
+                if not more:
+                    out += rewriter.finish()
+                await send({"type": "http.response.body", "body": out, "more_body": more})
+                return
+            body.append(message.get("body", b""))
+            if not more and held is not None:
+                await self._send_whole(held, b"".join(body), send)
+
+        await self.inner(scope, receive, rewriting)
+
+    async def _send_whole(self, start: Message, data: bytes, send: Send) -> None:
+        headers = [(name, value) for name, value in start.get("headers", []) if name != b"content-length"]
+        out, headers = self.whole(int(start["status"]), headers, data)
+        headers = [*headers, (b"content-length", str(len(out)).encode())]
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": out, "more_body": False})
+
+
+def header(headers: Headers, name: bytes) -> str:
+    return next((value.decode("latin-1") for key, value in headers if key == name), "")
+
+
+def events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The complete server-sent events at the start of `buffer`, and what is left of it."""
+    found = []
+    while (end := buffer.find(b"\n\n")) >= 0:
+        found.append(buffer[:end])
+        buffer = buffer[end + 2 :]
+    return found, buffer
+
+
+def event_object(event: bytes) -> dict[str, Any] | None:
+    """The JSON object one of the router's events carries; None for [DONE] and anything else."""
+    payload = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+    if not payload or payload == b"[DONE]":
+        return None
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
