@@ -29,11 +29,8 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request body as a chat completion body; ApiError (400) naming the field otherwise."""
     for name in ("previous_response_id", "conversation"):
         if body.get(name):
-            raise unsupported(
-                f"'{name}' is not supported: responses are not stored here; send the whole conversation in"
-                " 'input'",
-                name,
-            )
+            message = f"'{name}' is not supported: responses are not stored here; send the whole conversation"
+            raise unsupported(message + " in 'input'", name)
     if body.get("background"):
         raise unsupported(
             "'background' is not supported: use POST /v1/jobs for background work", "background"
@@ -50,7 +47,7 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
         out["stream_options"] = {"include_usage": True}  # for the usage of response.completed
     if body.get("model") is not None:
         out["model"] = body["model"]
-    for name in ("temperature", "top_p", "seed", "parallel_tool_calls", "stop"):
+    for name in ("temperature", "top_p", "parallel_tool_calls", "seed"):  # seed: llama.cpp's, if sent
         if body.get(name) is not None:
             out[name] = body[name]
     if body.get("max_output_tokens") is not None:
