@@ -5,6 +5,7 @@ here. Also the reading of the router's own server-sent events, which both rewrit
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,18 +19,20 @@ class StreamRewriter(Protocol):
     def finish(self) -> bytes: ...
 
 
-class RewrittenAnswer:
+class RewrittenAnswer(ABC):
     """Subclasses say how: `stream` (a rewriter for an event stream, and the headers it goes out with) and
     `whole` (a whole answer's bytes, and its headers)."""
 
     def __init__(self, inner: ASGIApp) -> None:
         self.inner = inner
 
+    @abstractmethod
     def stream(self, headers: Headers) -> tuple[StreamRewriter, Headers]:
-        raise NotImplementedError
+        """The rewriter for an event stream answered with `headers`, and the headers it goes out with."""
 
+    @abstractmethod
     def whole(self, status: int, headers: Headers, data: bytes) -> tuple[bytes, Headers]:
-        raise NotImplementedError
+        """A whole answer (`status`, `headers`, its bytes) in the caller's API: its bytes and headers."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rewriter: StreamRewriter | None = None
