@@ -191,6 +191,28 @@ def test_the_workers_timings_are_kept_from_its_last_chunk() -> None:
     assert assembler.result(3, {})["timings"] == timings
 
 
+def test_the_usage_counts_the_tokens_the_worker_generated_not_its_chunks() -> None:
+    # llama-server sends a tool call's arguments several tokens to a chunk; its count at the end is exact.
+    call = {"index": 0, "id": "c1", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    assembler = Assembler("chat")
+    assembler.feed(_chunk({"tool_calls": [call]}))
+    assert assembler.result(9, {})["usage"]["completion_tokens"] == 1  # as far as the chunks tell
+    assembler.feed({**_chunk({}, "tool_calls"), "timings": {"predicted_n": 12}})
+    assert assembler.result(9, {})["usage"] == {
+        "prompt_tokens": 9,
+        "completion_tokens": 12,
+        "total_tokens": 21,
+    }
+    # A stream resumed elsewhere: the first attempt's delivered chunks, then the second's own count.
+    resumed = Assembler("chat")
+    resumed.feed(_chunk({"content": "One"}))
+    resumed.feed(_chunk({"content": " two"}))
+    resumed.begin_attempt()
+    resumed.feed(_chunk({"content": " three"}))
+    resumed.feed({**_chunk({}, "stop"), "timings": {"predicted_n": 4}})
+    assert resumed.tokens == 6
+
+
 def test_a_chats_log_probabilities_are_gathered_token_by_token() -> None:
     assembler = Assembler("chat")
     assert assembler.result(3, {})["choices"][0]["logprobs"] is None  # not asked for: null, as OpenAI's

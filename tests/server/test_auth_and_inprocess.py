@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import psutil
@@ -43,6 +44,17 @@ def test_with_an_api_key_requests_need_it(tmp_path: Path) -> None:
             openai.OpenAI(base_url=svc.v1, api_key="wrong", max_retries=0).models.list()
         completion = client_for(svc).chat.completions.create(model="default", messages=CHAT, max_tokens=2)
         assert failsoft_of(completion)["worker"] == "gpu"
+        # Anthropic's clients send the key as x-api-key, and are refused in their API's shape.
+        wrong = anthropic.Anthropic(base_url=svc.base_url, api_key="wrong", max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            wrong.messages.create(model="default", messages=CHAT, max_tokens=2)  # type: ignore[arg-type]
+        assert refused.value.body == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": refused.value.body["error"]["message"]},  # type: ignore[index]
+        }
+        right = anthropic.Anthropic(base_url=svc.base_url, api_key="s3cret", max_retries=0, timeout=60)
+        message = right.messages.create(model="default", messages=CHAT, max_tokens=2)  # type: ignore[arg-type]
+        assert (message.model_extra or {})["failsoft"]["worker"] == "gpu"
 
 
 def test_the_in_process_service_starts_answers_and_stops_cleanly(isolated_dirs: Path) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -164,3 +165,22 @@ def test_responses_api_clients_get_the_reasoning_as_its_own_item(
         if event.type == "response.reasoning_text.delta"
     ]
     assert "".join(deltas) == gpu_reasoning
+
+
+def test_anthropic_clients_get_the_reasoning_as_thinking_blocks(
+    svc: ServiceHandle, gpu_reasoning: str
+) -> None:
+    client = anthropic.Anthropic(base_url=svc.base_url, api_key="unused", max_retries=0, timeout=120)
+    ask: dict[str, Any] = {
+        "model": "default",
+        "messages": QUESTION,
+        "max_tokens": 24,
+        "extra_body": {"temperature": 0},
+    }
+    whole = client.messages.create(**ask)
+    assert whole.content[0].type == "thinking" and whole.content[0].thinking == gpu_reasoning
+    with client.messages.stream(**ask) as stream:
+        deltas = [event.delta for event in stream if event.type == "content_block_delta"]
+    assert "".join(delta.thinking for delta in deltas if delta.type == "thinking_delta") == gpu_reasoning
+    plain = client.messages.create(**ask, thinking={"type": "disabled"})
+    assert [block.type for block in plain.content] == ["text"]

@@ -19,7 +19,10 @@ class Assembler:
         self.reasoning: list[str] = []  # a thinking model's reasoning, parted from the answer by llama-server
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
-        self.tokens = 0  # content chunks seen: llama.cpp sends one token per chunk
+        # Tokens generated: one per chunk with output as the chunks come, made exact by llama-server's count
+        # at the end of each attempt (a tool call's arguments come several tokens to a chunk).
+        self.tokens = 0
+        self._attempt_tokens = 0  # counted since the current attempt began (see begin_attempt)
         self.usage: dict[str, Any] | None = None
         self.timings: dict[str, Any] | None = None  # llama-server's own, from its last chunk
         self.logprobs: list[dict[str, Any]] = []  # a chat's per-token log probabilities, when asked for
@@ -33,6 +36,10 @@ class Assembler:
             self.usage = obj["usage"]
         if obj.get("timings"):
             self.timings = obj["timings"]
+            generated = obj["timings"].get("predicted_n")
+            if isinstance(generated, int) and generated >= 0:
+                self.tokens += generated - self._attempt_tokens
+                self._attempt_tokens = generated
         for choice in obj.get("choices") or []:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
@@ -40,7 +47,7 @@ class Assembler:
                 text = choice.get("text") or ""
                 if text:
                     self.content.append(text)
-                    self.tokens += 1
+                    self._count()
                 continue
             logprobs = choice.get("logprobs")
             if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
@@ -48,13 +55,21 @@ class Assembler:
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
                 self.reasoning.append(delta["reasoning_content"])
-                self.tokens += 1
+                self._count()
             if delta.get("content"):
                 self.content.append(delta["content"])
-                self.tokens += 1
+                self._count()
             for call in delta.get("tool_calls") or []:
                 self._add_tool_call(call)
-                self.tokens += 1
+                self._count()
+
+    def begin_attempt(self) -> None:
+        """A new attempt's chunks follow: llama-server's count at its end covers only them."""
+        self._attempt_tokens = 0
+
+    def _count(self) -> None:
+        self.tokens += 1
+        self._attempt_tokens += 1
 
     def _add_tool_call(self, call: dict[str, Any]) -> None:
         index = int(call.get("index", 0))

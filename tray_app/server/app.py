@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -34,6 +34,8 @@ from tray_app.jobs.outcomes import JobFailed, Piece
 from tray_app.jobs.registry import Job, new_id, stored_summary
 from tray_app.library.catalog import ModelEntry
 from tray_app.server import control
+from tray_app.server.anthropic.paths import error_body as anthropic_error
+from tray_app.server.anthropic.paths import is_anthropic_path
 from tray_app.server.embedding_requests import parse_embedding_request
 from tray_app.server.errors import ApiError, bad_request, from_job_error, unavailable
 from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Writer
@@ -59,9 +61,24 @@ def _size(text: str) -> int:
     return parse_size(text)
 
 
-def error_response(error: ApiError, headers: dict[str, str] | None = None, ollama: bool = False) -> Response:
-    """The error in the OpenAI format, or with `ollama` in Ollama's (`{"error": "message"}`)."""
-    body = json.dumps({"error": error.message}).encode() if ollama else error.body_bytes()
+Api = Literal["openai", "ollama", "anthropic"]
+
+
+def api_of(path: str) -> Api:
+    """Whose API a path belongs to: its errors come in that API's shape."""
+    if is_ollama_path(path):
+        return "ollama"
+    return "anthropic" if is_anthropic_path(path) else "openai"
+
+
+def error_response(error: ApiError, headers: dict[str, str] | None = None, api: Api = "openai") -> Response:
+    """The error in the OpenAI format, in Ollama's (`{"error": "message"}`) or in Anthropic's."""
+    if api == "ollama":
+        body = json.dumps({"error": error.message}).encode()
+    elif api == "anthropic":
+        body = anthropic_error(error.status, error.message)
+    else:
+        body = error.body_bytes()
     return Response(
         body,
         status_code=error.status,
@@ -102,9 +119,9 @@ class AuthAndErrors:
             await self.app(scope, receive, send)
             return
         verdict = self.guard.check(scope)
-        ollama = is_ollama_path(scope["path"])  # refused in the shape the caller's API uses
+        api = api_of(scope["path"])  # refused in the shape the caller's API uses
         if verdict.error is not None:
-            await error_response(verdict.error, ollama=ollama)(scope, receive, send)
+            await error_response(verdict.error, api=api)(scope, receive, send)
             return
         if verdict.preflight:
             await Response(status_code=204, headers=_headers(verdict.cors_headers))(scope, receive, send)
@@ -113,13 +130,15 @@ class AuthAndErrors:
             send = _with_headers(send, verdict.cors_headers)
         if self.api_key and not self._authorized(scope):
             error = ApiError(
-                401, "Incorrect or missing API key (send Authorization: Bearer <key>)", code="invalid_api_key"
+                401,
+                "Incorrect or missing API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
+                code="invalid_api_key",
             )
-            await error_response(error, {"WWW-Authenticate": "Bearer"}, ollama)(scope, receive, send)
+            await error_response(error, {"WWW-Authenticate": "Bearer"}, api)(scope, receive, send)
             return
         refused = OriginGuard.check_control_body(scope)
         if refused is not None:
-            await error_response(refused, ollama=ollama)(scope, receive, send)
+            await error_response(refused, api=api)(scope, receive, send)
             return
         started = False
 
@@ -140,15 +159,19 @@ class AuthAndErrors:
             log.exception("unhandled error on %s", scope.get("path"))
             if started:
                 raise
-            await error_response(INTERNAL_ERROR, ollama=ollama)(scope, receive, send)
+            await error_response(INTERNAL_ERROR, api=api)(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
+        """The key as a bearer token, or in `x-api-key` (where Anthropic's clients send it)."""
+        expected = self.api_key.encode("utf-8")
         for name, value in scope.get("headers", []):
+            # Compared as bytes: a token with non-ASCII characters is a wrong key (401), not an error.
             if name == b"authorization":
-                # Compared as bytes: a token with non-ASCII characters is a wrong key (401), not an error.
                 scheme, _, token = value.partition(b" ")
-                expected = self.api_key.encode("utf-8")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), expected)
+                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), expected):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), expected):
+                return True
         return False
 
 
@@ -330,19 +353,41 @@ class Router:
         self.svc.registry.add(job)  # registers its Idempotency-Key too
         return job
 
+    def _as_workers_take(self, kind: Kind, body: dict[str, Any], entry: ModelEntry) -> dict[str, Any]:
+        """A chat's messages and tool choice as the workers' template and llama-server take them."""
+        if kind != "chat":
+            return body
+        body = {**body, "messages": [_worker_compatible(message) for message in body["messages"]]}
+        return worker_tool_choice(body, self.svc.tool_call_opener_for(entry.name))
+
+    def count_chat(self, raw: bytes) -> int:
+        """The prompt tokens of a chat request (`raw`, OpenAI's shape) on the model it names, counted as
+        admission counts them; ApiError (400, 404) when the request is not one the router would take."""
+        parsed = parse_request("chat", raw)
+        check_model(parsed, self.svc.model_names)
+        entry = self._model(parsed.model)
+        return self.svc.count_prompt("chat", self._as_workers_take("chat", parsed.body, entry), entry.name)
+
     def _make_job(
-        self, request: Request, parsed: ParsedRequest, entry: ModelEntry, *, background: bool, deadline: float
+        self,
+        request: Request,
+        parsed: ParsedRequest,
+        entry: ModelEntry,
+        *,
+        background: bool,
+        deadline: float,
+        fit_budget: bool = False,
     ) -> Job:
-        """The job for this request, checked and counted, not registered yet."""
+        """The job for this request, checked and counted, not registered yet. `fit_budget`: a `max_tokens`
+        larger than the slot's context leaves is an upper bound, not a claim (Anthropic's clients send
+        their models' output limits); the job gets what the context leaves."""
         key = request.headers.get("idempotency-key")
         body = dict(parsed.body)
         keep_alive = keep_alive_option(body.pop("keep_alive", None))
         may_stand_in = stand_in_allowed(
             request.headers.get("x-failsoft-stand-in"), body.pop("stand_in", None)
         )
-        if parsed.kind == "chat":
-            body["messages"] = [_worker_compatible(message) for message in body["messages"]]
-            body = worker_tool_choice(body, self.svc.tool_call_opener_for(entry.name))
+        body = self._as_workers_take(parsed.kind, body, entry)
         # Otherwise llama.cpp names the model by its file path in every chunk.
         body["model"] = entry.name
         if body.get("seed") is None:
@@ -366,8 +411,11 @@ class Router:
                 f"{entry.name} has no worker here (devices: {devices})", "no_worker_for_model", 30
             )
         n_ctx = self.context_per_slot(entry)
-        max_tokens = requested_tokens(prompt_tokens, parsed.max_tokens, n_ctx)
-        if parsed.max_tokens is None:
+        asked = parsed.max_tokens
+        if fit_budget and asked is not None and prompt_tokens < n_ctx < prompt_tokens + asked:
+            asked = None  # an upper bound larger than the slot's context: what the context leaves
+        max_tokens = requested_tokens(prompt_tokens, asked, n_ctx)
+        if asked is None:
             body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
         job = Job(
             id=new_id("job"),
@@ -523,9 +571,12 @@ class Router:
             return error_response(error)
         return await self.generate(request, kind, raw)
 
-    async def generate(self, request: Request, kind: Kind, raw: bytes) -> ASGIApp:
-        """Serve an OpenAI request whose body was already read (`raw`): the OpenAI routes, and the Ollama
-        routes with the body they translated into OpenAI's. Headers and disconnects come from `request`."""
+    async def generate(
+        self, request: Request, kind: Kind, raw: bytes, *, fit_budget: bool = False
+    ) -> ASGIApp:
+        """Serve an OpenAI request whose body was already read (`raw`): the OpenAI routes, and the routes
+        of the other APIs with the body they translated into OpenAI's. Headers and disconnects come from
+        `request`. `fit_budget`: see _make_job."""
         try:
             parsed = parse_request(kind, raw)
             check_model(parsed, self.svc.model_names)
@@ -536,7 +587,9 @@ class Router:
                 if stored is not None:
                     return stored
             entry = self._model(parsed.model)
-            job = self._make_job(request, parsed, entry, background=False, deadline=deadline)
+            job = self._make_job(
+                request, parsed, entry, background=False, deadline=deadline, fit_budget=fit_budget
+            )
             held = self._start_at_once(job, entry, deadline)
             if held is not None:
                 # The worker starts on it first; the job's journal entry and events follow in this same
@@ -818,12 +871,14 @@ async def not_found(request: Request, exc: Exception) -> Response:
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
     error = ApiError(status, f"{request.method} {request.url.path}: {detail}", code=code)
-    return error_response(error, ollama=is_ollama_path(request.url.path))
+    return error_response(error, api=api_of(request.url.path))
 
 
 def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     """The ASGI app. With `manage_lifecycle`, starting the app starts the service (workers and all)."""
     # Both build on Router: imported once it exists.
+    from tray_app.server.anthropic.paths import COUNT_TOKENS, MESSAGES
+    from tray_app.server.anthropic.routes import MessagesRoutes
     from tray_app.server.ollama.routes import OllamaRoutes
     from tray_app.server.responses.routes import PATH as RESPONSES
     from tray_app.server.responses.routes import ResponsesRoute
@@ -831,6 +886,7 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     router = Router(service)
     ollama = OllamaRoutes(service, router)
     responses = ResponsesRoute(router)
+    messages = MessagesRoutes(router)
     ctl = control.Control(service)
     retention = service.cfg.journal
     if (retention.retention_days, retention.max_jobs) != (
@@ -843,6 +899,8 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
         "/v1/completions": router.completions,
         "/v1/embeddings": router.embeddings,
         RESPONSES: responses.create,
+        MESSAGES: messages.create,
+        COUNT_TOKENS: messages.count_tokens,
         **ollama.direct(),
     }
 
@@ -855,6 +913,8 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
         Route("/v1/completions", post_only, methods=["POST"]),
         Route("/v1/embeddings", post_only, methods=["POST"]),
         Route(RESPONSES, post_only, methods=["POST"]),
+        Route(MESSAGES, post_only, methods=["POST"]),
+        Route(COUNT_TOKENS, post_only, methods=["POST"]),
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/v1/jobs", router.create_job, methods=["POST"]),
         Route("/v1/jobs/{job_id}", router.get_job, methods=["GET"]),
