@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.prompts import ScriptedPrompts
 from tray_app.contract.events import EventBus
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.jobs import policy
@@ -131,7 +132,10 @@ Factory = Callable[..., tuple[Executor, JobRegistry, dict[str, StandInWorker]]]
 @pytest.fixture
 def make_executor(journal: Journal) -> Factory:
     def make(
-        relay: ScriptedRelay, cpu: policy.CpuState = CPU_FAST, **settings: Any
+        relay: ScriptedRelay,
+        cpu: policy.CpuState = CPU_FAST,
+        prompts: ScriptedPrompts | None = None,
+        **settings: Any,
     ) -> tuple[Executor, JobRegistry, dict[str, StandInWorker]]:
         bus = EventBus()
         registry = JobRegistry(journal, bus)
@@ -154,7 +158,7 @@ def make_executor(journal: Journal) -> Factory:
             registry,
             bus,
             cpu_state,
-            lambda messages, model: ("<prompt>", []),
+            lambda model: prompts or ScriptedPrompts(),
         )
         return executor, registry, workers
 
@@ -258,6 +262,22 @@ async def test_a_plain_stream_is_still_resumed_on_the_cpu(make_executor: Factory
     assert text_of(outcomes) == "The sea is blue."
     finished = outcomes[-1]
     assert isinstance(finished, Finished) and finished.result["failsoft"]["attempts"] == 2
+
+
+async def test_a_resumed_answer_keeps_to_the_requests_budget_when_a_chunk_carried_several_tokens(
+    make_executor: Factory,
+) -> None:
+    # The client has "The sea" from one chunk, two tokens: the CPU may write 16 - 2 more, not 16 - 1.
+    crash = UpstreamError("exited", "connection dropped")
+    resumed = {"id": "c2", "choices": [{"index": 0, "text": " is blue.", "finish_reason": "stop"}]}
+    relay = ScriptedRelay([chat_chunk("The sea"), crash], [resumed])
+    executor, registry, _ = make_executor(relay, prompts=ScriptedPrompts({"The sea": 2}))
+    await run(executor, new_job(registry))
+    assert relay.bodies[1]["max_tokens"] == 14
+    relay = ScriptedRelay([chat_chunk("The"), chat_chunk(" sea"), crash], [resumed])
+    executor, registry, _ = make_executor(relay, prompts=ScriptedPrompts({"The sea": 1}))
+    await run(executor, new_job(registry))
+    assert relay.bodies[1]["max_tokens"] == 14  # two chunks are two tokens, whatever a recount says
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.prompts import ScriptedPrompts
 from tray_app.contract.events import ApprovalNeeded, Event, EventBus, JobStateChanged
 from tray_app.jobs import policy
 from tray_app.jobs import registry as jobs_registry
@@ -206,7 +207,7 @@ def make_executor(
         registry,
         registry.bus,
         cpu_state,
-        lambda messages: ("", []),
+        lambda model: ScriptedPrompts(),
     )
 
 

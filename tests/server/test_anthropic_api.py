@@ -76,6 +76,14 @@ def test_a_streamed_message_is_the_whole_one_told_in_events(client: anthropic.An
     )
 
 
+def test_claude_codes_beta_query_reaches_the_same_route(svc: ServiceHandle) -> None:
+    # Claude Code posts to /v1/messages?beta=true with its beta headers: both are the same request here.
+    body = {"model": "default", "messages": ASK["messages"], "max_tokens": 8}
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219", "x-api-key": "k"}
+    answer = httpx.post(svc.base_url + "/v1/messages?beta=true", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 200 and answer.json()["type"] == "message"
+
+
 def test_count_tokens_counts_what_the_answer_bills(client: anthropic.Anthropic) -> None:
     counted = client.messages.count_tokens(model="default", system=ASK["system"], messages=ASK["messages"])
     assert counted.input_tokens == client.messages.create(**ASK).usage.input_tokens

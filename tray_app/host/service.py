@@ -91,7 +91,7 @@ class Service:
             self.registry,
             self.bus,
             self.cpu_state,
-            lambda messages, model: self.library.tokens(model).chat_prompt(messages),  # models may change
+            lambda model: self.library.tokens(model),  # the library may be replaced
             lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
             self.stand_in,
         )

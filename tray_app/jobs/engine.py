@@ -114,6 +114,15 @@ class Worker(Protocol):
     def note_tokens(self, count: int) -> None: ...
 
 
+class Prompts(Protocol):
+    """What the executor needs of a model's tokenizer and its workers' chat template (a resumed answer's
+    prompt and the tokens the client already has): admission.TokenCounter."""
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]: ...
+
+    def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int: ...
+
+
 @dataclass(frozen=True)
 class StandIn:
     """A stand-in that can answer a job on the GPU now: its name, its GPU worker, the prompt in its
@@ -213,7 +222,7 @@ class Executor:
         registry: JobRegistry,
         bus: EventBus,
         cpu_state: Callable[[float, str | None], Any],
-        chat_prompt: Callable[[list[dict[str, Any]], str], tuple[str, list[str]]],
+        prompts: Callable[[str], Prompts],  # by model name: the models may change
         on_fallback: Callable[[str], None] = lambda outcome: None,
         stand_in: Callable[..., Awaitable[StandIn | None]] | None = None,
     ) -> None:
@@ -228,7 +237,7 @@ class Executor:
         # own; with offer=True, one the approval window may offer instead ("ask").
         self._stand_in = stand_in
         self._stand_in_runs: set[asyncio.Task[None]] = set()
-        self._chat_prompt = chat_prompt
+        self._prompts = prompts
         self._on_fallback = on_fallback
         self.cpu_speed = CpuSpeed()
         self.approvals = Approvals()
@@ -474,7 +483,8 @@ class Executor:
         if not resume:
             return self._first_request(job, worker)
         base = worker.base_url or ""
-        remaining = max(job.max_tokens - progress.delivered_tokens, 1)
+        delivered = self._delivered_tokens(job, progress)
+        remaining = max(job.max_tokens - delivered, 1)
         body: dict[str, Any]
         if continues_chat(job, progress):
             # A thinking model's answer: llama-server continues it (see jobs.continuation).
@@ -482,10 +492,10 @@ class Executor:
             messages = job.body["messages"]
             reasoning, text = progress.delivered_reasoning, progress.delivered_text
             body.update(messages=continuation_messages(messages, reasoning, text), max_tokens=remaining)
-            body.update(upstream_stream(job.prompt_tokens + progress.delivered_tokens))
+            body.update(upstream_stream(job.prompt_tokens + delivered))
             return base + "/v1/chat/completions", json.dumps(body).encode()
         if job.kind == "chat":
-            prompt, stops = self._chat_prompt(job.body["messages"], job.model)
+            prompt, stops = self._prompts(job.model).chat_prompt(job.body["messages"])
             user_stop = job.body.get("stop")
             stops = stops + ([user_stop] if isinstance(user_stop, str) else list(user_stop or []))
             body = {name: job.body[name] for name in _SAMPLING_FIELDS if name in job.body}
@@ -494,8 +504,17 @@ class Executor:
             body = dict(job.body)
             prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
             body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining)
-        body.update(upstream_stream(job.prompt_tokens + progress.delivered_tokens))
+        body.update(upstream_stream(job.prompt_tokens + delivered))
         return base + "/v1/completions", json.dumps(body).encode()
+
+    def _delivered_tokens(self, job: Job, progress: Progress) -> int:
+        """The tokens of what the client already has: its reasoning's and text's own count, or the chunks
+        they came in where those are more. A chunk may carry more than one token, so counting chunks alone
+        would leave a resumed answer a budget beyond the request's `max_tokens`."""
+        tokens = self._prompts(job.model)
+        texts = (progress.delivered_reasoning, progress.delivered_text)
+        counted = sum(tokens.count_text(text, special=False, add_bos=False) for text in texts if text)
+        return max(progress.delivered_tokens, counted)
 
     @staticmethod
     def _resumed_chat_chunk(
@@ -565,7 +584,7 @@ class Executor:
             content_delivered=progress.output_delivered,
             tool_call_delivered=progress.tool_call_delivered,
             prompt_tokens=job.prompt_tokens,
-            remaining_tokens=max(job.max_tokens - progress.delivered_tokens, 1),
+            remaining_tokens=max(job.max_tokens - self._delivered_tokens(job, progress), 1),
             time_left=job.time_left(),
             constrained=constrained_output(job.body) and not shape_survives_resume(job, progress),
         )

@@ -1,0 +1,19 @@
+"""A model's chat template and tokenizer, scripted, for the executor's fast tests (the real one is
+admission.TokenCounter, on the real model): a fixed prompt, and the tokens each text has as given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ScriptedPrompts:
+    """A text not given counts no tokens, so what the executor counted as it came stands."""
+
+    def __init__(self, tokens: dict[str, int] | None = None) -> None:
+        self.tokens = tokens or {}
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
+        return "<prompt>", []
+
+    def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int:
+        return self.tokens.get(text, 0)
