@@ -84,6 +84,17 @@ def test_claude_codes_beta_query_reaches_the_same_route(svc: ServiceHandle) -> N
     assert answer.status_code == 200 and answer.json()["type"] == "message"
 
 
+def test_the_models_list_in_anthropics_shape(svc: ServiceHandle, client: anthropic.Anthropic) -> None:
+    models = list(client.models.list())  # the SDK's pager: it reads has_more and last_id
+    listed = httpx.get(svc.v1 + "/models", timeout=30).json()[
+        "data"
+    ]  # the same list, as OpenAI's SDK reads it
+    assert [model.id for model in models] == [model["id"] for model in listed]
+    for model, entry in zip(models, listed, strict=True):
+        assert (model.type, model.display_name) == ("model", entry["id"])
+        assert int(model.created_at.timestamp()) == entry["created"]
+
+
 def test_count_tokens_counts_what_the_answer_bills(client: anthropic.Anthropic) -> None:
     counted = client.messages.count_tokens(model="default", system=ASK["system"], messages=ASK["messages"])
     assert counted.input_tokens == client.messages.create(**ASK).usage.input_tokens

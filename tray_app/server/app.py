@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from starlette.applications import Starlette
@@ -726,6 +727,7 @@ class Router:
     async def models(self, request: Request) -> Response:
         """Every model a request may name, the main one first, each with where it is loaded now."""
         statuses = self.svc.library.status(self.svc.plan_set, self.svc.slots.in_flight)
+        started = datetime.fromtimestamp(self.svc.started_at, UTC).isoformat().replace("+00:00", "Z")
         data = []
         for status in statuses:
             extra: dict[str, Any] = {
@@ -744,10 +746,16 @@ class Router:
                     "object": "model",
                     "created": int(self.svc.started_at),
                     "owned_by": "failsoft",
+                    # Anthropic's fields beside OpenAI's: its SDKs list models from the same path.
+                    "type": "model",
+                    "display_name": status["name"],
+                    "created_at": started,
                     "failsoft": extra,
                 }
             )
-        return JSONResponse({"object": "list", "data": data})
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        page = {"has_more": False, "first_id": first, "last_id": last}  # Anthropic's one page
+        return JSONResponse({"object": "list", "data": data, **page})
 
     # ------------------------------------------------------------------------------ background jobs
     async def create_job(self, request: Request) -> Response:
