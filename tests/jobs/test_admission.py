@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, TokenCounter, requested_tokens
 
 
@@ -124,3 +125,34 @@ def test_token_counter_uses_the_models_tokenizer_and_template(model_path: Path) 
         assert counter.count_chat({"messages": messages}) == counter.count_text(
             counter.chat_prompt(messages)[0]
         )
+
+
+def test_a_tool_list_is_counted_as_the_workers_template_renders_it(model_path: Path) -> None:
+    # The bundled tool template writes each tool's schema and the instructions for calling it: what
+    # llama-server counted for this request (173 tokens), more than twice the schemas' own JSON.
+    counter = TokenCounter(model_path, str(CHATML_TOOLS_TEMPLATE))
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    assert counter.count_chat({"messages": messages, "tools": [weather]}) == 173
+    for tools in ([weather], [weather, {**weather, "function": {**weather["function"], "name": "get_time"}}]):
+        rendered = counter.count_text(counter.chat_prompt(messages, tools)[0])
+        assert counter.count_chat({"messages": messages, "tools": tools}) == rendered
+    # A template that writes no tools (the model's own, here): llama-server describes them itself, and
+    # their JSON stands for that.
+    plain = TokenCounter(model_path)
+    alone = plain.count_chat({"messages": messages})
+    assert plain.count_chat({"messages": messages, "tools": [weather]}) > alone + 30
+    # A response format is a grammar for the worker, not prompt text.
+    json_object = {"messages": messages, "response_format": {"type": "json_object"}}
+    assert counter.count_chat(json_object) == counter.count_chat({"messages": messages})

@@ -213,6 +213,29 @@ def test_the_usage_counts_the_tokens_the_worker_generated_not_its_chunks() -> No
     assert resumed.tokens == 6
 
 
+def test_the_usage_has_the_prompt_as_the_worker_read_it_with_what_its_cache_held() -> None:
+    timings = {"cache_n": 150, "prompt_n": 23, "predicted_n": 2}
+    assembler = Assembler("chat")
+    assembler.feed(_chunk({"content": "Hi"}))
+    assembler.feed({**_chunk({}, "stop"), "timings": timings})
+    assert assembler.result(90, {})["usage"] == {
+        "prompt_tokens": 173,  # not the router's 90: the worker rendered and read it
+        "completion_tokens": 2,
+        "total_tokens": 175,
+        "prompt_tokens_details": {"cached_tokens": 150},
+    }
+    # A resumed attempt's prompt holds the answer so far: the router's count of the request stands.
+    resumed = Assembler("chat")
+    resumed.feed(_chunk({"content": "Hi"}))
+    resumed.begin_attempt(resumed=True)
+    resumed.feed({**_chunk({"content": " there"}, "stop"), "timings": timings})
+    assert resumed.result(90, {})["usage"] == {
+        "prompt_tokens": 90,
+        "completion_tokens": 3,
+        "total_tokens": 93,
+    }
+
+
 def test_a_chats_log_probabilities_are_gathered_token_by_token() -> None:
     assembler = Assembler("chat")
     assert assembler.result(3, {})["choices"][0]["logprobs"] is None  # not asked for: null, as OpenAI's

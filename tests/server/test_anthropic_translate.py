@@ -156,6 +156,13 @@ def _result(message: dict[str, Any], finish: str, completion_tokens: int) -> dic
     }
 
 
+def test_prompt_tokens_from_the_workers_cache_are_cache_reads() -> None:
+    result = _result({"content": "x"}, "stop", 2)
+    result["usage"]["prompt_tokens_details"] = {"cached_tokens": 5}
+    usage = message_of({}, result, "msg_1")["usage"]
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"], usage["output_tokens"]) == (2, 5, 2)
+
+
 def test_a_whole_answer_becomes_a_message_with_its_blocks() -> None:
     call = {"id": "t1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
     result = _result({"content": "Five.", "reasoning_content": "2+3", "tool_calls": [call]}, "tool_calls", 9)

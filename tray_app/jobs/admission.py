@@ -19,6 +19,7 @@ from tray_app.jobs import grammar_check
 
 DEFAULT_CHAT_TEMPLATE_STOP = "<|im_end|>"
 CONTENT_CACHE_SIZE = 4096
+FRAMING_CACHE_SIZE = 256  # role shapes and tool lists: an agent sends the same few again and again
 
 
 class TokenCounter:
@@ -42,7 +43,7 @@ class TokenCounter:
                 raise ValueError(f"{error}: {said}" if said else str(error)) from None
         self._llama_cpp = llama_cpp
         self._vocab = self._llama._model.vocab
-        self._framing_cache: dict[tuple[str, ...], int] = {}
+        self._framing_cache: dict[tuple[tuple[str, ...], str], int] = {}
         self._content_cache: dict[str, int] = {}
         metadata: dict[str, str] = self._llama.metadata
         template = workers_template(metadata.get("tokenizer.chat_template") or "", chat_format)
@@ -66,13 +67,22 @@ class TokenCounter:
         )
         return abs(int(count))
 
-    def _framing(self, roles: tuple[str, ...]) -> int:
-        """Tokens the chat template adds around messages with these roles (cached: the same few shapes
-        recur), counted by rendering it once with empty messages."""
-        cached = self._framing_cache.get(roles)
+    def _framing(self, roles: tuple[str, ...], tools: Any = None) -> int:
+        """Tokens the chat template adds around messages with these roles, and the tools it renders
+        (cached: the same few shapes and tool lists recur), counted by rendering it once with empty
+        messages."""
+        key = (roles, json.dumps(tools) if tools else "")
+        cached = self._framing_cache.get(key)
         if cached is None:
-            prompt, _ = self.chat_prompt([{"role": role, "content": ""} for role in roles])
-            cached = self._framing_cache[roles] = self.count_text(prompt)
+            empty = [{"role": role, "content": ""} for role in roles]
+            prompt, _ = self.chat_prompt(empty, tools)
+            cached = self.count_text(prompt)
+            if tools and prompt == self.chat_prompt(empty)[0]:
+                # A template that does not write tools: llama-server describes them itself, in JSON.
+                cached += self._content_tokens(json.dumps(tools))
+            if len(self._framing_cache) >= FRAMING_CACHE_SIZE:
+                self._framing_cache.pop(next(iter(self._framing_cache)))
+            self._framing_cache[key] = cached
         return cached
 
     def _content_tokens(self, text: str) -> int:
@@ -85,26 +95,31 @@ class TokenCounter:
             self._content_cache[text] = cached
         return cached
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
-        """The prompt the worker's template makes of these messages, ready for the answer, and its stops."""
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
+        """The prompt the worker's template makes of these messages (and `tools`, where the template
+        renders them), ready for the answer, and its stops."""
         if self._formatter is None:
             text = "".join(f"<|im_start|>{m.get('role')}\n{_text(m)}<|im_end|>\n" for m in messages)
             return text + "<|im_start|>assistant\n", [DEFAULT_CHAT_TEMPLATE_STOP]
         plain: Any = [{**m, "content": _text(m)} for m in messages]
-        result = self._formatter(messages=plain)
+        result = self._formatter(messages=plain, tools=tools or None)
         stops = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
         return result.prompt, stops
 
     def count_chat(self, body: dict[str, Any]) -> int:
-        """The prompt's tokens: the template's framing for these roles plus each message's own tokens.
-        Counting the pieces (cached) instead of the rendered whole keeps admission well under a
+        """The prompt's tokens: the template's framing for these roles and tools plus each message's own
+        tokens. Counting the pieces (cached) instead of the rendered whole keeps admission well under a
         millisecond; a merge across a piece boundary can make it differ from the exact count by a token."""
         messages = body["messages"]
-        total = self._framing(tuple(str(m.get("role")) for m in messages))
+        tools = body.get("tools")
+        total = self._framing(tuple(str(m.get("role")) for m in messages), tools if self._formatter else None)
         total += sum(self._content_tokens(_text(m)) for m in messages)
-        for name in ("tools", "functions", "tool_choice", "response_format"):
-            if body.get(name) is not None:
-                # Tool schemas go into the prompt (or a grammar); their JSON size is a fair token estimate.
+        # What the template does not render: the tools without a template here, a forced tool choice (its
+        # call's opening, see engine.tools), old-style functions. Their JSON size is a fair token estimate.
+        # A response format becomes a grammar, not prompt text.
+        rendered = ("tools",) if self._formatter else ()
+        for name in ("tools", "functions", "tool_choice"):
+            if body.get(name) is not None and name not in rendered:
                 total += self._content_tokens(json.dumps(body[name]))
         return total
 

@@ -23,6 +23,9 @@ class Assembler:
         # at the end of each attempt (a tool call's arguments come several tokens to a chunk).
         self.tokens = 0
         self._attempt_tokens = 0  # counted since the current attempt began (see begin_attempt)
+        self._resumed = False  # the current attempt continues an answer: its prompt holds that answer
+        # The prompt as the worker read it (its tokens, and how many of them its cache already held).
+        self._worker_prompt: tuple[int, int] | None = None
         self.usage: dict[str, Any] | None = None
         self.timings: dict[str, Any] | None = None  # llama-server's own, from its last chunk
         self.logprobs: list[dict[str, Any]] = []  # a chat's per-token log probabilities, when asked for
@@ -34,12 +37,6 @@ class Assembler:
         self.model = self.model or str(obj.get("model", ""))
         if obj.get("usage"):
             self.usage = obj["usage"]
-        if obj.get("timings"):
-            self.timings = obj["timings"]
-            generated = obj["timings"].get("predicted_n")
-            if isinstance(generated, int) and generated >= 0:
-                self.tokens += generated - self._attempt_tokens
-                self._attempt_tokens = generated
         for choice in obj.get("choices") or []:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
@@ -62,10 +59,23 @@ class Assembler:
             for call in delta.get("tool_calls") or []:
                 self._add_tool_call(call)
                 self._count()
+        # After the chunk's own output: llama-server's counts at an attempt's end include it.
+        timings = obj.get("timings")
+        if timings:
+            self.timings = timings
+            generated = timings.get("predicted_n")
+            if isinstance(generated, int) and generated >= 0:
+                self.tokens += generated - self._attempt_tokens
+                self._attempt_tokens = generated
+            cached, read = timings.get("cache_n"), timings.get("prompt_n")
+            if not self._resumed and isinstance(cached, int) and isinstance(read, int):
+                self._worker_prompt = (cached + read, cached)
 
-    def begin_attempt(self) -> None:
-        """A new attempt's chunks follow: llama-server's count at its end covers only them."""
+    def begin_attempt(self, resumed: bool = False) -> None:
+        """A new attempt's chunks follow: llama-server's count at its end covers only them. `resumed`: it
+        continues the answer so far, so its prompt is not the request's."""
         self._attempt_tokens = 0
+        self._resumed = resumed
 
     def _count(self) -> None:
         self.tokens += 1
@@ -92,12 +102,25 @@ class Assembler:
     def has_tool_calls(self) -> bool:
         return bool(self.tool_calls)
 
-    def result(self, prompt_tokens: int, failsoft: dict[str, Any]) -> dict[str, Any]:
-        usage = self.usage or {
-            "prompt_tokens": prompt_tokens,
+    def _usage(self, prompt_tokens: int) -> dict[str, Any]:
+        """The token counts: the worker's own for the prompt where it read the request's (the router's
+        count, `prompt_tokens`, for an answer resumed elsewhere), with the part its cache held."""
+        if self._worker_prompt is None:
+            return {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": self.tokens,
+                "total_tokens": prompt_tokens + self.tokens,
+            }
+        prompt, cached = self._worker_prompt
+        return {
+            "prompt_tokens": prompt,
             "completion_tokens": self.tokens,
-            "total_tokens": prompt_tokens + self.tokens,
+            "total_tokens": prompt + self.tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
+
+    def result(self, prompt_tokens: int, failsoft: dict[str, Any]) -> dict[str, Any]:
+        usage = self.usage or self._usage(prompt_tokens)
         if self.kind == "completion":
             choice: dict[str, Any] = {
                 "index": 0,

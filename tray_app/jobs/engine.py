@@ -412,7 +412,7 @@ class Executor:
                 if convert and continues_chat(job, progress)
                 else None
             )
-            progress.assembler.begin_attempt()
+            progress.assembler.begin_attempt(resumed=resume)
             sent = self._take_dispatched(job, worker_role, url, resume)
             if sent is None:
                 worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here

@@ -198,12 +198,16 @@ def message_id(job: str) -> str:
 
 
 def usage_of(usage: Any) -> dict[str, int]:
+    """A chat's usage in Anthropic's terms: the prompt tokens a worker's cache held are read from the cache,
+    not input (as llama-server counts them)."""
     usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
     return {
-        "input_tokens": int(usage.get("prompt_tokens") or 0),
+        "input_tokens": int(usage.get("prompt_tokens") or 0) - cached,
         "output_tokens": int(usage.get("completion_tokens") or 0),
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached,
     }
 
 
