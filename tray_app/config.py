@@ -129,6 +129,9 @@ class ServerConfig:
     jobs_max: int = 1000  # unfinished background jobs (POST /v1/jobs); beyond it 429
     queue_timeout: float = 120.0
     max_body: str = "4MiB"
+    # Seconds a stream may stay silent (a job awaiting approval, a long prompt being read) before a
+    # keep-alive comment goes out: proxies and clients drop a connection that says nothing for a minute.
+    keepalive_seconds: float = 15.0
     # Host header names accepted besides loopback and `host` (e.g. "ai-box.lan"); see README "Security".
     allowed_hosts: list[str] = field(default_factory=list)
     # Browser origins allowed to call the API (e.g. "http://localhost:3000", Open WebUI). "*" needs api_key.
@@ -400,7 +403,15 @@ def write_private(path: Path, data: bytes) -> None:
 # What a running service takes over without restarting a worker (POST /failsoft/config/reload); every other
 # key changes what the workers were started with, or the listening socket.
 LIVE_SECTIONS = ("failover", "journal")
-LIVE_SERVER_KEYS = ("queue_max", "queue_timeout", "jobs_max", "max_body", "allowed_hosts", "allowed_origins")
+LIVE_SERVER_KEYS = (
+    "queue_max",
+    "queue_timeout",
+    "jobs_max",
+    "max_body",
+    "keepalive_seconds",
+    "allowed_hosts",
+    "allowed_origins",
+)
 
 
 LIVE_LIBRARY_KEYS = ("keep_alive", "stand_in")  # read at each request; a new folder or max waits

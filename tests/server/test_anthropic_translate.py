@@ -309,3 +309,11 @@ def test_errors_of_every_layer_come_in_the_callers_shape() -> None:
     assert json.loads(error_response(error).body)["error"]["param"] == "x"
     overloaded = json.loads(error_response(ApiError(503, "busy"), api="anthropic").body)
     assert overloaded["error"]["type"] == "overloaded_error"
+
+
+def test_the_routers_keep_alive_is_a_ping() -> None:
+    stream = MessagesStream({}, "msg_1")
+    waiting = stream.feed(b": keepalive\n\n")
+    assert _events(waiting) == [{"type": "ping"}]
+    first = stream.feed(sse(chat_chunk("c", 1, "m", {"content": "Hi"}, None)) + b": keepalive\n\n")
+    assert [event["type"] for event in _events(first)][-1] == "ping"

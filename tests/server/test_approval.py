@@ -192,3 +192,29 @@ def test_the_approval_backlog_is_bounded_and_refusals_say_why(svc: ServiceHandle
         httpx.post(f"{svc.base_url}/failsoft/workers/gpu/start", timeout=120)
         reload_settings(svc, SETTINGS)
         svc.wait_workers_ready()
+
+
+def test_a_stream_awaiting_approval_is_kept_alive_until_it_is_answered(svc: ServiceHandle) -> None:
+    reload_settings(
+        svc, base_settings(failover={"cpu_tokens_per_second": 1.0}, server={"keepalive_seconds": 0.5})
+    )
+    try:
+        armed = arm(svc, "abort", after_tokens=0)
+        lines: list[str] = []
+        body = {**REQUEST, "stream": True}
+        headers = {"X-Failsoft-Deadline": "30"}  # the CPU is estimated at 40 s: past it
+        with httpx.stream(
+            "POST", svc.v1 + "/chat/completions", json=body, headers=headers, timeout=30
+        ) as answer:
+            for line in filter(None, answer.iter_lines()):
+                lines.append(line)
+                if lines.count(": keepalive") == 2:  # a proxy with a short read timeout still sees bytes
+                    pending = _awaiting(svc)
+                    assert len(pending) == 1
+                    approve = f"{svc.base_url}/failsoft/jobs/{pending[0]['id']}/approve"
+                    assert httpx.post(approve, timeout=10).status_code == 200
+        assert lines[-1] == "data: [DONE]" and any('"content"' in line for line in lines)
+        assert lines.count(": keepalive") >= 2
+        wait_replaced(svc, armed["pid"])
+    finally:
+        reload_settings(svc, SETTINGS)

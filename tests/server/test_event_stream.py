@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tray_app.server.event_stream import EventStreamResponse, Writer
+from tray_app.server.event_stream import KEEPALIVE, EventStreamResponse, Writer
 
 
 class Client:
@@ -97,3 +97,24 @@ async def test_a_held_piece_goes_out_with_the_next_one_or_the_end() -> None:
     writer.close()
     await task
     assert client.bodies() == [(b"roletoken", True), (b"finish", False)]
+
+
+async def test_a_silent_stream_gets_keep_alive_comments_and_a_busy_one_none() -> None:
+    writer, client, events = Writer(), Client(), []
+    response = EventStreamResponse(writer, {}, lambda: None, lambda: events.append("end"), keepalive=0.2)
+    task = asyncio.create_task(response({"type": "http"}, client.receive, client.send))
+    async with asyncio.timeout(10):  # silent: a job awaiting approval
+        while len(client.bodies()) < 2:
+            await asyncio.sleep(0.01)
+    quiet = len(client.bodies())
+    assert client.bodies() == [(KEEPALIVE, True)] * quiet
+    for _ in range(25):  # talking in every interval: the keep-alive stays out of the way
+        await writer.write(b"data: x\n\n")
+        await asyncio.sleep(0.02)
+    assert client.bodies()[quiet:] == [(b"data: x\n\n", True)] * 25
+    await writer.write(b"data: [DONE]\n\n", last=True)
+    writer.close()
+    await task
+    await asyncio.sleep(0.5)
+    assert client.bodies()[-1] == (b"data: [DONE]\n\n", False)  # nothing after the end
+    assert events == ["end"]

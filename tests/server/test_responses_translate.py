@@ -200,3 +200,10 @@ def test_an_error_or_a_cut_stream_fails_the_response() -> None:
     cut = ResponsesStream({"input": "x"}, "resp_2", "default")
     events = _events(cut.feed(sse(chat_chunk("c", 1, "m", {"content": "Hi"}, None))) + cut.finish())
     assert events[-1]["type"] == "response.failed" and events[-1]["response"]["error"]["code"] == "stream_cut"
+
+
+def test_the_routers_keep_alive_passes_as_a_comment() -> None:
+    stream = ResponsesStream({"input": "x"}, "resp_1", "default")
+    out = stream.feed(b": keepalive\n\n")
+    assert out.endswith(b"\n\n: keepalive\n\n")  # after response.created and in_progress
+    assert stream.feed(b": keepalive\n\n") == b": keepalive\n\n"

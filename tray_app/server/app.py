@@ -684,7 +684,13 @@ class Router:
             stop_job()  # the response ended early (an error while writing): nobody reads the job any more
             self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
 
-        return EventStreamResponse(writer, job_headers(job, False), on_disconnect=stop_job, on_end=count)
+        return EventStreamResponse(
+            writer,
+            job_headers(job, False),
+            on_disconnect=stop_job,
+            on_end=count,
+            keepalive=self.svc.cfg.server.keepalive_seconds,
+        )
 
     async def embeddings(self, request: Request) -> ASGIApp:
         try:

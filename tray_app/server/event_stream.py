@@ -4,6 +4,8 @@ Leaner than Starlette's StreamingResponse, which starts a task group for every r
 own task writes each piece to the client itself (`Writer.write`) as soon as the response has started, so a
 token reaches the client in the same turn of the event loop that read it from the worker. Pieces made before
 that wait in the writer and go out in one write after the status line. A client that goes away ends the job.
+A stream that says nothing for `keepalive` seconds (a job awaiting approval, a long prompt being read) gets
+a comment line, which every event-stream reader skips, so that nothing between it and its client drops it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE = b": keepalive\n\n"
 
 
 class Writer:
@@ -24,6 +27,7 @@ class Writer:
         self._send: Send | None = None  # set once the status line and everything pending went out
         self._closed = asyncio.Event()
         self._ended = False  # the last piece went out as the end of the response
+        self.writes = 0  # body writes so far: the keep-alive looks whether any happened while it slept
 
     async def write(self, data: bytes, *, hold: bool = False, last: bool = False) -> None:
         """Send `data` now if the response has started, else keep it for the first write. `hold`: nothing
@@ -39,7 +43,19 @@ class Writer:
         if last:
             self._ended = True
             self._send = None  # a stray write after the end must not reach the finished response
+        self.writes += 1
         await send({"type": "http.response.body", "body": data, "more_body": not last})
+
+    async def keep_alive(self, seconds: float) -> None:
+        """Every `seconds` without a write, a comment: until the response ends (then cancelled)."""
+        seen = -1
+        while True:
+            await asyncio.sleep(seconds)
+            send = self._send
+            if send is not None and self.writes == seen:
+                self.writes += 1
+                await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            seen = self.writes
 
     def close(self) -> None:
         self._closed.set()
@@ -76,8 +92,10 @@ class EventStreamResponse:
         headers: dict[str, str],
         on_disconnect: Callable[[], None],
         on_end: Callable[[], None],
+        keepalive: float = 0.0,
     ) -> None:
         self.writer = writer
+        self.keepalive = keepalive  # seconds (0: none)
         self.headers = [(b"content-type", b"text/event-stream; charset=utf-8")] + [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in {**SSE_HEADERS, **headers}.items()
@@ -87,6 +105,7 @@ class EventStreamResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._watch(receive))
+        alive = asyncio.create_task(self.writer.keep_alive(self.keepalive)) if self.keepalive > 0 else None
         try:
             # The job's task (just created) sends the request to its worker first; the status line is
             # not what the client waits for, the first token is.
@@ -95,6 +114,8 @@ class EventStreamResponse:
             await self.writer.serve(send)
         finally:
             watcher.cancel()
+            if alive is not None:
+                alive.cancel()
             self.on_end()
 
     async def _watch(self, receive: Receive) -> None:

@@ -5,7 +5,7 @@ then one `tool_use` block per tool call (its arguments as `input_json_delta`), e
 `content_block_start` as its first delta arrives and closed by `content_block_stop` when the next kind
 begins or the answer ends. The end is `message_delta` (the stop reason and the usage) and `message_stop`;
 an error event from the router is Anthropic's `error` event with its message, and a stream cut short
-without its end is an error too.
+without its end is an error too. Each of the router's keep-alive comments is a `ping`, as Anthropic sends.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class MessagesStream:
             if obj is not None and not self.ended:
                 out += self._start(str(obj.get("model") or ""))
                 out += self._event(obj)
+            elif event.startswith(b":") and not self.ended:
+                out.append(self._emit("ping"))  # the router's keep-alive, as Anthropic's API sends it
         return b"".join(out)
 
     def finish(self) -> bytes:

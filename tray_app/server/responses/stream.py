@@ -41,7 +41,9 @@ class ResponsesStream:
         found, self.buffer = events(self.buffer + data)
         out: list[bytes] = self._start()
         for event in found:
-            if not self.ended:
+            if event.startswith(b":") and not self.ended:
+                out.append(event + b"\n\n")  # the router's keep-alive: a comment every reader skips
+            elif not self.ended:
                 out += self._event(event)
         return b"".join(out)
 
