@@ -27,7 +27,7 @@ class Writer:
         self._send: Send | None = None  # set once the status line and everything pending went out
         self._closed = asyncio.Event()
         self._ended = False  # the last piece went out as the end of the response
-        self.writes = 0  # body writes so far: the keep-alive looks whether any happened while it slept
+        self.writes = 0  # the job's writes so far: the keep-alive looks whether any happened meanwhile
 
     async def write(self, data: bytes, *, hold: bool = False, last: bool = False) -> None:
         """Send `data` now if the response has started, else keep it for the first write. `hold`: nothing
@@ -46,16 +46,11 @@ class Writer:
         self.writes += 1
         await send({"type": "http.response.body", "body": data, "more_body": not last})
 
-    async def keep_alive(self, seconds: float) -> None:
-        """Every `seconds` without a write, a comment: until the response ends (then cancelled)."""
-        seen = -1
-        while True:
-            await asyncio.sleep(seconds)
-            send = self._send
-            if send is not None and self.writes == seen:
-                self.writes += 1
-                await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
-            seen = self.writes
+    async def comment(self) -> None:
+        """A keep-alive comment, if the response has started and not ended."""
+        send = self._send
+        if send is not None:
+            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
 
     def close(self) -> None:
         self._closed.set()
@@ -82,6 +77,30 @@ class Writer:
             await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
+class KeepAlive:
+    """Every `seconds` in which the writer wrote nothing, a comment. A timer, not a task: a stream's way
+    to its first token gets one timer more, nothing else."""
+
+    def __init__(self, writer: Writer, seconds: float) -> None:
+        self.writer = writer
+        self.seconds = seconds
+        self.loop = asyncio.get_running_loop()
+        self.seen = writer.writes
+        self.sending: set[asyncio.Task[None]] = set()
+        self.timer = self.loop.call_later(seconds, self._tick)
+
+    def _tick(self) -> None:
+        if self.writer.writes == self.seen:
+            task = self.loop.create_task(self.writer.comment())
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
+        self.seen = self.writer.writes
+        self.timer = self.loop.call_later(self.seconds, self._tick)
+
+    def stop(self) -> None:
+        self.timer.cancel()
+
+
 class EventStreamResponse:
     """An ASGI response: status 200, `text/event-stream`, the pieces as they come; `on_disconnect` runs if
     the client goes away first, `on_end` always runs once the response is over."""
@@ -105,7 +124,7 @@ class EventStreamResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._watch(receive))
-        alive = asyncio.create_task(self.writer.keep_alive(self.keepalive)) if self.keepalive > 0 else None
+        alive = KeepAlive(self.writer, self.keepalive) if self.keepalive > 0 else None
         try:
             # The job's task (just created) sends the request to its worker first; the status line is
             # not what the client waits for, the first token is.
@@ -115,7 +134,7 @@ class EventStreamResponse:
         finally:
             watcher.cancel()
             if alive is not None:
-                alive.cancel()
+                alive.stop()
             self.on_end()
 
     async def _watch(self, receive: Receive) -> None:
