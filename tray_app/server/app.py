@@ -213,6 +213,15 @@ async def read_body(request: Request, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+async def read_translated(
+    request: Request, limit: int, translate: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[dict[str, Any], bytes]:
+    """The body of a request in another API (a JSON object), and the OpenAI request it translates into:
+    ApiError (400, 413) when it cannot be read or translated."""
+    body = parse_json_object(await read_body(request, limit))
+    return body, json.dumps(translate(body)).encode()
+
+
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
 

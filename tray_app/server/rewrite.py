@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -97,3 +98,15 @@ def event_object(event: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def delta_parts(choice: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """What one choice of a router's chat chunk adds, in the order it comes: ("reasoning", text),
+    ("text", text), then ("tool_call", call) for each call."""
+    delta = choice.get("delta") or {}
+    if delta.get("reasoning_content"):
+        yield "reasoning", delta["reasoning_content"]
+    if delta.get("content"):
+        yield "text", delta["content"]
+    for call in delta.get("tool_calls") or []:
+        yield "tool_call", call

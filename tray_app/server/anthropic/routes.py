@@ -13,21 +13,16 @@ from starlette.types import ASGIApp
 
 from tray_app.server.anthropic.paths import error_body
 from tray_app.server.anthropic.stream import MessagesStream
-from tray_app.server.anthropic.translate import chat_request, error_message, message_id, message_of
-from tray_app.server.app import Router, error_response, read_body
-from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.anthropic.translate import (
+    chat_request,
+    counted_request,
+    error_message,
+    message_id,
+    message_of,
+)
+from tray_app.server.app import Router, error_response, read_translated
+from tray_app.server.errors import ApiError
 from tray_app.server.rewrite import Headers, RewrittenAnswer, header
-
-
-async def _request_body(request: Request, limit: int) -> dict[str, Any]:
-    raw = await read_body(request, limit)
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise bad_request("the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise bad_request("the body must be a JSON object")
-    return body
 
 
 class MessagesRoutes:
@@ -36,18 +31,16 @@ class MessagesRoutes:
 
     async def create(self, request: Request) -> ASGIApp:
         try:
-            body = await _request_body(request, self.router.max_body)
-            chat = chat_request(body)
+            body, raw = await read_translated(request, self.router.max_body, chat_request)
         except ApiError as error:
             return error_response(error, api="anthropic")
-        raw = json.dumps(chat).encode()
         answer = await self.router.generate(request, "chat", raw, fit_budget=True)
         return MessagesAnswer(answer, body)
 
     async def count_tokens(self, request: Request) -> ASGIApp:
         try:
-            body = await _request_body(request, self.router.max_body)
-            tokens = self.router.count_chat(json.dumps(chat_request(body, counting=True)).encode())
+            _, raw = await read_translated(request, self.router.max_body, counted_request)
+            tokens = self.router.count_chat(raw)
         except ApiError as error:
             return error_response(error, api="anthropic")
         return JSONResponse({"input_tokens": tokens})

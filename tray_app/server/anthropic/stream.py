@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from tray_app.server.anthropic.translate import stop_reason, usage_of
-from tray_app.server.rewrite import event_object, events
+from tray_app.server.rewrite import delta_parts, event_object, events
 
 
 def stream_error_type(openai_type: Any) -> str:
@@ -99,15 +99,12 @@ class MessagesStream:
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         out: list[bytes] = []
-        delta = choice.get("delta") or {}
-        if delta.get("reasoning_content"):
-            out += self._text_delta("thinking", delta["reasoning_content"])
-        if delta.get("content"):
-            out += self._text_delta("text", delta["content"])
-        for call in delta.get("tool_calls") or []:
-            out += self._call_delta(call)
-        if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
+        for kind, value in delta_parts(choice):
+            if kind == "tool_call":
+                out += self._call_delta(value)
+            else:
+                out += self._text_delta("thinking" if kind == "reasoning" else "text", value)
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
         return out
 
     def _text_delta(self, kind: str, text: str) -> list[bytes]:

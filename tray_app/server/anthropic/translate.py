@@ -72,6 +72,11 @@ def chat_request(body: dict[str, Any], *, counting: bool = False) -> dict[str, A
     return out
 
 
+def counted_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A `count_tokens` body (no `max_tokens`, nothing to stream) as the chat whose prompt it counts."""
+    return chat_request(body, counting=True)
+
+
 def _turn(message: Any, where: str) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: a user turn's tool results come first, as tool messages."""
     if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):

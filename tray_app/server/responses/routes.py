@@ -9,8 +9,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp
 
-from tray_app.server.app import Router, error_response, read_body
-from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.app import Router, error_response, read_translated
+from tray_app.server.errors import ApiError
 from tray_app.server.responses.stream import ResponsesStream
 from tray_app.server.responses.translate import chat_request, error_of, response_of
 from tray_app.server.rewrite import Headers, RewrittenAnswer, header
@@ -24,17 +24,10 @@ class ResponsesRoute:
 
     async def create(self, request: Request) -> ASGIApp:
         try:
-            raw = await read_body(request, self.router.max_body)
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                raise bad_request("the body is not valid JSON") from None
-            if not isinstance(body, dict):
-                raise bad_request("the body must be a JSON object")
-            chat = chat_request(body)
+            body, raw = await read_translated(request, self.router.max_body, chat_request)
         except ApiError as error:
             return error_response(error)
-        answer = await self.router.generate(request, "chat", json.dumps(chat).encode())
+        answer = await self.router.generate(request, "chat", raw)
         return ResponsesAnswer(answer, body)
 
 

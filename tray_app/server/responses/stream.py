@@ -21,7 +21,7 @@ from tray_app.server.responses.translate import (
     response_shell,
     usage_of,
 )
-from tray_app.server.rewrite import event_object, events
+from tray_app.server.rewrite import delta_parts, event_object, events
 
 
 class ResponsesStream:
@@ -95,15 +95,12 @@ class ResponsesStream:
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         out: list[bytes] = []
-        delta = choice.get("delta") or {}
-        if delta.get("reasoning_content"):
-            out += self._text_delta("reasoning", delta["reasoning_content"])
-        if delta.get("content"):
-            out += self._text_delta("message", delta["content"])
-        for call in delta.get("tool_calls") or []:
-            out += self._call_delta(call)
-        if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
+        for kind, value in delta_parts(choice):
+            if kind == "tool_call":
+                out += self._call_delta(value)
+            else:
+                out += self._text_delta("reasoning" if kind == "reasoning" else "message", value)
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
         return out
 
     def _text_delta(self, kind: str, text: str) -> list[bytes]:
