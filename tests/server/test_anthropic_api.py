@@ -150,6 +150,25 @@ def test_a_budget_beyond_the_context_is_what_the_context_leaves(
     assert httpx.post(svc.v1 + "/chat/completions", json=chat, timeout=60).status_code == 400
 
 
+def test_a_prompt_beyond_a_gpu_slot_gets_what_a_cpu_slot_leaves(client: anthropic.Anthropic) -> None:
+    # About 2100 tokens: more than a GPU slot's 2048, well within a CPU slot's 8192. The budget is fitted
+    # to the CPU's slot, which answers (this module approves any CPU run); a stop ends it at once.
+    prompt = "Say one word. " + "blue sky " * 1050
+    message = client.messages.create(
+        model="default",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=100_000,
+        stop_sequences=[" ", ".", "\n"],
+        stream=False,
+        timeout=300,
+    )
+    served = (message.model_extra or {})["failsoft"]
+    assert (
+        served["worker"] == "cpu"
+        and message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0) > 2048
+    )
+
+
 def test_a_gpu_failure_under_a_stream_is_answered_on_the_cpu(
     svc: ServiceHandle, client: anthropic.Anthropic
 ) -> None:

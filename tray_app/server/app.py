@@ -421,11 +421,10 @@ class Router:
                 f"{entry.name} has no worker here (devices: {devices})", "no_worker_for_model", 30
             )
         n_ctx = self.context_per_slot(entry)
-        asked = parsed.max_tokens
-        if fit_budget and asked is not None and prompt_tokens < n_ctx < prompt_tokens + asked:
-            asked = None  # an upper bound larger than the slot's context: what the context leaves
-        max_tokens = requested_tokens(prompt_tokens, asked, n_ctx)
-        if asked is None:
+        max_tokens = requested_tokens(prompt_tokens, parsed.max_tokens, n_ctx)
+        if fit_budget:
+            max_tokens = self._fitted_budget(entry, prompt_tokens, max_tokens)
+        if max_tokens != parsed.max_tokens:
             body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
         job = Job(
             id=new_id("job"),
@@ -446,6 +445,16 @@ class Router:
         )
         self.svc.library.touch(entry.name, keep_alive)
         return job
+
+    def _fitted_budget(self, entry: ModelEntry, prompt_tokens: int, max_tokens: int) -> int:
+        """`max_tokens` as an upper bound: at most what the slot that can read the prompt leaves, a GPU
+        slot's if the prompt fits one, else the CPU's (where admission then sends it)."""
+        library = self.svc.library
+        cpu = self.svc.plan_set.cpu.n_ctx_per_seq if entry.main else library.n_ctx_per_seq(entry, "cpu")
+        for n_ctx in (self.context_per_slot(entry), cpu):
+            if prompt_tokens < n_ctx:
+                return min(max_tokens, n_ctx - prompt_tokens)
+        return max_tokens  # no slot reads this prompt: admission refuses it, naming the prompt
 
     def context_per_slot(self, entry: ModelEntry) -> int:
         """The context one request may use: the GPU plan's per slot (the CPU's for a CPU-only model)."""
