@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -98,6 +98,30 @@ def event_object(event: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+class ChunkReader(ABC):
+    """The part the event-stream rewriters share: each choice of a router's chat chunk read in turn, its
+    reasoning and text as `text_delta` of the caller's kinds for them (`KINDS`), its tool calls as
+    `call_delta`, its finish reason kept."""
+
+    KINDS: ClassVar[dict[str, str]]  # "reasoning" and "text" -> what the caller's API names them
+    finish_reason: str | None = None
+
+    def read_choice(self, choice: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        for kind, value in delta_parts(choice):
+            out += self.call_delta(value) if kind == "tool_call" else self.text_delta(self.KINDS[kind], value)
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return out
+
+    @abstractmethod
+    def text_delta(self, kind: str, text: str) -> list[bytes]:
+        """Events for text of this kind: its item or block opened if it is not the open one."""
+
+    @abstractmethod
+    def call_delta(self, call: dict[str, Any]) -> list[bytes]:
+        """Events for a tool call's delta: its item or block opened at its first."""
 
 
 def delta_parts(choice: dict[str, Any]) -> Iterator[tuple[str, Any]]:

@@ -11,10 +11,10 @@ without its end is an error too. Each of the router's keep-alive comments is a `
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from tray_app.server.anthropic.translate import stop_reason, usage_of
-from tray_app.server.rewrite import delta_parts, event_object, events
+from tray_app.server.rewrite import ChunkReader, event_object, events
 
 
 def stream_error_type(openai_type: Any) -> str:
@@ -24,8 +24,10 @@ def stream_error_type(openai_type: Any) -> str:
     return "overloaded_error" if openai_type == "service_unavailable" else "api_error"
 
 
-class MessagesStream:
+class MessagesStream(ChunkReader):
     """Feed it the router's SSE bytes as they come (`feed`), then `finish`; each returns events to send."""
+
+    KINDS: ClassVar[dict[str, str]] = {"reasoning": "thinking", "text": "text"}
 
     def __init__(self, request: dict[str, Any], message_id: str) -> None:
         self.request = request
@@ -36,7 +38,6 @@ class MessagesStream:
         self.blocks = 0  # content blocks opened so far
         self.current: tuple[str, int] | None = None  # the open block: its kind and index
         self.calls: dict[int, int] = {}  # tool-call index -> its block's index
-        self.finish_reason: str | None = None
 
     def feed(self, data: bytes) -> bytes:
         found, self.buffer = events(self.buffer + data)
@@ -86,7 +87,7 @@ class MessagesStream:
             return self._error(stream_error_type(error.get("type")), str(error.get("message") or ""))
         out: list[bytes] = []
         for choice in obj.get("choices") or []:
-            out += self._choice(choice)
+            out += self.read_choice(choice)
         if "failsoft" in obj:  # the router's last chunk: who served it, and the usage
             out += self._close()
             usage = usage_of(obj.get("usage"))
@@ -97,17 +98,7 @@ class MessagesStream:
             self.ended = True
         return out
 
-    def _choice(self, choice: dict[str, Any]) -> list[bytes]:
-        out: list[bytes] = []
-        for kind, value in delta_parts(choice):
-            if kind == "tool_call":
-                out += self._call_delta(value)
-            else:
-                out += self._text_delta("thinking" if kind == "reasoning" else "text", value)
-        self.finish_reason = choice.get("finish_reason") or self.finish_reason
-        return out
-
-    def _text_delta(self, kind: str, text: str) -> list[bytes]:
+    def text_delta(self, kind: str, text: str) -> list[bytes]:
         out: list[bytes] = []
         if self.current is None or self.current[0] != kind:
             out += self._close()
@@ -126,7 +117,7 @@ class MessagesStream:
         out.append(self._emit("content_block_delta", index=self.current[1], delta=delta))
         return out
 
-    def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
+    def call_delta(self, call: dict[str, Any]) -> list[bytes]:
         out: list[bytes] = []
         number = int(call.get("index", 0))
         function = call.get("function") or {}

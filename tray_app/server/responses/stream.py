@@ -10,7 +10,7 @@ thinking model's reasoning item, the message with its text, then one function ca
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from tray_app.server.responses.translate import (
     call_item,
@@ -21,11 +21,13 @@ from tray_app.server.responses.translate import (
     response_shell,
     usage_of,
 )
-from tray_app.server.rewrite import delta_parts, event_object, events
+from tray_app.server.rewrite import ChunkReader, event_object, events
 
 
-class ResponsesStream:
+class ResponsesStream(ChunkReader):
     """Feed it the router's SSE bytes as they come (`feed`), then `finish`; each returns events to send."""
+
+    KINDS: ClassVar[dict[str, str]] = {"reasoning": "reasoning", "text": "message"}
 
     def __init__(self, request: dict[str, Any], response_id: str, model: str) -> None:
         self.shell = response_shell(request, response_id, model, "in_progress")
@@ -35,7 +37,6 @@ class ResponsesStream:
         self.ended = False
         self.current: dict[str, Any] | None = None  # the open output item, as it will be when done
         self.calls: dict[int, dict[str, Any]] = {}  # tool-call index -> its item
-        self.finish_reason: str | None = None
 
     def feed(self, data: bytes) -> bytes:
         found, self.buffer = events(self.buffer + data)
@@ -82,7 +83,7 @@ class ResponsesStream:
         if obj.get("model"):
             self.shell["model"] = obj["model"]
         for choice in obj.get("choices") or []:
-            out += self._choice(choice)
+            out += self.read_choice(choice)
         if "failsoft" in obj:  # the router's last chunk: who served it, and the usage
             out += self._close()
             self.shell["usage"] = usage_of(obj.get("usage"))
@@ -93,17 +94,7 @@ class ResponsesStream:
             out.append(self._emit(kind, response=self.shell))
         return out
 
-    def _choice(self, choice: dict[str, Any]) -> list[bytes]:
-        out: list[bytes] = []
-        for kind, value in delta_parts(choice):
-            if kind == "tool_call":
-                out += self._call_delta(value)
-            else:
-                out += self._text_delta("reasoning" if kind == "reasoning" else "message", value)
-        self.finish_reason = choice.get("finish_reason") or self.finish_reason
-        return out
-
-    def _text_delta(self, kind: str, text: str) -> list[bytes]:
+    def text_delta(self, kind: str, text: str) -> list[bytes]:
         out: list[bytes] = []
         if self.current is None or self.current["type"] != kind:
             out += self._close()
@@ -138,7 +129,7 @@ class ResponsesStream:
             out.append(self._emit("response.content_part.added", **added, part=part))
         return out
 
-    def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
+    def call_delta(self, call: dict[str, Any]) -> list[bytes]:
         out: list[bytes] = []
         number = int(call.get("index", 0))
         item = self.calls.get(number)
