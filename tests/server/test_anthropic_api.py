@@ -198,3 +198,21 @@ def test_errors_come_in_anthropics_shape(svc: ServiceHandle, client: anthropic.A
     assert page.status_code == 403
     assert page.json()["error"]["type"] == "permission_error"
     assert httpx.get(url, timeout=30).status_code == 405
+
+
+def test_an_idempotency_key_gets_the_same_message_again(client: anthropic.Anthropic) -> None:
+    key = {"Idempotency-Key": "messages-once"}
+    first = client.messages.create(**ASK, extra_headers=key)
+    again = client.messages.with_raw_response.create(**ASK, extra_headers=key)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    replayed = again.parse()
+    assert (replayed.id, _text(replayed)) == (first.id, _text(first))
+    with pytest.raises(anthropic.UnprocessableEntityError) as reused:  # the same key, another request
+        client.messages.create(**{**ASK, "max_tokens": 7}, extra_headers=key)
+    assert reused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    streamed = {"Idempotency-Key": "messages-once-streamed"}  # a streamed request is another body
+    with client.messages.stream(**ASK, extra_headers=streamed) as stream:
+        live = stream.get_final_message()
+    with client.messages.stream(**ASK, extra_headers=streamed) as stream:  # the stored answer, as a stream
+        told = stream.get_final_message()
+    assert (told.id, _text(told), told.stop_reason) == (live.id, _text(live), "end_turn")

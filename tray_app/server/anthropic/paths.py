@@ -17,7 +17,9 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    409: "invalid_request_error",  # an Idempotency-Key already in use
     413: "request_too_large",
+    422: "invalid_request_error",  # an Idempotency-Key used with another body
     429: "rate_limit_error",
     503: "overloaded_error",
     504: "timeout_error",
