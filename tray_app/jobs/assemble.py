@@ -22,7 +22,7 @@ class Assembler:
         # Tokens generated: one per chunk with output as the chunks come, made exact by llama-server's count
         # at the end of each attempt (a tool call's arguments come several tokens to a chunk).
         self.tokens = 0
-        self._attempt_tokens = 0  # counted since the current attempt began (see begin_attempt)
+        self._attempt_start = 0  # `tokens` when the current attempt began (see begin_attempt)
         self._resumed = False  # the current attempt continues an answer: its prompt holds that answer
         # The prompt as the worker read it (its tokens, and how many of them its cache already held).
         self._worker_prompt: tuple[int, int] | None = None
@@ -44,7 +44,7 @@ class Assembler:
                 text = choice.get("text") or ""
                 if text:
                     self.content.append(text)
-                    self._count()
+                    self.tokens += 1
                 continue
             logprobs = choice.get("logprobs")
             if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
@@ -52,21 +52,20 @@ class Assembler:
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
                 self.reasoning.append(delta["reasoning_content"])
-                self._count()
+                self.tokens += 1
             if delta.get("content"):
                 self.content.append(delta["content"])
-                self._count()
+                self.tokens += 1
             for call in delta.get("tool_calls") or []:
                 self._add_tool_call(call)
-                self._count()
+                self.tokens += 1
         # After the chunk's own output: llama-server's counts at an attempt's end include it.
         timings = obj.get("timings")
         if timings:
             self.timings = timings
             generated = timings.get("predicted_n")
             if isinstance(generated, int) and generated >= 0:
-                self.tokens += generated - self._attempt_tokens
-                self._attempt_tokens = generated
+                self.tokens = self._attempt_start + generated
             cached, read = timings.get("cache_n"), timings.get("prompt_n")
             if not self._resumed and isinstance(cached, int) and isinstance(read, int):
                 self._worker_prompt = (cached + read, cached)
@@ -74,12 +73,8 @@ class Assembler:
     def begin_attempt(self, resumed: bool = False) -> None:
         """A new attempt's chunks follow: llama-server's count at its end covers only them. `resumed`: it
         continues the answer so far, so its prompt is not the request's."""
-        self._attempt_tokens = 0
+        self._attempt_start = self.tokens
         self._resumed = resumed
-
-    def _count(self) -> None:
-        self.tokens += 1
-        self._attempt_tokens += 1
 
     def _add_tool_call(self, call: dict[str, Any]) -> None:
         index = int(call.get("index", 0))
