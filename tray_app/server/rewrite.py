@@ -134,3 +134,9 @@ def delta_parts(choice: dict[str, Any]) -> Iterator[tuple[str, Any]]:
         yield "text", delta["content"]
     for call in delta.get("tool_calls") or []:
         yield "tool_call", call
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """The prompt tokens a worker's cache held, from a chat's usage (`prompt_tokens_details`)."""
+    details = usage.get("prompt_tokens_details")
+    return int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0

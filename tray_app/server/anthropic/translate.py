@@ -14,6 +14,7 @@ from typing import Any
 
 from tray_app.jobs.policy import CONTEXT_EXCEEDED
 from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.rewrite import cached_tokens
 
 # A chat's finish reason as Anthropic's stop reason. "length" is "max_tokens" when the client's own budget
 # cut the answer, "model_context_window_exceeded" when the slot's context did (see stop_reason).
@@ -206,8 +207,7 @@ def usage_of(usage: Any) -> dict[str, int]:
     """A chat's usage in Anthropic's terms: the prompt tokens a worker's cache held are read from the cache,
     not input (as llama-server counts them)."""
     usage = usage if isinstance(usage, dict) else {}
-    details = usage.get("prompt_tokens_details")
-    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    cached = cached_tokens(usage)
     return {
         "input_tokens": int(usage.get("prompt_tokens") or 0) - cached,
         "output_tokens": int(usage.get("completion_tokens") or 0),

@@ -15,6 +15,7 @@ from typing import Any
 
 from tray_app.jobs.ids import random_hex
 from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.rewrite import cached_tokens
 
 # What an answer's echo of its request keeps as it was asked (the fields a client may read back).
 ECHOED = ("instructions", "max_output_tokens", "temperature", "top_p")
@@ -229,11 +230,9 @@ def usage_of(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(usage, dict):
         return None
     prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    details = usage.get("prompt_tokens_details")
-    cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached_tokens(usage)},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
