@@ -56,7 +56,9 @@ class StandInService:
         self.registry = JobRegistry(self.journal, self.bus)
         self.executor = StandInExecutor(self.registry)
         self.workers = {"gpu": SimpleNamespace(state="ready"), "cpu": SimpleNamespace(state="ready")}
-        self.plan_set = SimpleNamespace(gpu=SimpleNamespace(n_ctx_per_seq=2048))
+        self.plan_set = SimpleNamespace(
+            gpu=SimpleNamespace(n_ctx_per_seq=2048), device=SimpleNamespace(simulated=True)
+        )
         self.tokens = SimpleNamespace(grammar_error=lambda grammar: None)
         main = ModelEntry(self.model_id, Path(self.model_id), ("default",), main=True)
         self.catalog = Catalog([main])
@@ -79,6 +81,9 @@ class StandInService:
 
     def status(self) -> dict[str, Any]:
         return {"stand_in": True}
+
+    def worker_status(self, role: str) -> dict[str, Any]:
+        return {"state": self.workers[role].state}
 
 
 def make_config(**server: Any) -> config.Config:

@@ -80,7 +80,8 @@ def test_json_and_empty_control_posts_still_work(client: TestClient, service: St
 
 
 @pytest.mark.parametrize(
-    "path", ["/failsoft/jobs", "/failsoft/status", "/v1/jobs/job-123", "/failsoft/events", "/metrics"]
+    "path",
+    ["/failsoft/jobs", "/failsoft/status", "/v1/jobs/job-123", "/failsoft/events", "/metrics", "/health"],
 )
 @pytest.mark.parametrize("host", ["attacker.example", "attacker.example:8750", "127.0.0.1.nip.io:8750"])
 def test_a_rebinding_host_reads_nothing(client: TestClient, path: str, host: str) -> None:
@@ -228,6 +229,16 @@ def test_non_ascii_bearer_tokens_are_401_not_500(make_service: Any) -> None:
             response = client.get("/failsoft/status", headers={"Authorization": token})  # type: ignore[dict-item]
             assert_openai_error(response, 401, "invalid_api_key")
         assert client.get("/failsoft/status", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_only_the_health_check_is_open_without_the_key(make_service: Any) -> None:
+    service = make_service(api_key="s3cret")
+    with client_for(create_app(service, manage_lifecycle=False)) as client:
+        for path in ("/health", "/v1/health"):
+            assert client.get(path).json()["workers"].keys() == {"gpu", "cpu"}
+        for path in ("/models", "/v1/models", "/metrics", "/healthz", "/health/x"):
+            assert_openai_error(client.get(path), 401, "invalid_api_key")
+        assert_openai_error(client.post("/chat/completions", json={}), 401, "invalid_api_key")
 
 
 def test_a_non_ascii_api_key_works_with_its_utf8_bytes(make_service: Any) -> None:

@@ -93,6 +93,29 @@ def test_models_lists_the_one_model(client: openai.OpenAI) -> None:
     assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
 
 
+def test_llama_servers_paths_without_v1_answer_as_llama_server_does(svc: ServiceHandle) -> None:
+    # A client given llama-server's base URL without /v1 asks for /chat/completions, /models, /responses.
+    bare = openai.OpenAI(base_url=svc.base_url, api_key="unused", max_retries=0, timeout=120)
+    completion = bare.chat.completions.create(model="default", messages=CHAT, max_tokens=2)
+    assert failsoft_of(completion)["worker"] == "gpu"
+    assert [model.id for model in bare.models.list()] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    response = bare.responses.create(model="default", input="Hi", max_output_tokens=4)
+    assert response.status in ("completed", "incomplete") and response.output
+    # llama-server's own formats are not served; the answer says where OpenAI's is.
+    native = httpx.post(svc.base_url + "/completions", json={"prompt": "Hi"}, timeout=10)
+    assert native.status_code == 404
+    assert native.json()["error"]["message"].endswith("under /v1 here: POST /v1/completions")
+    assert httpx.get(svc.base_url + "/chat/completions", timeout=10).status_code == 405
+
+
+def test_health_says_ok_with_the_workers_states(svc: ServiceHandle) -> None:
+    for path in ("/health", "/v1/health"):
+        answer = httpx.get(svc.base_url + path, timeout=10)
+        assert answer.status_code == 200
+        workers = {"gpu": "ready", "cpu": "ready"}
+        assert answer.json() == {"status": "ok", "workers": workers, "simulated": True}
+
+
 def test_unseeded_requests_get_a_pinned_seed(svc: ServiceHandle, client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(model="default", messages=CHAT, max_tokens=4)
     response = httpx.get(f"{svc.base_url}/failsoft/jobs", timeout=10)

@@ -40,6 +40,9 @@ def test_with_an_api_key_requests_need_it(tmp_path: Path) -> None:
             response = httpx.get(svc.base_url + "/failsoft/status", headers=headers, timeout=10)
             assert response.status_code == 401
             assert response.json()["error"]["code"] == "invalid_api_key"
+        # As llama-server's, the health check is open to monitors without the key: it tells only states.
+        health = httpx.get(svc.base_url + "/health", timeout=10)
+        assert health.status_code == 200 and health.json()["status"] == "ok"
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=svc.v1, api_key="wrong", max_retries=0).models.list()
         completion = client_for(svc).chat.completions.create(model="default", messages=CHAT, max_tokens=2)
@@ -64,6 +67,18 @@ def test_the_in_process_service_starts_answers_and_stops_cleanly(isolated_dirs: 
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 120
+        health = httpx.get(base_url + "/health", timeout=10)
+        while health.status_code != 200 and time.monotonic() < deadline:
+            # Until a worker can answer: llama-server's own "Loading model".
+            assert health.status_code == 503
+            assert health.json()["error"] == {
+                "code": 503,
+                "message": "Loading model",
+                "type": "unavailable_error",
+            }
+            time.sleep(0.1)
+            health = httpx.get(base_url + "/health", timeout=10)
+        assert health.json()["status"] == "ok"
         while time.monotonic() < deadline:
             workers = httpx.get(base_url + "/failsoft/status", timeout=10).json()["workers"]
             if all(workers[role]["state"] == "ready" for role in ("gpu", "cpu")):

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tray_app.budget.sizes import parse_size
 from tray_app.config import ServerConfig
 from tray_app.contract.events import RouteDecided
+from tray_app.contract.roles import CHAT_ROLES
 from tray_app.engine.tools import worker_tool_choice
 from tray_app.host.library import LoadRefused
 from tray_app.host.service import BACKGROUND_DEADLINE, Service
@@ -40,6 +41,7 @@ from tray_app.server.anthropic.paths import is_anthropic_path
 from tray_app.server.embedding_requests import parse_embedding_request
 from tray_app.server.errors import ApiError, bad_request, from_job_error, unavailable
 from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Writer
+from tray_app.server.health import HEALTH_PATHS, health_answer
 from tray_app.server.ollama.paths import is_ollama_path
 from tray_app.server.origin_guard import OriginGuard
 from tray_app.server.requests import (
@@ -129,7 +131,7 @@ class AuthAndErrors:
             return
         if verdict.cors_headers:
             send = _with_headers(send, verdict.cors_headers)
-        if self.api_key and not self._authorized(scope):
+        if self.api_key and scope["path"] not in HEALTH_PATHS and not self._authorized(scope):
             error = ApiError(
                 401,
                 "Incorrect or missing API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
@@ -748,6 +750,11 @@ class Router:
         self.svc.metrics.requests.labels(route=f"embed-{job.worker}", outcome=outcome).inc()
         return Response(json.dumps(answer), media_type="application/json", headers=job_headers(job))
 
+    async def health(self, request: Request) -> Response:
+        states: dict[str, str] = {role: self.svc.worker_status(role)["state"] for role in CHAT_ROLES}
+        status, body = health_answer(states, self.svc.plan_set.device.simulated)
+        return JSONResponse(body, status_code=status)
+
     async def models(self, request: Request) -> Response:
         """Every model a request may name, the main one first, each with where it is loaded now."""
         statuses = self.svc.library.status(self.svc.plan_set, self.svc.slots.in_flight)
@@ -902,8 +909,17 @@ async def not_found(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-    error = ApiError(status, f"{request.method} {request.url.path}: {detail}", code=code)
+    message = f"{request.method} {request.url.path}: {detail}"
+    if status == 404 and _served(request, "/v1" + request.url.path):
+        # llama-server also answers its own formats here (/completions, /embeddings): this router
+        # speaks OpenAI's, under /v1.
+        message += f". OpenAI's API is under /v1 here: {request.method} /v1{request.url.path}"
+    error = ApiError(status, message, code=code)
     return error_response(error, api=api_of(request.url.path))
+
+
+def _served(request: Request, path: str) -> bool:
+    return any(getattr(route, "path", None) == path for route in request.app.routes)
 
 
 def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
@@ -928,9 +944,11 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
         service.journal.set_retention(retention.retention_days, retention.max_jobs)
     generation: dict[str, Handler] = {
         "/v1/chat/completions": router.chat,
+        "/chat/completions": router.chat,  # llama-server's path too: clients given a base URL without /v1
         "/v1/completions": router.completions,
         "/v1/embeddings": router.embeddings,
         RESPONSES: responses.create,
+        RESPONSES.removeprefix("/v1"): responses.create,
         MESSAGES: messages.create,
         COUNT_TOKENS: messages.count_tokens,
         **ollama.direct(),
@@ -941,13 +959,10 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
 
     routes = [
         # Listed so that other methods get a 405 (POST on these paths is dispatched by AuthAndErrors).
-        Route("/v1/chat/completions", post_only, methods=["POST"]),
-        Route("/v1/completions", post_only, methods=["POST"]),
-        Route("/v1/embeddings", post_only, methods=["POST"]),
-        Route(RESPONSES, post_only, methods=["POST"]),
-        Route(MESSAGES, post_only, methods=["POST"]),
-        Route(COUNT_TOKENS, post_only, methods=["POST"]),
+        *(Route(path, post_only, methods=["POST"]) for path in generation if not is_ollama_path(path)),
         Route("/v1/models", router.models, methods=["GET"]),
+        Route("/models", router.models, methods=["GET"]),
+        *(Route(path, router.health, methods=["GET"]) for path in HEALTH_PATHS),
         Route("/v1/jobs", router.create_job, methods=["POST"]),
         Route("/v1/jobs/{job_id}", router.get_job, methods=["GET"]),
         Route("/v1/jobs/{job_id}", router.delete_job, methods=["DELETE"]),
