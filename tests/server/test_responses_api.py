@@ -115,10 +115,74 @@ def test_a_gpu_failure_under_a_stream_is_answered_on_the_cpu(
     wait_replaced(svc, armed["pid"])
 
 
+def test_a_stored_response_is_continued_from_its_id(client: openai.OpenAI) -> None:
+    first = client.responses.create(**ASK)
+    assert first.store is True and first.output_text
+    follow = {"input": "And at night?", "max_output_tokens": 40, "temperature": 0}
+    # The new request's instructions replace the stored one's (OpenAI's rule): none are carried over.
+    continued = client.responses.create(
+        model="default", previous_response_id=first.id, instructions="Be brief.", **follow
+    )
+    assert continued.previous_response_id == first.id
+    spelled_out = [
+        {"role": "user", "content": ASK["input"]},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": follow["input"]},
+    ]
+    whole = client.responses.create(
+        model="default", instructions="Be brief.", **{**follow, "input": spelled_out}
+    )
+    # Temperature 0: the same conversation read by the worker gives the same words, and the same count.
+    assert continued.output_text == whole.output_text
+    assert continued.usage is not None and whole.usage is not None
+    assert continued.usage.input_tokens == whole.usage.input_tokens
+
+
+def test_a_function_calls_result_continues_the_stored_response(client: openai.OpenAI) -> None:
+    ask = {
+        "model": "default",
+        "input": "What is 2 plus 3? Use the add tool.",
+        "tools": [ADD],
+        "tool_choice": "required",
+        "max_output_tokens": 60,
+        "temperature": 0,
+    }
+    first = client.responses.create(**ask)  # type: ignore[arg-type]
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "5"}
+    answer = {"tools": [ADD], "tool_choice": "none", "max_output_tokens": 30, "temperature": 0}
+    continued = client.responses.create(
+        model="default",
+        previous_response_id=first.id,
+        input=[result],
+        **answer,  # type: ignore[arg-type]
+    )
+    spelled_out = [
+        {"role": "user", "content": ask["input"]},
+        calls[0].model_dump(exclude_none=True),
+        result,
+    ]
+    whole = client.responses.create(model="default", input=spelled_out, **answer)  # type: ignore[arg-type]
+    assert continued.output_text
+    assert (continued.status, continued.output_text) == (whole.status, whole.output_text)
+
+
+def test_an_unknown_or_unstored_previous_response_is_not_found(client: openai.OpenAI) -> None:
+    unstored = client.responses.create(**{**ASK, "store": False})
+    assert unstored.store is False
+    for previous in (unstored.id, "resp_000000000000000000000000", "job-123"):
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.responses.create(**{**ASK, "previous_response_id": previous})
+        error = missing.value.body
+        assert isinstance(error, dict) and error["code"] == "previous_response_not_found"
+        assert error["param"] == "previous_response_id" and previous in error["message"]
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("previous_response_id", "resp_123"),
+        ("conversation", "conv_123"),
         ("tools", [{"type": "web_search"}]),
         ("input", [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]),
     ],

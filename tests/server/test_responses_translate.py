@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from tray_app.jobs.assemble import chat_chunk
+from tray_app.jobs.registry import RESPONSE_NOTE, worker_fields
 from tray_app.server.errors import ApiError
 from tray_app.server.responses.stream import ResponsesStream
-from tray_app.server.responses.translate import chat_request, response_of
+from tray_app.server.responses.translate import chat_request, history_of, response_of, stored_response
 from tray_app.server.streaming import DONE, failsoft_chunk, sse
 
 FAILSOFT = {"worker": "gpu", "attempts": 1}
@@ -73,10 +74,45 @@ def test_input_items_become_the_chat_they_stand_for() -> None:
     assert chat_request({"input": "Hi"})["messages"] == [{"role": "user", "content": "Hi"}]
 
 
+def test_a_translated_body_notes_its_instructions_and_storage_for_the_router_alone() -> None:
+    chat = chat_request({"input": "Hi", "instructions": "Be brief.", "store": False})
+    assert chat[RESPONSE_NOTE] == {"instructions": True, "messages": 2, "store": False}
+    assert not stored_response(chat)
+    assert stored_response(chat_request({"input": "Hi"}))  # store is OpenAI's default
+    assert RESPONSE_NOTE not in worker_fields(chat) and "stream_options" not in worker_fields(chat)
+
+
+def test_a_stored_response_continues_without_its_instructions_with_its_answer() -> None:
+    stored = chat_request({"input": "What is 2 plus 3?", "instructions": "Use tools."})
+    # A forced call's opening tag, which the router adds for the worker, is not the conversation's.
+    stored["messages"].append({"role": "assistant", "content": "<tool_call>\n"})
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":2,"b":3}'}}
+    result = {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [call]}}]}
+    history = history_of(stored, result)
+    assert history == [
+        {"role": "user", "content": "What is 2 plus 3?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
+    follow = {
+        "input": [{"type": "function_call_output", "call_id": "c1", "output": "5"}],
+        "instructions": "Hi",
+    }
+    assert chat_request(follow, history)["messages"] == [
+        {"role": "system", "content": "Hi"},
+        *history,
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+    ]
+    # Without instructions of its own, a first system message is the conversation's and stays.
+    plain = chat_request(
+        {"input": [{"role": "system", "content": "Rules."}, {"role": "user", "content": "Hi"}]}
+    )
+    answered = {"choices": [{"message": {"content": "Hello."}}]}
+    assert [m["content"] for m in history_of(plain, answered)] == ["Rules.", "Hi", "Hello."]
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": "x", "conversation": "conv_1"}, "conversation"),
         ({"input": "x", "background": True}, "background"),
         ({"input": []}, "input"),

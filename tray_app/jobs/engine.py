@@ -30,7 +30,7 @@ from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.assemble import Assembler, chat_chunk
 from tray_app.jobs.continuation import EchoedPrefix, continuation_messages
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece, cannot_serve
-from tray_app.jobs.registry import Job, JobRegistry, upstream_stream
+from tray_app.jobs.registry import Job, JobRegistry, upstream_stream, worker_fields
 from tray_app.jobs.relay import Relay, Sent, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -488,7 +488,7 @@ class Executor:
         body: dict[str, Any]
         if continues_chat(job, progress):
             # A thinking model's answer: llama-server continues it (see jobs.continuation).
-            body = {key: value for key, value in job.body.items() if key != "stream_options"}
+            body = worker_fields(job.body)
             messages = job.body["messages"]
             reasoning, text = progress.delivered_reasoning, progress.delivered_text
             body.update(messages=continuation_messages(messages, reasoning, text), max_tokens=remaining)

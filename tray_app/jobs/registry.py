@@ -47,6 +47,19 @@ def upstream_stream(prompt_tokens: int) -> dict[str, bool]:
     return {"stream": True, "return_progress": prompt_tokens > PROMPT_BATCH}
 
 
+# The translated body's note of the Responses request a job came from (server.responses.translate), kept
+# with the job so a later request can continue its conversation.
+RESPONSE_NOTE = "failsoft_response"
+# Fields of a job's body for the router alone: the client's stream options (the router streams from every
+# worker and counts the usage itself) and that note.
+ROUTER_FIELDS = frozenset({"stream_options", RESPONSE_NOTE})
+
+
+def worker_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A job's body as a worker gets it: without the fields for the router alone."""
+    return {key: value for key, value in body.items() if key not in ROUTER_FIELDS}
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{random_hex(12)}"
 
@@ -88,7 +101,7 @@ class Job:
     def upstream_body(self) -> bytes:
         """The body every attempt sends: always streamed (see relay), seed already pinned; encoded once."""
         if self._upstream is None:
-            body = {key: value for key, value in self.body.items() if key != "stream_options"}
+            body = worker_fields(self.body)
             body.update(upstream_stream(self.prompt_tokens))
             self._upstream = json.dumps(body).encode()
         return self._upstream

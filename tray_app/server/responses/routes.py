@@ -9,10 +9,18 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp
 
+from tray_app.jobs.journal import StoredJob
+from tray_app.jobs.registry import Job
 from tray_app.server.app import Router, error_response, read_translated
-from tray_app.server.errors import ApiError
+from tray_app.server.errors import ApiError, bad_request
 from tray_app.server.responses.stream import ResponsesStream
-from tray_app.server.responses.translate import chat_request, error_of, response_of
+from tray_app.server.responses.translate import (
+    chat_request,
+    error_of,
+    history_of,
+    response_of,
+    stored_response,
+)
 from tray_app.server.rewrite import Headers, RewrittenAnswer, header
 
 PATH = "/v1/responses"
@@ -24,11 +32,36 @@ class ResponsesRoute:
 
     async def create(self, request: Request) -> ASGIApp:
         try:
-            body, raw = await read_translated(request, self.router.max_body, chat_request)
+            body, raw = await read_translated(request, self.router.max_body, self._chat_request)
         except ApiError as error:
             return error_response(error)
         answer = await self.router.generate(request, "chat", raw)
         return ResponsesAnswer(answer, body)
+
+    def _chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        previous = body.get("previous_response_id")
+        return chat_request(body, None if previous is None else self._history(previous))
+
+    def _history(self, previous: Any) -> list[dict[str, Any]]:
+        """The conversation the stored response `previous` ends; 404 as OpenAI's when there is none: never
+        stored (`store: false`), not finished, failed, or gone past the journal's retention."""
+        if not isinstance(previous, str):
+            raise bad_request("'previous_response_id' must be a string", "previous_response_id")
+        job_id = "job-" + previous.removeprefix("resp_")
+        svc = self.router.svc
+        # A job that just ended is held in memory; the journal keeps older ones.
+        job: Job | StoredJob | None = svc.registry.get(job_id) or svc.journal.job(job_id)
+        if (
+            not previous.startswith("resp_")
+            or job is None
+            or job.kind != "chat"
+            or job.state != "completed"
+            or job.result is None
+            or not stored_response(job.body)
+        ):
+            message = f"Previous response with id '{previous}' not found."
+            raise ApiError(404, message, param="previous_response_id", code="previous_response_not_found")
+        return history_of(job.body, job.result)
 
 
 def _response_id(headers: Headers) -> str:

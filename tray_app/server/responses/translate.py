@@ -3,8 +3,9 @@ the chat completions the router serves, and the router's answers back in the Res
 
 A request becomes a chat completion (input items as messages, function tools, `text.format` as
 `response_format`, `reasoning.effort` as `reasoning_effort`), so admission, failover, approvals and the
-journal apply to it as to any chat. Responses are not stored: `previous_response_id` and `conversation` are
-a 400 that says to send the whole conversation, as clients with `store: false` do anyway.
+journal apply to it as to any chat. The journal keeps each answer with its job, so a request may continue a
+stored one (`previous_response_id`, see `history_of`) unless it was made with `store: false`; server-side
+`conversation` objects are a 400.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 from tray_app.jobs.ids import random_hex
+from tray_app.jobs.registry import RESPONSE_NOTE
 from tray_app.server.errors import ApiError, bad_request
 from tray_app.server.rewrite import cached_tokens
 
@@ -26,12 +28,12 @@ def unsupported(message: str, param: str) -> ApiError:
 
 
 # ------------------------------------------------------------------------------------------- request
-def chat_request(body: dict[str, Any]) -> dict[str, Any]:
-    """A Responses request body as a chat completion body; ApiError (400) naming the field otherwise."""
-    for name in ("previous_response_id", "conversation"):
-        if body.get(name):
-            message = f"'{name}' is not supported: responses are not stored here; send the whole conversation"
-            raise unsupported(message + " in 'input'", name)
+def chat_request(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A Responses request body as a chat completion body; ApiError (400) naming the field otherwise.
+    `history`: the messages of the stored response it continues (`previous_response_id`), before its input."""
+    if body.get("conversation"):
+        message = "'conversation' is not supported: use 'previous_response_id', or send the conversation"
+        raise unsupported(message + " in 'input'", "conversation")
     if body.get("background"):
         raise unsupported(
             "'background' is not supported: use POST /v1/jobs for background work", "background"
@@ -42,8 +44,16 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(instructions, str):
             raise bad_request("'instructions' must be a string", "instructions")
         messages.append({"role": "system", "content": instructions})
+    messages += history or []
     messages += _messages(body.get("input"))
     out: dict[str, Any] = {"messages": messages, "stream": body.get("stream") is True}
+    # What a later request continuing this one takes from the stored body: the messages up to here (the
+    # router may add its own after them, e.g. a forced tool call's opening tag), after the instructions.
+    out[RESPONSE_NOTE] = {
+        "instructions": instructions is not None,
+        "messages": len(messages),
+        "store": body.get("store") is not False,
+    }
     if out["stream"]:
         out["stream_options"] = {"include_usage": True}  # for the usage of response.completed
     if body.get("model") is not None:
@@ -64,6 +74,27 @@ def chat_request(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(reasoning, dict) and isinstance(reasoning.get("effort"), str):
         out["reasoning_effort"] = reasoning["effort"]
     return out
+
+
+def history_of(chat_body: dict[str, Any], result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation a stored response ends: its request's messages without its instructions (OpenAI's
+    rule: a response's instructions are not carried over to the next), then its answer. Its reasoning is
+    left out, as the earlier reasoning items a client sends back are (see `_messages`)."""
+    note = chat_body.get(RESPONSE_NOTE) or {}
+    messages = list(chat_body.get("messages") or [])
+    first = 1 if note.get("instructions") else 0
+    messages = messages[first : note.get("messages", len(messages))]
+    message = ((result.get("choices") or [{}])[0]).get("message") or {}
+    answer: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        answer["tool_calls"] = message["tool_calls"]
+    return [*messages, answer]
+
+
+def stored_response(chat_body: dict[str, Any]) -> bool:
+    """Whether a job's body is a Responses request made to be kept (not `store: false`)."""
+    note = chat_body.get(RESPONSE_NOTE)
+    return isinstance(note, dict) and note.get("store") is True
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
@@ -190,11 +221,12 @@ def response_shell(request: dict[str, Any], response_id: str, model: str, status
         "tool_choice": request.get("tool_choice") or "auto",
         "text": request.get("text") or {"format": {"type": "text"}},
         "reasoning": request.get("reasoning") or {},
-        "store": False,
+        "store": request.get("store") is not False,
         "usage": None,
     }
     for name in ECHOED:
         shell[name] = request.get(name)
+    shell["previous_response_id"] = request.get("previous_response_id")
     shell["parallel_tool_calls"] = request.get("parallel_tool_calls", True)
     shell["metadata"] = request.get("metadata") or {}
     return shell
