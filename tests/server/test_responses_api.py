@@ -177,6 +177,26 @@ def test_an_unknown_or_unstored_previous_response_is_not_found(client: openai.Op
         error = missing.value.body
         assert isinstance(error, dict) and error["code"] == "previous_response_not_found"
         assert error["param"] == "previous_response_id" and previous in error["message"]
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(previous)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stored_response_is_retrieved_as_it_was_answered(client: openai.OpenAI, stream: bool) -> None:
+    ask = {**ASK, "metadata": {"case": "retrieve"}}
+    if stream:
+        with client.responses.stream(**ask) as events:
+            for _ in events:
+                pass
+            answered = events.get_final_response()
+    else:
+        answered = client.responses.create(**ask)
+    again = client.responses.retrieve(answered.id)
+    assert (again.id, again.status, again.output_text) == (answered.id, "completed", answered.output_text)
+    assert again.usage == answered.usage and again.instructions == ASK["instructions"]
+    assert again.metadata == {"case": "retrieve"}
+    if not stream:  # a stream's events carry the request's time, before the answer began
+        assert again.created_at == answered.created_at
 
 
 @pytest.mark.parametrize(

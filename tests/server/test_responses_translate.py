@@ -12,7 +12,13 @@ from tray_app.jobs.assemble import chat_chunk
 from tray_app.jobs.registry import RESPONSE_NOTE, worker_fields
 from tray_app.server.errors import ApiError
 from tray_app.server.responses.stream import ResponsesStream
-from tray_app.server.responses.translate import chat_request, history_of, response_of, stored_response
+from tray_app.server.responses.translate import (
+    chat_request,
+    history_of,
+    response_of,
+    retrieved,
+    stored_response,
+)
 from tray_app.server.streaming import DONE, failsoft_chunk, sse
 
 FAILSOFT = {"worker": "gpu", "attempts": 1}
@@ -76,7 +82,12 @@ def test_input_items_become_the_chat_they_stand_for() -> None:
 
 def test_a_translated_body_notes_its_instructions_and_storage_for_the_router_alone() -> None:
     chat = chat_request({"input": "Hi", "instructions": "Be brief.", "store": False})
-    assert chat[RESPONSE_NOTE] == {"instructions": True, "messages": 2, "store": False}
+    assert chat[RESPONSE_NOTE] == {
+        "instructions": True,
+        "messages": 2,
+        "store": False,
+        "request": {"instructions": "Be brief.", "store": False},  # what a retrieved response echoes
+    }
     assert not stored_response(chat)
     assert stored_response(chat_request({"input": "Hi"}))  # store is OpenAI's default
     assert RESPONSE_NOTE not in worker_fields(chat) and "stream_options" not in worker_fields(chat)
@@ -108,6 +119,32 @@ def test_a_stored_response_continues_without_its_instructions_with_its_answer() 
     )
     answered = {"choices": [{"message": {"content": "Hello."}}]}
     assert [m["content"] for m in history_of(plain, answered)] == ["Rules.", "Hi", "Hello."]
+
+
+@pytest.mark.parametrize(
+    ("state", "status"),
+    [
+        ("queued", "queued"),
+        ("running", "in_progress"),
+        ("awaiting_approval", "in_progress"),
+        ("cancelled", "cancelled"),
+    ],
+)
+def test_a_stored_response_not_completed_is_retrieved_with_its_status(state: str, status: str) -> None:
+    chat = chat_request({"model": "default", "input": "Hi", "temperature": 0.5, "metadata": {"k": "v"}})
+    answer = retrieved(chat, state, None, None, "resp_1", 1700000000.0)
+    assert (answer["id"], answer["status"], answer["output"]) == ("resp_1", status, [])
+    assert answer["temperature"] == 0.5 and answer["metadata"] == {"k": "v"}  # as asked
+    assert answer["created_at"] == 1700000000 and answer["error"] is None
+
+
+def test_a_failed_stored_response_is_retrieved_with_its_error() -> None:
+    chat = chat_request({"input": "Hi"})
+    error = {"message": "the CPU fallback was refused", "code": "fallback_refused"}
+    answer = retrieved(chat, "failed", None, error, "resp_1", 0.0)
+    assert answer["status"] == "failed" and answer["error"] == error
+    from_journal = retrieved(chat, "rejected", None, "rejected by the user", "resp_1", 0.0)
+    assert from_journal["error"] == {"code": "server_error", "message": "rejected by the user"}
 
 
 @pytest.mark.parametrize(

@@ -960,6 +960,10 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     routes = [
         # Listed so that other methods get a 405 (POST on these paths is dispatched by AuthAndErrors).
         *(Route(path, post_only, methods=["POST"]) for path in generation if not is_ollama_path(path)),
+        *(
+            Route(path + "/{response_id}", responses.retrieve, methods=["GET"])
+            for path in (RESPONSES, "/responses")
+        ),
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/models", router.models, methods=["GET"]),
         *(Route(path, router.health, methods=["GET"]) for path in HEALTH_PATHS),

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from tray_app.jobs.journal import StoredJob
@@ -19,6 +20,7 @@ from tray_app.server.responses.translate import (
     error_of,
     history_of,
     response_of,
+    retrieved,
     stored_response,
 )
 from tray_app.server.rewrite import Headers, RewrittenAnswer, header
@@ -42,26 +44,37 @@ class ResponsesRoute:
         previous = body.get("previous_response_id")
         return chat_request(body, None if previous is None else self._history(previous))
 
+    async def retrieve(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        job = self._stored(response_id)
+        if job is None:
+            message = f"Response with id '{response_id}' not found."
+            return error_response(ApiError(404, message, param="response_id", code="not_found"))
+        answer = retrieved(job.body, job.state, job.result, job.error, response_id, job.created_at)
+        return JSONResponse(answer)
+
     def _history(self, previous: Any) -> list[dict[str, Any]]:
         """The conversation the stored response `previous` ends; 404 as OpenAI's when there is none: never
-        stored (`store: false`), not finished, failed, or gone past the journal's retention."""
+        stored (`store: false`), not completed, or gone past the journal's retention."""
         if not isinstance(previous, str):
             raise bad_request("'previous_response_id' must be a string", "previous_response_id")
-        job_id = "job-" + previous.removeprefix("resp_")
-        svc = self.router.svc
-        # A job that just ended is held in memory; the journal keeps older ones.
-        job: Job | StoredJob | None = svc.registry.get(job_id) or svc.journal.job(job_id)
-        if (
-            not previous.startswith("resp_")
-            or job is None
-            or job.kind != "chat"
-            or job.state != "completed"
-            or job.result is None
-            or not stored_response(job.body)
-        ):
+        job = self._stored(previous)
+        if job is None or job.state != "completed" or job.result is None:
             message = f"Previous response with id '{previous}' not found."
             raise ApiError(404, message, param="previous_response_id", code="previous_response_not_found")
         return history_of(job.body, job.result)
+
+    def _stored(self, response_id: str) -> Job | StoredJob | None:
+        """The job behind a stored response (None: no such response, or made with `store: false`)."""
+        if not response_id.startswith("resp_"):
+            return None
+        job_id = "job-" + response_id.removeprefix("resp_")
+        svc = self.router.svc
+        # A job that just ended is held in memory; the journal keeps older ones.
+        job: Job | StoredJob | None = svc.registry.get(job_id) or svc.journal.job(job_id)
+        if job is None or job.kind != "chat" or not stored_response(job.body):
+            return None
+        return job
 
 
 def _response_id(headers: Headers) -> str:

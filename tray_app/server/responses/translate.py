@@ -21,6 +21,20 @@ from tray_app.server.rewrite import cached_tokens
 
 # What an answer's echo of its request keeps as it was asked (the fields a client may read back).
 ECHOED = ("instructions", "max_output_tokens", "temperature", "top_p")
+# Every field of the request a Response echoes (see response_shell).
+SHELL_FIELDS = (
+    *ECHOED,
+    "tools",
+    "tool_choice",
+    "text",
+    "reasoning",
+    "store",
+    "parallel_tool_calls",
+    "metadata",
+    "previous_response_id",
+)
+# A stored job's state as a Response's status.
+STATUS_OF_STATE = {"queued": "queued", "failed": "failed", "rejected": "failed", "cancelled": "cancelled"}
 
 
 def unsupported(message: str, param: str) -> ApiError:
@@ -48,11 +62,13 @@ def chat_request(body: dict[str, Any], history: list[dict[str, Any]] | None = No
     messages += _messages(body.get("input"))
     out: dict[str, Any] = {"messages": messages, "stream": body.get("stream") is True}
     # What a later request continuing this one takes from the stored body: the messages up to here (the
-    # router may add its own after them, e.g. a forced tool call's opening tag), after the instructions.
+    # router may add its own after them, e.g. a forced tool call's opening tag), after the instructions;
+    # and what a retrieved response echoes of its request.
     out[RESPONSE_NOTE] = {
         "instructions": instructions is not None,
         "messages": len(messages),
         "store": body.get("store") is not False,
+        "request": {name: body[name] for name in SHELL_FIELDS if name in body},
     }
     if out["stream"]:
         out["stream_options"] = {"include_usage": True}  # for the usage of response.completed
@@ -283,6 +299,8 @@ def finish(shell: dict[str, Any], finish_reason: str | None) -> None:
 def response_of(request: dict[str, Any], result: dict[str, Any], response_id: str) -> dict[str, Any]:
     """A whole chat completion (the router's, with its `failsoft`) as a Response."""
     shell = response_shell(request, response_id, str(result.get("model") or ""), "completed")
+    if isinstance(result.get("created"), int):
+        shell["created_at"] = result["created"]  # when its answer began: the same when it is retrieved
     choice = (result.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     if message.get("reasoning_content"):
@@ -296,6 +314,28 @@ def response_of(request: dict[str, Any], result: dict[str, Any], response_id: st
     if result.get("failsoft"):
         shell["failsoft"] = result["failsoft"]
     return shell
+
+
+def retrieved(
+    chat_body: dict[str, Any],
+    state: str,
+    result: dict[str, Any] | None,
+    error: dict[str, Any] | str | None,
+    response_id: str,
+    created_at: float,
+) -> dict[str, Any]:
+    """A stored job as the Response `GET /v1/responses/{id}` returns: whole once completed, else its status
+    (queued, in progress, failed with the error, cancelled) with no output yet."""
+    echo = (chat_body.get(RESPONSE_NOTE) or {}).get("request") or {}
+    if state == "completed" and result is not None:
+        return response_of(echo, result, response_id)
+    status = STATUS_OF_STATE.get(state, "in_progress")
+    answer = response_shell(echo, response_id, str(chat_body.get("model") or ""), status)
+    answer["created_at"] = int(created_at)
+    if status == "failed":
+        fault = error if isinstance(error, dict) else {"message": error or "the request failed"}
+        answer["error"] = {"code": fault.get("code") or "server_error", "message": fault.get("message")}
+    return answer
 
 
 def error_of(status: int, body: bytes) -> bytes:
