@@ -181,6 +181,18 @@ def test_an_unknown_or_unstored_previous_response_is_not_found(client: openai.Op
             client.responses.retrieve(previous)
 
 
+def test_input_tokens_are_counted_as_the_worker_reads_them(client: openai.OpenAI) -> None:
+    asked = {"model": "default", "instructions": ASK["instructions"], "input": ASK["input"]}
+    counted = client.responses.input_tokens.count(**asked)
+    answered = client.responses.create(**ASK)
+    assert counted.object == "response.input_tokens"
+    assert answered.usage is not None and counted.input_tokens == answered.usage.input_tokens
+    follow = {"model": "default", "previous_response_id": answered.id, "input": "And at night?"}
+    continued = client.responses.create(**follow, max_output_tokens=8, temperature=0)
+    assert continued.usage is not None
+    assert client.responses.input_tokens.count(**follow).input_tokens == continued.usage.input_tokens
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_stored_response_is_retrieved_as_it_was_answered(client: openai.OpenAI, stream: bool) -> None:
     ask = {**ASK, "metadata": {"case": "retrieve"}}

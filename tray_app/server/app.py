@@ -961,8 +961,12 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
         # Listed so that other methods get a 405 (POST on these paths is dispatched by AuthAndErrors).
         *(Route(path, post_only, methods=["POST"]) for path in generation if not is_ollama_path(path)),
         *(
-            Route(path + "/{response_id}", responses.retrieve, methods=["GET"])
-            for path in (RESPONSES, "/responses")
+            route
+            for path in (RESPONSES, RESPONSES.removeprefix("/v1"))
+            for route in (
+                Route(path + "/input_tokens", responses.count_input_tokens, methods=["POST"]),
+                Route(path + "/{response_id}", responses.retrieve, methods=["GET"]),
+            )
         ),
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/models", router.models, methods=["GET"]),

@@ -40,6 +40,16 @@ class ResponsesRoute:
         answer = await self.router.generate(request, "chat", raw)
         return ResponsesAnswer(answer, body)
 
+    async def count_input_tokens(self, request: Request) -> Response:
+        """`POST /v1/responses/input_tokens`: the prompt tokens the request would take, counted as admission
+        counts them (with the stored conversation it continues, if it names one)."""
+        try:
+            _, raw = await read_translated(request, self.router.max_body, self._chat_request)
+            tokens = self.router.count_chat(raw)
+        except ApiError as error:
+            return error_response(error)
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": tokens})
+
     def _chat_request(self, body: dict[str, Any]) -> dict[str, Any]:
         previous = body.get("previous_response_id")
         return chat_request(body, None if previous is None else self._history(previous))
