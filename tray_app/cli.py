@@ -22,6 +22,10 @@ HANDLERS = {
     "drill": "tray_app.drill.command:run",
     "bench": "tray_app.bench.command:run",
     "doctor": "tray_app.doctor.command:run",
+    "status": "tray_app.console.command:status",
+    "approvals": "tray_app.console.command:approvals",
+    "approve": "tray_app.console.command:approve",
+    "reject": "tray_app.console.command:reject",
 }
 
 
@@ -115,7 +119,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--port", type=int, help="the port to check (default: the config's)")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_console_commands(sub)
     return parser
+
+
+SERVICE_URL_HELP = "the service's address (default: the config's); its key: $FAILSOFT_API_KEY or the config"
+
+
+def _add_console_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that ask a running service (the tray's view and approvals, for a terminal)."""
+    status = sub.add_parser(
+        "status", help="what a running service is doing: GPU, budget, workers, models, jobs"
+    )
+    status.add_argument("--url", help=SERVICE_URL_HELP)
+    status.add_argument("--json", action="store_true", help="print /failsoft/status as it came")
+    approvals = sub.add_parser("approvals", help="list the jobs waiting for your approval of a slow CPU run")
+    approvals.add_argument("--url", help=SERVICE_URL_HELP)
+    approvals.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    approve = sub.add_parser("approve", help="let waiting jobs run on the CPU (or on the offered stand-in)")
+    approve.add_argument("job_ids", nargs="*", metavar="JOB_ID")
+    approve.add_argument("--all", action="store_true", help="approve every job waiting")
+    approve.add_argument(
+        "--stand-in", action="store_true", help="answer with the smaller model offered on the GPU, now"
+    )
+    approve.add_argument("--url", help=SERVICE_URL_HELP)
+    reject = sub.add_parser("reject", help="refuse waiting jobs their CPU run (their clients get an error)")
+    reject.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    reject.add_argument("--url", help=SERVICE_URL_HELP)
 
 
 def load_config(args: argparse.Namespace) -> config.Config:

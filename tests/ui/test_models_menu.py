@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pytestqt.qtbot import QtBot
 
-from tests.ui.conftest import make_library_status, make_status
+from tests.support.status_samples import make_library_status, make_status
 from tests.ui.local_server import LocalService
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.models_menu import ACTION_TIPS

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.ui.conftest import make_library_status, make_status
+from tests.support.status_samples import make_library_status, make_status
 from tray_app.ui.state import (
     DEGRADED,
     DOWN,

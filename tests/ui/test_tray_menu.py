@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 
-from tests.ui.conftest import make_status
+from tests.support.status_samples import make_status
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.qt_events import QtEventBridge
 from tray_app.ui.status_model import StatusModel

@@ -47,7 +47,8 @@ def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]
     return config.apply_overrides(cfg, {**cfg.overrides, **overrides}), notes
 
 
-def _bar(part: int, total: int) -> str:
+def text_bar(part: int, total: int) -> str:
+    """A bar of BAR_WIDTH characters, "#" for `part` of `total`."""
     filled = round(BAR_WIDTH * part / total) if total > 0 else 0
     if part > 0:
         filled = max(filled, 1)  # a small part still shows
@@ -91,7 +92,7 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
     ]
     if plan.total_bytes > 0:
         for label, size, detail in _split_rows(plan, plans.embeddings):
-            lines.append(f"  {label:<9} {_bar(size, plan.total_bytes)} {format_size(size):>11}  {detail}")
+            lines.append(f"  {label:<9} {text_bar(size, plan.total_bytes)} {format_size(size):>11}  {detail}")
         lines.append(f"  {'total':<9} {'':<{BAR_WIDTH}} {format_size(plan.total_bytes):>11}")
         lines.append("")
     lines.append(f"verdict: {plan.verdict.upper()} - {plan.reason}")

@@ -29,10 +29,10 @@ from PySide6.QtWidgets import (
 
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ApiCall, ChatStream, ServiceClient
-from tray_app.ui.approvals import job_list
 from tray_app.ui.flow_layout import FlowLayout
 from tray_app.ui.icons import app_icon
 from tray_app.ui.notifications import reason_text
+from tray_app.ui.pending import job_list
 from tray_app.ui.qt_events import QtEventBridge
 from tray_app.ui.state import device_name, format_duration, where_text
 

@@ -14,6 +14,8 @@ DOWN = "down"
 
 # Worker states in which the worker is on its way back rather than gone.
 RECOVERING_STATES = {"starting", "restarting", "unhealthy"}
+# Worker states with no requests to count: its slots are not shown.
+IDLE_STATES = {"stopped", "failed", "absent"}
 
 # Where a library model is (`ModelStatus.where`), in words; the tray has words for every value.
 WHERE_WORDS = {
@@ -53,6 +55,20 @@ def _plural(count: int, one: str, many: str) -> str:
 def worker_state(status: dict[str, Any], role: str) -> str:
     worker = (status.get("workers") or {}).get(role) or {}
     return str(worker.get("state") or "unknown")
+
+
+def worker_line(role: str, worker: dict[str, Any]) -> str:
+    """ "GPU worker: ready · 1/4 slots busy · pid 4242 · 180.00 MiB"."""
+    parts = [f"{role.upper()} worker: {worker.get('state') or 'unknown'}"]
+    if worker.get("slots") and worker.get("state") not in IDLE_STATES:
+        parts.append(f"{worker.get('in_flight') or 0}/{worker['slots']} slots busy")
+    if worker.get("pid"):
+        parts.append(f"pid {worker['pid']}")
+    if worker.get("rss_bytes"):
+        parts.append(format_size(worker["rss_bytes"]))
+    if worker.get("restarts"):
+        parts.append(f"{worker['restarts']} restarts")
+    return " · ".join(parts)
 
 
 def device_label(status: dict[str, Any]) -> str:

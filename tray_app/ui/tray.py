@@ -12,13 +12,12 @@ from PySide6.QtGui import QAction, QCursor, QDesktopServices
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSystemTrayIcon, QVBoxLayout, QWidget, QWidgetAction
 
 from tray_app import paths
-from tray_app.budget.sizes import format_size
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.budget_bar import BudgetBar
 from tray_app.ui.icons import state_icon, state_pixmap, swatch_icon
 from tray_app.ui.models_menu import ModelsMenu, model_failure
 from tray_app.ui.notifications import Notice
-from tray_app.ui.state import caps_label, device_label, worker_state
+from tray_app.ui.state import caps_label, device_label, worker_line, worker_state
 from tray_app.ui.status_model import StatusModel
 
 log = logging.getLogger(__name__)
@@ -38,20 +37,6 @@ MESSAGE_ICONS = {
     "critical": QSystemTrayIcon.MessageIcon.Critical,
 }
 MESSAGE_MS = 8000
-
-
-def worker_line(role: str, worker: dict[str, Any]) -> str:
-    """ "GPU worker: ready · 1/4 slots busy · pid 4242 · 180.00 MiB"."""
-    parts = [f"{role.upper()} worker: {worker.get('state') or 'unknown'}"]
-    if worker.get("slots"):
-        parts.append(f"{worker.get('in_flight') or 0}/{worker['slots']} slots busy")
-    if worker.get("pid"):
-        parts.append(f"pid {worker['pid']}")
-    if worker.get("rss_bytes"):
-        parts.append(format_size(worker["rss_bytes"]))
-    if worker.get("restarts"):
-        parts.append(f"{worker['restarts']} restarts")
-    return " · ".join(parts)
 
 
 class WorkerMenu(QMenu):

@@ -1,0 +1,89 @@
+"""What `failsoft status` and `failsoft approvals` print, from answers in the documented shape."""
+
+from __future__ import annotations
+
+from tests.support.status_samples import MiB, make_library_status, make_status
+from tray_app.budget.sizes import format_size
+from tray_app.console.status_text import render_pending, render_status
+from tray_app.ui.pending import PendingJob
+
+URL = "http://127.0.0.1:8750"
+NOW = 1_800_000_000.0
+
+
+def test_a_simulated_gpu_is_named_so_and_its_budget_is_split_in_parts() -> None:
+    status = make_status(pending=1)
+    text = render_status(status, URL, NOW)
+    assert "GPU: simulated GPU, 4.00 GiB [SIMULATED]" in text
+    assert "GPU serving · simulated 4.00 GiB · context 4,096 × 2 parallel · 1 awaiting approval" in text
+    plan = status["plan"]
+    for label, key in (("Weights", "weights_bytes"), ("KV cache", "kv_bytes"), ("Free", "free_bytes")):
+        row = next(line for line in text.splitlines() if line.strip().startswith(label))
+        assert row.endswith(format_size(plan[key])), row
+    assert "Context 4,096 per request · 2 parallel · 31/31 layers on GPU" in text
+    assert "CPU worker: ready · 1/4 slots busy · pid 4243" in text
+    assert "1 awaiting approval (`failsoft approvals`)" in text
+
+
+def test_a_real_gpu_is_never_called_simulated() -> None:
+    status = make_status(simulated=False)
+    status["device"]["name"] = "NVIDIA GeForce RTX 4090"
+    text = render_status(status, URL, NOW)
+    assert "GPU: NVIDIA GeForce RTX 4090, 4.00 GiB -" in text
+    assert "SIMULATED" not in text and "simulated" not in text.replace("simulated GPU", "")
+
+
+def test_another_model_on_the_gpu_gets_its_share_out_of_the_free_part() -> None:
+    status = make_library_status()
+    text = render_status(status, URL, NOW)
+    free = status["plan"]["free_bytes"] - 300 * MiB
+    assert any(
+        line.strip().startswith("gemma3-270m") and line.endswith("300.00 MiB") for line in text.splitlines()
+    )
+    assert any(
+        line.strip().startswith("Free") and line.endswith(format_size(free)) for line in text.splitlines()
+    )
+    assert "gemma3-270m · on the GPU · 300.00 MiB VRAM · unloads in 42 s" in text
+    assert "phi-4-mini · not loaded" in text
+
+
+def test_a_failed_worker_says_why_and_when_it_is_tried_again() -> None:
+    status = make_status(gpu="failed")
+    status["workers"]["gpu"].update(
+        reason="the load ran out of GPU memory",
+        last_failure={"kind": "oom_load", "message": "cudaMalloc failed: out of memory"},
+        next_retry_at=NOW + 30,
+        slots=4,
+    )
+    text = render_status(status, URL, NOW)
+    assert "GPU worker: failed · pid 4242" in text  # no slots to count on a failed worker
+    assert "the load ran out of GPU memory" in text
+    assert "last failure: oom_load: cudaMalloc failed: out of memory" in text
+    assert "next try in 30 s" in text
+
+
+def test_without_a_gpu_there_is_no_budget_bar_but_the_reason() -> None:
+    status = make_status()
+    status["plan"] = {"total_bytes": 0, "reason": "no NVIDIA driver found (NVML: not loaded)"}
+    text = render_status(status, URL, NOW)
+    assert "No GPU budget: no NVIDIA driver found (NVML: not loaded)" in text
+    assert "VRAM budget" not in text
+
+
+def test_waiting_jobs_are_listed_oldest_first_with_the_question_each_asks() -> None:
+    jobs = [
+        PendingJob(
+            "job-b", 120.0, "Summarise this\nlong text " + "x" * 100, NOW - 30, "qwen3-8b", "gemma3-270m"
+        ),
+        PendingJob("job-a", 0.0, "hi", NOW - 90, "qwen3-8b"),
+    ]
+    text = render_pending(sorted(jobs, key=lambda job: job.created_at), NOW)
+    lines = text.splitlines()
+    assert lines[0].startswith("2 jobs wait for approval")
+    assert lines[1] == "  job-a  waiting 1 min 30 s  qwen3-8b on the CPU in about an unknown time"
+    assert (
+        lines[3]
+        == "  job-b  waiting 30 s  gemma3-270m on the GPU now, or qwen3-8b on the CPU in about 2 min 00 s?"
+    )
+    assert lines[4].strip().startswith("'Summarise this long text") and lines[4].endswith("…'")
+    assert render_pending([], NOW) == "No job waits for approval."

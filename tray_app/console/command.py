@@ -1,0 +1,91 @@
+"""`failsoft status`, `approvals`, `approve` and `reject`: the tray's view and its approval buttons for a
+terminal. Exit status 1 when the service cannot be reached or refuses any of the asked actions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+from urllib.parse import quote
+
+from tray_app.console.service_client import ServiceClient, ServiceError
+from tray_app.console.status_text import render_pending, render_status
+from tray_app.ui.pending import pending_jobs
+
+
+def _print_json(body: Any) -> None:
+    print(json.dumps(body, indent=2))
+
+
+def status(args: argparse.Namespace) -> int:
+    client = ServiceClient.from_args(args)
+    try:
+        body = client.get("/failsoft/status")
+    except ServiceError as error:
+        print(f"failsoft status: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(body)
+    else:
+        print(render_status(body, client.base_url, time.time()))
+    return 0
+
+
+def approvals(args: argparse.Namespace) -> int:
+    client = ServiceClient.from_args(args)
+    try:
+        body = client.get("/failsoft/jobs", {"state": "awaiting_approval"})
+    except ServiceError as error:
+        print(f"failsoft approvals: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(body)
+    else:
+        print(render_pending(pending_jobs(body), time.time()))
+    return 0
+
+
+def _approve_all(client: ServiceClient) -> int:
+    try:
+        approved = client.post("/failsoft/jobs/approve-all").get("approved") or []
+    except ServiceError as error:
+        print(f"failsoft approve: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"approved {len(approved)} job{'' if len(approved) == 1 else 's'}"
+        + "".join(f"\n  {i}" for i in approved)
+    )
+    return 0
+
+
+def _act(args: argparse.Namespace, action: str, command: str, done: str) -> int:
+    client = ServiceClient.from_args(args)
+    failed = 0
+    for job_id in args.job_ids:
+        try:
+            job = client.post(f"/failsoft/jobs/{quote(job_id, safe='')}/{action}")
+        except ServiceError as error:
+            said = str(error)
+            print(f"failsoft {command}: {said if job_id in said else f'{job_id}: {said}'}", file=sys.stderr)
+            failed += 1
+            continue
+        model = f" ({job['model']})" if job.get("model") else ""
+        print(f"{job_id}: {done}{model}, now {job.get('state')}")
+    return 1 if failed else 0
+
+
+def approve(args: argparse.Namespace) -> int:
+    if args.all == bool(args.job_ids):
+        print("failsoft approve: name the jobs to approve, or --all (not both)", file=sys.stderr)
+        return 2
+    if args.all:
+        return _approve_all(ServiceClient.from_args(args))
+    if args.stand_in:
+        return _act(args, "stand-in", "approve", "answered now by the smaller model on the GPU")
+    return _act(args, "approve", "approve", "approved for the CPU")
+
+
+def reject(args: argparse.Namespace) -> int:
+    return _act(args, "reject", "reject", "rejected")

@@ -1,0 +1,73 @@
+"""One short request at a time to a running service, its failures in words a terminal user can act on."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tray_app import cli
+from tray_app.host.service_probe import local_url
+
+API_KEY_VARIABLE = "FAILSOFT_API_KEY"  # a key on the command line would show in every `ps`
+TIMEOUT_S = 15.0
+
+
+class ServiceError(Exception):
+    """The service could not be reached, or refused the request; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ServiceClient:
+    base_url: str
+    api_key: str = ""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServiceClient:
+        """The service at `--url`, else at the config's address; the key from $FAILSOFT_API_KEY, else the
+        config's `[server] api_key`."""
+        cfg = cli.load_config(args)
+        url = (args.url or local_url(cfg.server.host, cfg.server.port)).rstrip("/")
+        return cls(url, os.environ.get(API_KEY_VARIABLE) or cfg.server.api_key)
+
+    def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        return self._call("GET", path, params)
+
+    def post(self, path: str) -> Any:
+        return self._call("POST", path)
+
+    def _call(self, method: str, path: str, params: dict[str, str] | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            with httpx.Client(trust_env=False, timeout=TIMEOUT_S, headers=headers) as client:
+                response = client.request(method, self.base_url + path, params=params)
+        except httpx.TimeoutException:
+            raise ServiceError(
+                f"the service at {self.base_url} did not answer within {TIMEOUT_S:.0f} s"
+            ) from None
+        except httpx.TransportError as error:
+            raise ServiceError(
+                f"no Failsoft service answers at {self.base_url} ({error.__class__.__name__}): start it with "
+                "`failsoft serve` (or `failsoft` for the tray), or name another with --url"
+            ) from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.is_success and body is not None:
+            return body
+        raise ServiceError(self._refusal(response.status_code, body))
+
+    def _refusal(self, status: int, body: Any) -> str:
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            return f"what answers at {self.base_url} is not a Failsoft service (HTTP {status})"
+        if error.get("code") == "invalid_api_key":
+            return (
+                f"the service at {self.base_url} wants an API key: set {API_KEY_VARIABLE}, or "
+                "[server] api_key in the config"
+            )
+        return str(error.get("message") or f"HTTP {status}")

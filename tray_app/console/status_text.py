@@ -1,0 +1,115 @@
+"""`failsoft status` in words: the tray's reading of `/failsoft/status` (ui.state, ui.budget_split), laid out
+for a terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tray_app.budget.plan_command import text_bar
+from tray_app.budget.sizes import format_size
+from tray_app.ui.budget_split import caps_text, status_segments
+from tray_app.ui.pending import PendingJob
+from tray_app.ui.state import format_duration, library, model_line, summarize, worker_line
+
+WORKER_GROUPS = (("workers", ""), ("library_workers", "other models"), ("embedding_workers", "embeddings"))
+COUNTERS = ("accepted", "completed", "failed", "rejected", "cancelled")
+
+
+def _device_lines(status: dict[str, Any]) -> list[str]:
+    device = status.get("device") or {}
+    engine = status.get("engine") or {}
+    name = str(device.get("name") or "no GPU")
+    total = int(device.get("total_bytes") or 0)
+    label = " [SIMULATED]" if status.get("simulated") or device.get("simulated") else ""
+    lines = [f"GPU: {name}{', ' + format_size(total) if total else ''}{label} - {device.get('reason') or ''}"]
+    if engine.get("version"):
+        commit = f" (llama.cpp {engine['commit']})" if engine.get("commit") else ""
+        lines.append(f"engine: llama-server {engine['version']}{commit}")
+    return lines
+
+
+def _budget_lines(status: dict[str, Any]) -> list[str]:
+    plan = status.get("plan") or {}
+    total = int(plan.get("total_bytes") or 0)
+    if total <= 0:
+        return [f"No GPU budget: {plan.get('reason') or 'no GPU to plan for'}"]
+    lines = [f"VRAM budget ({format_size(total)}):"]
+    for segment in status_segments(status):
+        lines.append(
+            f"  {segment.label:<16} {text_bar(segment.bytes, total)} {format_size(segment.bytes):>11}"
+        )
+    lines.append("  " + caps_text(plan, status.get("caps") or {}))
+    return lines
+
+
+def _worker_lines(status: dict[str, Any], now: float) -> list[str]:
+    lines = ["Workers:"]
+    for key, group in WORKER_GROUPS:
+        for role, worker in (status.get(key) or {}).items():
+            line = worker_line(role, worker) + (f" ({group})" if group else "")
+            why = worker.get("reason")
+            if worker.get("state") == "stopped" and not worker.get("warm") and worker.get("warm_reason"):
+                why = worker["warm_reason"]  # "not started" says less than when it will be
+            if worker.get("state") != "ready" and why:
+                line += f"\n      {why}"
+            failure = worker.get("last_failure") or {}
+            if failure.get("kind"):
+                line += f"\n      last failure: {failure['kind']}: {failure.get('message') or ''}".rstrip()
+            retry_at = worker.get("next_retry_at")
+            if isinstance(retry_at, int | float):
+                line += f"\n      next try in {format_duration(retry_at - now)}"
+            lines.append("  " + line)
+    return lines
+
+
+def _jobs_lines(status: dict[str, Any]) -> list[str]:
+    queue = status.get("queue") or {}
+    pending = int((status.get("approvals") or {}).get("pending") or 0)
+    approvals = f"{pending} awaiting approval" + (" (`failsoft approvals`)" if pending else "")
+    counters = status.get("counters") or {}
+    policy = status.get("policy") or {}
+    lines = [
+        f"Queue: {queue.get('depth', 0)} waiting of at most {queue.get('limit', '?')} · {approvals}",
+        "Jobs since start: " + ", ".join(f"{int(counters.get(name) or 0)} {name}" for name in COUNTERS),
+    ]
+    if policy:
+        speed = policy.get("cpu_tokens_per_second")
+        cpu = f" · the CPU makes about {speed:.1f} tokens/s" if isinstance(speed, int | float) else ""
+        lines.append(f"Fallback: {policy.get('fallback')} · client deadline {policy.get('deadline')} s{cpu}")
+    journal = status.get("journal") or {}
+    if journal.get("ok") is False:
+        lines.append(f"JOURNAL FAILED: {journal.get('failure')}")
+    return lines
+
+
+def render_status(status: dict[str, Any], url: str, now: float) -> str:
+    """The whole status, one block per part: the headline, the device, the budget, the workers, the
+    models, the queue and the jobs."""
+    summary = summarize(status, reachable=True)
+    uptime = format_duration(float(status.get("uptime_seconds") or 0))
+    blocks = [
+        [
+            f"Failsoft {status.get('version', '')} at {url} · up {uptime}",
+            summary.tooltip.removeprefix("Failsoft: "),
+        ],
+        _device_lines(status),
+        _budget_lines(status),
+        _worker_lines(status, now),
+        ["Models:", *("  " + model_line(model) for model in library(status))],
+        _jobs_lines(status),
+    ]
+    return "\n\n".join("\n".join(block) for block in blocks if block)
+
+
+def render_pending(jobs: list[PendingJob], now: float) -> str:
+    """The jobs waiting for approval, oldest first, each with the question it asks."""
+    if not jobs:
+        return "No job waits for approval."
+    noun = "job waits" if len(jobs) == 1 else "jobs wait"
+    lines = [f"{len(jobs)} {noun} for approval (failsoft approve ID..., --all; failsoft reject ID...):"]
+    for job in jobs:
+        preview = " ".join(job.preview.split())
+        preview = preview if len(preview) <= 60 else preview[:59] + "…"
+        lines.append(f"  {job.job_id}  waiting {format_duration(now - job.created_at)}  {job.choice()}")
+        lines.append(f"      {preview!r}")
+    return "\n".join(lines)

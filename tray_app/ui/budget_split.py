@@ -1,0 +1,107 @@
+"""The VRAM budget's split as data: the main model's weights, KV cache and compute, a share per other model
+loaded on the GPU, reserve, other processes and free, from /failsoft/status dicts. No Qt here: the tray's bar
+and `failsoft status` show the same segments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tray_app.budget.sizes import format_size
+from tray_app.ui.state import gpu_guests
+
+
+@dataclass(frozen=True)
+class Segment:
+    key: str
+    label: str
+    color: str
+    bytes: int
+    detail: str = ""  # added to the tooltip: another model's own split
+
+
+# (key, legend label, colour, plan keys summed into it). The output (logits) buffer lives in host memory, so
+# it is not part of the device's split.
+SEGMENTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("weights", "Weights", "#3b5bdb", ("weights_bytes",)),
+    ("kv", "KV cache", "#0c8599", ("kv_bytes",)),
+    ("compute", "Compute", "#e8590c", ("compute_bytes",)),
+    ("reserve", "Reserve", "#868e96", ("reserve_bytes",)),
+    ("other", "Other processes", "#c2255c", ("other_bytes",)),
+    ("free", "Free", "#dee2e6", ("free_bytes",)),
+)
+
+
+MAIN_MODEL_KEYS = ("weights", "kv", "compute")  # the other models' shares are drawn after these
+# Each other model on the GPU gets a colour of its own, in the library's order.
+MODEL_COLORS = ("#7048e8", "#2f9e44", "#f59f00", "#ae3ec9", "#74b816")
+
+
+def plan_segments(plan: dict[str, Any]) -> list[Segment]:
+    """The bar's segments from a plan dict (sizes in bytes); missing keys count as zero."""
+    segments = []
+    for key, label, color, plan_keys in SEGMENTS:
+        total = sum(int(plan.get(name) or 0) for name in plan_keys)
+        segments.append(Segment(key, label, color, max(total, 0)))
+    return segments
+
+
+def plan_split(plan: dict[str, Any]) -> str:
+    """ "Weights 200.00 MiB, KV cache 60.00 MiB, Compute 40.00 MiB": a model's own share, in parts."""
+    parts = [s for s in plan_segments(plan) if s.key in MAIN_MODEL_KEYS]
+    return ", ".join(f"{s.label} {format_size(s.bytes)}" for s in parts)
+
+
+def model_segments(status: dict[str, Any]) -> list[Segment]:
+    """A segment per other model holding GPU memory, labelled with its name."""
+    segments = []
+    for index, model in enumerate(gpu_guests(status)):
+        plan = model.get("plan")
+        segments.append(
+            Segment(
+                f"model:{model['name']}",
+                str(model["name"]),
+                MODEL_COLORS[index % len(MODEL_COLORS)],
+                int(model["vram_bytes"]),
+                plan_split(plan) if isinstance(plan, dict) else "",
+            )
+        )
+    return segments
+
+
+def status_segments(status: dict[str, Any]) -> list[Segment]:
+    """The GPU plan's split with the other models' shares taken out of the free part, so the bar still adds
+    up to the device. When free is short of them, the rest comes out of "other processes": a worker that
+    loaded after the device was measured is counted there."""
+    segments = plan_segments(status.get("plan") or {})
+    guests = model_segments(status)
+    owed = sum(guest.bytes for guest in guests)
+    for key in ("free", "other"):
+        index = next(i for i, segment in enumerate(segments) if segment.key == key)
+        taken = min(owed, segments[index].bytes)
+        segments[index] = replace(segments[index], bytes=segments[index].bytes - taken)
+        owed -= taken
+    at = len(MAIN_MODEL_KEYS)
+    return segments[:at] + guests + segments[at:]
+
+
+def caps_text(plan: dict[str, Any], caps: dict[str, Any]) -> str:
+    """ "Context 8,192 tokens per request · 1 parallel · 30/30 layers on GPU"."""
+    n_ctx = caps.get("n_ctx", plan.get("n_ctx"))
+    parallel = caps.get("n_parallel", plan.get("n_parallel")) or 1
+    per_seq = caps.get("n_ctx_per_seq") or (n_ctx // parallel if n_ctx else 0)
+    parts = []
+    if per_seq:
+        parts.append(f"Context {per_seq:,} per request")
+    else:
+        parts.append("No GPU context")
+    parts.append(f"{parallel} parallel")
+    layers, n_layers = plan.get("n_gpu_layers"), plan.get("n_layers")
+    if layers is not None and n_layers:
+        parts.append(f"{min(int(layers), int(n_layers))}/{n_layers} layers on GPU")
+    return " · ".join(parts)
+
+
+def segment_tip(segment: Segment) -> str:
+    tip = f"{segment.label}: {format_size(segment.bytes)}"
+    return f"{tip} ({segment.detail})" if segment.detail else tip
