@@ -26,6 +26,9 @@ HANDLERS = {
     "approvals": "tray_app.console.command:approvals",
     "approve": "tray_app.console.command:approve",
     "reject": "tray_app.console.command:reject",
+    "load": "tray_app.console.command:load",
+    "unload": "tray_app.console.command:unload",
+    "worker": "tray_app.console.command:worker",
 }
 
 
@@ -146,6 +149,17 @@ def _add_console_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     reject = sub.add_parser("reject", help="refuse waiting jobs their CPU run (their clients get an error)")
     reject.add_argument("job_ids", nargs="+", metavar="JOB_ID")
     reject.add_argument("--url", help=SERVICE_URL_HELP)
+    load = sub.add_parser("load", help="load a model now (on the GPU when it may and fits, else the CPU)")
+    load.add_argument("name", help="the model's name or alias (see `failsoft status`)")
+    load.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
+    load.add_argument("--url", help=SERVICE_URL_HELP)
+    unload = sub.add_parser("unload", help="unload a model of the library now (the main model stays)")
+    unload.add_argument("name")
+    unload.add_argument("--url", help=SERVICE_URL_HELP)
+    worker = sub.add_parser("worker", help="restart, stop or start a worker (gpu, cpu, gpu-embed, ...)")
+    worker.add_argument("action", choices=["restart", "stop", "start"])
+    worker.add_argument("role", help="gpu, cpu, gpu-embed, cpu-embed, or a library model's (gpu@NAME)")
+    worker.add_argument("--url", help=SERVICE_URL_HELP)
 
 
 def load_config(args: argparse.Namespace) -> config.Config:

@@ -113,6 +113,28 @@ def test_waiting_jobs_are_listed_approved_and_rejected_from_a_terminal(svc: Serv
         svc.wait_workers_ready()
 
 
+def test_a_worker_is_restarted_stopped_and_started_from_a_terminal(svc: ServiceHandle) -> None:
+    config, url = svc.config_path, svc.base_url
+    before = svc.status()["workers"]["gpu"]
+    restarted = failsoft(config, "worker", "restart", "gpu", "--url", url)
+    assert restarted.returncode == 0, restarted.stderr
+    after = svc.status()["workers"]["gpu"]
+    assert after["pid"] != before["pid"] and after["restarts"] == before["restarts"] + 1
+    assert restarted.stdout.startswith(
+        f"GPU worker: ready · 0/{after['slots']} slots busy · pid {after['pid']}"
+    )
+    try:
+        stopped = failsoft(config, "worker", "stop", "gpu", "--url", url)
+        assert stopped.stdout.startswith("GPU worker: stopped")  # no pid, no slots
+        assert svc.status()["workers"]["gpu"]["pid"] is None
+    finally:
+        started = failsoft(config, "worker", "start", "gpu", "--url", url)
+    assert started.returncode == 0 and started.stdout.startswith("GPU worker: ready")
+    unknown = failsoft(config, "worker", "restart", "gpu2", "--url", url)
+    assert unknown.returncode == 1
+    assert "unknown worker 'gpu2'; workers are gpu, cpu" in unknown.stderr
+
+
 def test_the_key_comes_from_the_environment_or_the_config(tmp_path: Path) -> None:
     settings = base_settings(server={"api_key": "s3cret"})
     keyless = tmp_path / "keyless.toml"

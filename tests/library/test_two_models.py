@@ -3,9 +3,11 @@ model loaded on demand, with SmolLM2 as its stand-in), on real llama-server work
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +175,23 @@ def test_load_and_unload_by_hand(svc: ServiceHandle, model_path: Path) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
 
+def test_models_are_loaded_and_unloaded_from_a_terminal(svc: ServiceHandle, model_path: Path) -> None:
+    def failsoft(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "tray_app", "--config", str(svc.config_path), *args]
+        return subprocess.run([*command, "--url", svc.base_url], capture_output=True, text=True, timeout=300)
+
+    loaded = failsoft("load", "smol-b", "--device", "gpu")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.startswith("smol-b · on the GPU") and model_status(svc, "smol-b")["where"] == "gpu"
+    unloaded = failsoft("unload", "smol-b")
+    assert unloaded.stdout.strip() == "smol-b · not loaded"
+    assert model_status(svc, "smol-b")["where"] == "not loaded"
+    main = failsoft("unload", model_path.name)
+    assert main.returncode == 1 and "is the main model: its workers are always kept" in main.stderr
+    unknown = failsoft("load", "nope")
+    assert unknown.returncode == 1 and f"no model 'nope'; models are {model_path.name}" in unknown.stderr
+
+
 def test_a_gpu_failure_of_the_big_model_is_answered_by_its_stand_in_on_the_gpu(
     svc: ServiceHandle, model_path: Path
 ) -> None:
@@ -192,11 +211,25 @@ def test_a_gpu_failure_of_the_big_model_is_answered_by_its_stand_in_on_the_gpu(
     assert refused["fallback_reason"] == "crash_abort"
 
 
-def test_the_approval_window_may_pick_the_stand_in_instead_of_the_slow_cpu_run(
-    svc: ServiceHandle, model_path: Path
+def _pick_in_the_window(svc: ServiceHandle, job_id: str) -> None:
+    picked = httpx.post(f"{svc.base_url}/failsoft/jobs/{job_id}/stand-in", timeout=60)
+    assert picked.status_code == 200, picked.text
+
+
+def _pick_in_a_terminal(svc: ServiceHandle, job_id: str) -> None:
+    command = [sys.executable, "-m", "tray_app", "--config", str(svc.config_path), "approve", "--stand-in"]
+    picked = subprocess.run([*command, job_id, "--url", svc.base_url], capture_output=True, text=True)
+    assert picked.returncode == 0, picked.stderr
+    assert picked.stdout.startswith(f"{job_id}: answered now by the smaller model on the GPU")
+
+
+@pytest.mark.parametrize("pick", [_pick_in_the_window, _pick_in_a_terminal])
+def test_the_user_may_pick_the_stand_in_instead_of_the_slow_cpu_run(
+    svc: ServiceHandle, model_path: Path, pick: Callable[[ServiceHandle, str], None]
 ) -> None:
     """library.stand_in "ask": the stand-in does not answer on its own; the job waits for approval with the
-    stand-in offered, and picking it answers on the GPU now."""
+    stand-in offered, and picking it (in the approvals window, or `failsoft approve --stand-in`) answers on
+    the GPU now."""
     asking = library_settings(model_path, library={"stand_in": "ask"}, failover={"fallback": "approval"})
     reload_settings(svc, asking)
     try:
@@ -214,8 +247,7 @@ def test_the_approval_window_may_pick_the_stand_in_instead_of_the_slow_cpu_run(
 
         job = wait_until(offered, what="the job waiting for approval")
         assert job["stand_in_offer"] == model_path.name and job["model"] == GEMMA
-        picked = httpx.post(f"{svc.base_url}/failsoft/jobs/{job['id']}/stand-in", timeout=60)
-        assert picked.status_code == 200, picked.text
+        pick(svc, job["id"])
         client.join(120)
         failsoft = answers[0].json()["failsoft"]
         assert (failsoft["model"], failsoft["stand_in_for"], failsoft["device"]) == (

@@ -1,5 +1,6 @@
-"""`failsoft status`, `approvals`, `approve` and `reject`: the tray's view and its approval buttons for a
-terminal. Exit status 1 when the service cannot be reached or refuses any of the asked actions."""
+"""`failsoft status`, `approvals`, `approve`, `reject`, `load`, `unload` and `worker`: the tray's view, its
+approval buttons and its model and worker menus, for a terminal. Exit status 1 when the service cannot be
+reached or refuses any of the asked actions."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from urllib.parse import quote
 from tray_app.console.service_client import ServiceClient, ServiceError
 from tray_app.console.status_text import render_pending, render_status
 from tray_app.ui.pending import pending_jobs
+from tray_app.ui.state import model_line, worker_line
+
+READY_TIMEOUT_S = 300.0  # a load or restart answers once its worker answers /health
 
 
 def _print_json(body: Any) -> None:
@@ -89,3 +93,35 @@ def approve(args: argparse.Namespace) -> int:
 
 def reject(args: argparse.Namespace) -> int:
     return _act(args, "reject", "reject", "rejected")
+
+
+def _answer(args: argparse.Namespace, command: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """The service's answer to one action that waits for a worker, or None (said on stderr)."""
+    try:
+        return ServiceClient.from_args(args).post(path, body, timeout=READY_TIMEOUT_S)
+    except ServiceError as error:
+        print(f"failsoft {command}: {error}", file=sys.stderr)
+        return None
+
+
+def load(args: argparse.Namespace) -> int:
+    path = f"/failsoft/models/{quote(args.name, safe='')}/load"
+    model = _answer(args, "load", path, {"device": args.device})
+    if model is not None:
+        print(model_line(model))
+    return 0 if model is not None else 1
+
+
+def unload(args: argparse.Namespace) -> int:
+    model = _answer(args, "unload", f"/failsoft/models/{quote(args.name, safe='')}/unload")
+    if model is not None:
+        print(model_line(model))
+    return 0 if model is not None else 1
+
+
+def worker(args: argparse.Namespace) -> int:
+    path = f"/failsoft/workers/{quote(args.role, safe='')}/{args.action}"
+    answer = _answer(args, "worker", path)
+    if answer is not None:
+        print(worker_line(args.role, answer))
+    return 0 if answer is not None else 1

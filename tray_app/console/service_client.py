@@ -34,19 +34,27 @@ class ServiceClient:
         return cls(url, os.environ.get(API_KEY_VARIABLE) or cfg.server.api_key)
 
     def get(self, path: str, params: dict[str, str] | None = None) -> Any:
-        return self._call("GET", path, params)
+        return self._call("GET", path, params=params)
 
-    def post(self, path: str) -> Any:
-        return self._call("POST", path)
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = TIMEOUT_S) -> Any:
+        """`timeout`: a load or a restart answers once its worker is ready, which takes minutes at most."""
+        return self._call("POST", path, body=body, timeout=timeout)
 
-    def _call(self, method: str, path: str, params: dict[str, str] | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+        timeout: float = TIMEOUT_S,
+    ) -> Any:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            with httpx.Client(trust_env=False, timeout=TIMEOUT_S, headers=headers) as client:
-                response = client.request(method, self.base_url + path, params=params)
+            with httpx.Client(trust_env=False, timeout=timeout, headers=headers) as client:
+                response = client.request(method, self.base_url + path, params=params, json=body)
         except httpx.TimeoutException:
             raise ServiceError(
-                f"the service at {self.base_url} did not answer within {TIMEOUT_S:.0f} s"
+                f"the service at {self.base_url} did not answer within {timeout:.0f} s"
             ) from None
         except httpx.TransportError as error:
             raise ServiceError(

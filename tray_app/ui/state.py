@@ -67,7 +67,7 @@ def worker_line(role: str, worker: dict[str, Any]) -> str:
     if worker.get("rss_bytes"):
         parts.append(format_size(worker["rss_bytes"]))
     if worker.get("restarts"):
-        parts.append(f"{worker['restarts']} restarts")
+        parts.append(_plural(int(worker["restarts"]), "1 restart", "{} restarts"))
     return " · ".join(parts)
 
 
