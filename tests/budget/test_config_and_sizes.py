@@ -21,7 +21,10 @@ from tray_app.budget.sizes import format_size, parse_size
         ("[budget]\nn_parallel = 0\n", "budget.n_parallel must be at least 1"),
         ("[budget]\nreserve_percent = 120\n", "budget.reserve_percent = 120.0 must be in [0, 100)"),
         ('[budget]\nreserve_min = "lots"\n', "budget.reserve_min: not a size: 'lots'"),
-        ('[budget]\ncache_type = "q8_0"\n', "budget.cache_type = 'q8_0' needs budget.flash_attn = true"),
+        (
+            '[budget]\ncache_type = "q8_0"\nflash_attn = false\n',
+            "budget.cache_type = 'q8_0' needs budget.flash_attn = true",
+        ),
         ('[device]\nsimulate_vram = "4 bananas"\n', "device.simulate_vram: not a size"),
         ("[budget]\nmax_context = 4096\n", "unknown key budget.max_context; keys are"),
         ("[gpu]\nlayers = 3\n", "unknown section [gpu]; sections are model, engine, device, budget"),

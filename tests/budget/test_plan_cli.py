@@ -73,8 +73,29 @@ def test_plan_options_reach_the_plan(model_cache_dir: Path) -> None:
     assert (data["n_ctx"], data["n_parallel"], data["n_ctx_per_seq"]) == (4096, 2, 2048)
     assert data["reserve_bytes"] == 256 * MIB  # 20 % of 1 GiB is below the 256 MiB floor
     assert (data["cache_type_k"], data["cache_type_v"], data["flash_attn"]) == ("q8_0", "q8_0", True)
-    assert data["notes"] == ["flash attention turned on: a q8_0 V cache needs it"]
+    assert data["notes"] == []  # flash attention is on by default
     assert data["kv_bytes"] == 4096 * 30 * 2 * (192 // 32) * 34
+
+
+def test_a_quantised_cache_turns_flash_attention_on_where_the_config_has_it_off(
+    model_cache_dir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("[budget]\nflash_attn = false\n", encoding="utf-8")
+
+    def planned(*args: str) -> dict[str, object]:
+        command = ("--config", str(config), "plan", "--vram", "1GiB", *args, "--json")
+        result = failsoft(*command, data_dir=model_cache_dir)
+        assert result.returncode == 0, result.stderr
+        data: dict[str, object] = json.loads(result.stdout)
+        return data
+
+    assert planned()["flash_attn"] is False
+    data = planned("--cache-type", "q8_0")
+    assert data["flash_attn"] is True
+    assert data["notes"] == ["flash attention turned on: a q8_0 V cache needs it"]
+    off = plan_json("--vram", "1GiB", "--no-flash-attn", data_dir=model_cache_dir)
+    assert off["flash_attn"] is False and off["notes"] == []
 
 
 def test_plan_without_a_gpu_or_simulation(model_cache_dir: Path) -> None:

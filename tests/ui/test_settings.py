@@ -35,7 +35,10 @@ def test_defaults_fill_the_form(dialog: SettingsDialog) -> None:
         (lambda d: d.n_parallel.setValue(0), "budget.n_parallel must be at least 1"),
         (lambda d: d.reserve_min.setText("lots"), "not a size: 'lots'"),
         (lambda d: d.simulate_vram.setText("4 bananas"), "not a size: '4 bananas'"),
-        (lambda d: d.cache_type.setCurrentText("q8_0"), "needs budget.flash_attn = true"),
+        (
+            lambda d: (d.flash_attn.setChecked(False), d.cache_type.setCurrentText("q8_0")),
+            "needs budget.flash_attn",
+        ),
         (lambda d: d.model_path.setText("/nonexistent/model.gguf"), "is not a file"),
     ],
 )

@@ -71,7 +71,7 @@ def test_menu_shows_state_budget_workers_and_approvals(tray: TrayIcon) -> None:
     assert tray.icon.toolTip().startswith("Failsoft: GPU worker restarting, CPU serving · simulated 4.00 GiB")
     assert "Weights" in tray.budget.legend_labels["weights"].text()
     gpu, cpu = tray.workers["gpu"], tray.workers["cpu"]
-    assert gpu.title() == "GPU worker: restarting · pid 4242 · 180.00 MiB · 1 restarts"
+    assert gpu.title() == "GPU worker: restarting · pid 4242 · 180.00 MiB · 1 restart"
     assert cpu.title() == "CPU worker: ready · 1/4 slots busy · pid 4243 · 170.00 MiB"
     assert gpu.stop.isEnabled() and not gpu.start.isEnabled()
     assert tray.approvals_action.text() == "&Approvals (2 waiting)…"
