@@ -120,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--tokens", type=int, default=64, help="tokens per answer in the throughput figures (default 64)"
     )
+    bench.add_argument(
+        "--against",
+        metavar="URL",
+        help="only the throughput, beside another OpenAI-compatible server at URL (Ollama, LM Studio, ...)",
+    )
+    bench.add_argument(
+        "--against-model", default="default", metavar="NAME", help="the model to ask the other server for"
+    )
+    bench.add_argument(
+        "--url",
+        help="with --against: a Failsoft service already running (default: start one from the config)",
+    )
     bench.add_argument("--json", action="store_true", help="print JSON")
 
     doctor = sub.add_parser(

@@ -8,9 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.support.service import running_service
+from tests.support.waits import wait_until
 from tray_app.bench import report
+from tray_app.engine.binary import bundled_server
+from tray_app.host.launch import free_port, stop_process_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -95,3 +100,65 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
 
     (saved,) = (tmp_path / "data" / "reports").glob("bench-*.json")
     assert json.loads(saved.read_text()) == results
+
+
+def test_bench_against_another_server_measures_both_sides(tmp_path: Path, model_path: Path) -> None:
+    """`--against` with a plain llama-server as the other server and a running Failsoft as `--url`."""
+    binary = bundled_server()
+    assert binary is not None
+    port = free_port()
+    argv = [str(binary), "--model", str(model_path), "--host", "127.0.0.1", "--port", str(port)]
+    other = subprocess.Popen(
+        [*argv, "--ctx-size", "2048", "--parallel", "2", "--no-webui"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with running_service(tmp_path / "service") as svc:
+            wait_until(lambda: _healthy(port), what="the other llama-server")
+            env = {**os.environ, "FAILSOFT_DATA_DIR": str(tmp_path / "data")}
+            command = [sys.executable, "-m", "tray_app", "bench", "--against", f"http://127.0.0.1:{port}/v1"]
+            command += [
+                "--url",
+                svc.base_url,
+                "--clients",
+                "1,2",
+                "--rounds",
+                "12",
+                "--tokens",
+                "8",
+                "--json",
+            ]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        stop_process_tree(other)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(done.stdout)
+    assert (results["against"], results["failsoft"]) == (f"http://127.0.0.1:{port}", svc.base_url)
+    assert (results["rounds"], results["requests_per_client"], results["max_tokens"]) == (2, 4, 8)
+    assert [row["clients"] for row in results["levels"]] == [1, 2]
+    for row in results["levels"]:
+        assert row["other_tokens_per_second"] > 0 and row["failsoft_tokens_per_second"] > 0
+        assert (
+            number(row["ratio"]) and number(row["other_ttft_p50_ms"]) and number(row["failsoft_ttft_p50_ms"])
+        )
+    (saved,) = (tmp_path / "data" / "reports").glob("bench-against-*.json")
+    assert json.loads(saved.read_text()) == results
+    # Nothing listening there: a clear error, no traceback.
+    refused = subprocess.run(
+        [*command[:5], f"http://127.0.0.1:{free_port()}", *command[6:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode == 2 and refused.stderr.startswith("failsoft bench: ")
+    assert "Traceback" not in refused.stderr
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -9,13 +9,17 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from tray_app import paths
+from tray_app.bench.against import against_figures, failsoft_target, other_target
 from tray_app.bench.byte_proxy import byte_proxy
 from tray_app.bench.measure import failover_figures, planner_figures, profile_figures
 from tray_app.bench.overhead import measure_overhead
-from tray_app.bench.report import text
+from tray_app.bench.report import against_lines, text
 from tray_app.bench.split import split_profile, split_worker
 from tray_app.bench.throughput import LEVELS as THROUGHPUT_LEVELS
 from tray_app.bench.throughput import throughput_figures
@@ -27,6 +31,7 @@ from tray_app.drill.command import default_simulated_vram, service_summary
 from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_service
 
 PROFILE_TOKENS = 32
+Progress = Callable[[str], None]
 
 
 def bench_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
@@ -117,7 +122,7 @@ async def _failover(url: str, rounds: int, key: str) -> dict[str, Any]:
 def bench(
     url: str,
     rounds: int,
-    progress: Any,
+    progress: Progress,
     router_pid: int | None = None,
     worker_key: str = "",
     clients: tuple[int, ...] = THROUGHPUT_LEVELS,
@@ -182,6 +187,14 @@ def run(args: argparse.Namespace) -> int:
         print("failsoft bench: --clients takes whole numbers >= 1, e.g. 1,4,8", file=sys.stderr)
         return 2
     cfg = load_config(args)
+    if args.against:
+        return _against(args, cfg, clients, progress)
+    if args.url:
+        print(
+            "failsoft bench: --url goes with --against (the full bench starts its own service)",
+            file=sys.stderr,
+        )
+        return 2
     settings = bench_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
     progress("starting `failsoft serve --enable-faults` for the bench (stopped at the end)")
     try:
@@ -198,13 +211,58 @@ def run(args: argparse.Namespace) -> int:
     except (DrillError, LaunchError, RuntimeError) as error:
         print(f"failsoft bench: {error}", file=sys.stderr)
         return 2
+    _report(args, "bench", results, text(results))
+    return 0
+
+
+def _against(args: argparse.Namespace, cfg: Config, clients: tuple[int, ...], progress: Progress) -> int:
+    """Only the throughput, Failsoft (running at --url, or started from the user's config as it is) beside
+    the server at --against."""
+    other = other_target(args.against, args.against_model)
+    rounds = sub_rounds(args.rounds)
+
+    def measure(url: str) -> dict[str, Any]:
+        levels = ", ".join(str(level) for level in clients)
+        progress(
+            f"throughput with {levels} concurrent clients, {other.base_url} vs Failsoft ({rounds} rounds)"
+        )
+        figures = asyncio.run(
+            against_figures(
+                failsoft_target(url, cfg.server.api_key),
+                other,
+                levels=clients,
+                rounds=rounds,
+                max_tokens=args.tokens,
+            )
+        )
+        return {"started_at": started, **figures}
+
+    started = time.time()
+    try:
+        if args.url:
+            results = measure(args.url.rstrip("/"))
+        else:
+            progress("starting `failsoft serve` from your config for the comparison (stopped at the end)")
+            with launched_service(bench_config(cfg, args.simulate_vram)) as service:
+                results = measure(service.base_url)
+    except httpx.HTTPError as error:
+        print(f"failsoft bench: {error.__class__.__name__}: {error} ({error.request.url})", file=sys.stderr)
+        return 2
+    except (LaunchError, RuntimeError) as error:
+        print(f"failsoft bench: {error}", file=sys.stderr)
+        return 2
+    _report(args, "bench-against", results, "\n".join(against_lines(results)))
+    return 0
+
+
+def _report(args: argparse.Namespace, name: str, results: dict[str, Any], printed: str) -> None:
+    """Keep the JSON in the data directory's reports; print it (--json) or the text."""
     reports = paths.data_dir() / "reports"
     reports.mkdir(parents=True, exist_ok=True)
-    path = reports / f"bench-{time.strftime('%Y%m%d-%H%M%S', time.localtime(results['started_at']))}.json"
+    path = reports / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(results['started_at']))}.json"
     path.write_text(json.dumps(results, indent=2), encoding="utf-8")
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(text(results))
+        print(printed)
         print(f"\nreport: {path}")
-    return 0

@@ -90,6 +90,23 @@ def throughput_lines(throughput: dict[str, Any]) -> list[str]:
     return lines
 
 
+def against_lines(figures: dict[str, Any]) -> list[str]:
+    lines = [
+        f"throughput: {figures['against']} (model {figures['model']!r}) -> Failsoft at "
+        f"{figures['failsoft']}; concurrent clients, each {figures['requests_per_client']} requests of "
+        f"{figures['max_tokens']} tokens (median of {figures['rounds']} interleaved rounds; x: the median of "
+        "the rounds' ratios, Failsoft over the other)"
+    ]
+    for row in figures["levels"]:
+        lines.append(
+            f"  {row['clients']} client{'' if row['clients'] == 1 else 's':<2} "
+            f"{row['other_tokens_per_second']:>8.1f} -> {row['failsoft_tokens_per_second']:>8.1f} tokens/s  "
+            f"{_ratio(row['ratio'])}{_ratio_interval(row.get('ratio_interval'))}   "
+            f"TTFT p50 {_ms(row['other_ttft_p50_ms'], 2)} -> {_ms(row['failsoft_ttft_p50_ms'], 2)}"
+        )
+    return lines
+
+
 def _ratio_interval(bounds: list[float] | None) -> str:
     return "" if bounds is None else f" (95 %: x{bounds[0]:.3f} to x{bounds[1]:.3f})"
 

@@ -55,10 +55,21 @@ async def _one(
                     run.first_token.append(time.perf_counter() - started)
 
 
+@dataclass(frozen=True)
+class Target:
+    """A server to measure: its OpenAI base URL (without /v1), the headers it wants, and the model to ask."""
+
+    base_url: str
+    headers: dict[str, str]
+    model: str = "default"
+    # llama-server's prompt cache off, so that of two paths to one llama-server neither finds the other's
+    # prompts; a comparison between two servers leaves each its own default.
+    cache_prompt: bool | None = False
+
+
 async def _level(
     http: httpx.AsyncClient,
-    url: str,
-    headers: dict[str, str],
+    target: Target,
     clients: int,
     requests_per_client: int,
     max_tokens: int,
@@ -69,16 +80,17 @@ async def _level(
     async def client(number: int) -> None:
         for index in range(requests_per_client):
             body: dict[str, Any] = {
-                "model": "default",
+                "model": target.model,
                 "messages": prompt(offset + number * requests_per_client + index),
                 "max_tokens": max_tokens,
                 "temperature": 0.7,
                 "seed": number,
                 "stream": True,
                 "ignore_eos": True,
-                "cache_prompt": False,  # both paths read their prompts whole: neither finds the other's
             }
-            await _one(http, url, body, headers, run)
+            if target.cache_prompt is not None:
+                body["cache_prompt"] = target.cache_prompt
+            await _one(http, target.base_url + PATH, body, target.headers, run)
 
     started = time.perf_counter()
     await asyncio.gather(*(client(number) for number in range(clients)))
@@ -111,6 +123,60 @@ def _round_differences(direct: list[Run], routed: list[Run]) -> float | None:
     return round(statistics.median(routed - direct for direct, routed in pairs) * 1000.0, 2)
 
 
+async def paired_levels(
+    base: Target,
+    measured: Target,
+    *,
+    levels: tuple[int, ...],
+    rounds: int,
+    requests_per_client: int,
+    max_tokens: int,
+) -> list[tuple[int, list[Run], list[Run]]]:
+    """At each number of concurrent clients, `rounds` runs on each target, interleaved (the same prompts on
+    both in a round, so their lengths do not differ; each round switches which goes first)."""
+    # llama-server closes a connection idle for 5 s; drop ours first rather than reuse a closed one.
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
+    async with httpx.AsyncClient(timeout=600, trust_env=False, limits=limits) as http:
+        for target in (base, measured):
+            warm = {"model": target.model, "messages": prompt(0), "max_tokens": 4, "stream": True}
+            await _one(http, target.base_url + PATH, warm, target.headers, Run())
+        results = []
+        offset = 1
+        for clients in levels:
+            base_runs: list[Run] = []
+            measured_runs: list[Run] = []
+            sides = ((base, base_runs), (measured, measured_runs))
+            for number in range(rounds):
+                for target, runs in sides if number % 2 == 0 else sides[::-1]:
+                    runs.append(await _level(http, target, clients, requests_per_client, max_tokens, offset))
+                offset += clients * requests_per_client
+            results.append((clients, base_runs, measured_runs))
+    return results
+
+
+def level_figures(
+    clients: int, base_runs: list[Run], measured_runs: list[Run], names: tuple[str, str]
+) -> dict[str, Any]:
+    """One level's figures: each side's tokens per second and TTFT, keyed by its name, and the measured side
+    over the base as the median of the rounds' ratios with its 95 % interval."""
+    base, measured = names
+    ratios = round_ratios(base_runs, measured_runs)
+    interval = median_interval(ratios)
+    return {
+        "clients": clients,
+        f"{base}_tokens_per_second": round(statistics.median(r.tokens_per_second for r in base_runs), 2),
+        f"{measured}_tokens_per_second": round(
+            statistics.median(r.tokens_per_second for r in measured_runs), 2
+        ),
+        # Paired by round: a slow round on one side does not move the other side's figure.
+        "ratio": round(statistics.median(ratios), 3) if ratios else None,
+        "ratio_interval": [round(end, 3) for end in interval] if interval else None,
+        f"{base}_ttft_p50_ms": _median_ms([t for r in base_runs for t in r.first_token]),
+        f"{measured}_ttft_p50_ms": _median_ms([t for r in measured_runs for t in r.first_token]),
+        "ttft_added_p50_ms": _round_differences(base_runs, measured_runs),
+    }
+
+
 async def throughput_figures(
     router_url: str,
     worker_url: str,
@@ -122,49 +188,19 @@ async def throughput_figures(
     max_tokens: int = 64,
 ) -> dict[str, Any]:
     """Aggregate tokens per second at each number of concurrent clients, router vs direct, as ratios."""
-    # llama-server closes a connection idle for 5 s; drop ours first rather than reuse a closed one.
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(timeout=600, trust_env=False, limits=limits) as http:
-        warm = {"messages": prompt(0), "max_tokens": 4, "stream": True}
-        direct_headers = {**worker_headers, **WORKER_STREAM_HEADERS}
-        await _one(http, worker_url + PATH, dict(warm), direct_headers, Run())
-        await _one(http, router_url + PATH, dict(warm), worker_headers, Run())
-        results = []
-        offset = 1
-        for clients in levels:
-            direct_runs: list[Run] = []
-            routed_runs: list[Run] = []
-            for number in range(rounds):
-                order = ("direct", "router") if number % 2 == 0 else ("router", "direct")
-                for path in order:  # the same prompts on both paths, so their lengths do not differ
-                    url = (worker_url if path == "direct" else router_url) + PATH
-                    headers = direct_headers if path == "direct" else worker_headers
-                    run = await _level(http, url, headers, clients, requests_per_client, max_tokens, offset)
-                    (direct_runs if path == "direct" else routed_runs).append(run)
-                offset += clients * requests_per_client
-            direct_tps = statistics.median(r.tokens_per_second for r in direct_runs)
-            routed_tps = statistics.median(r.tokens_per_second for r in routed_runs)
-            ratios = round_ratios(direct_runs, routed_runs)
-            interval = median_interval(ratios)
-            results.append(
-                {
-                    "clients": clients,
-                    "direct_tokens_per_second": round(direct_tps, 2),
-                    "router_tokens_per_second": round(routed_tps, 2),
-                    # Paired by round, as the time to first token below: a slow round on one side
-                    # does not move the other side's figure.
-                    "ratio": round(statistics.median(ratios), 3) if ratios else None,
-                    "ratio_interval": [round(end, 3) for end in interval] if interval else None,
-                    "direct_ttft_p50_ms": _median_ms([t for r in direct_runs for t in r.first_token]),
-                    "router_ttft_p50_ms": _median_ms([t for r in routed_runs for t in r.first_token]),
-                    # Paired by round (the same prompts, one right after the other): a slow round on one
-                    # side does not count twice.
-                    "ttft_added_p50_ms": _round_differences(direct_runs, routed_runs),
-                }
-            )
+    direct = Target(worker_url, {**worker_headers, **WORKER_STREAM_HEADERS})
+    router = Target(router_url, worker_headers)
+    measured = await paired_levels(
+        direct,
+        router,
+        levels=levels,
+        rounds=rounds,
+        requests_per_client=requests_per_client,
+        max_tokens=max_tokens,
+    )
     return {
         "rounds": rounds,
         "requests_per_client": requests_per_client,
         "max_tokens": max_tokens,
-        "levels": results,
+        "levels": [level_figures(c, d, r, ("direct", "router")) for c, d, r in measured],
     }
