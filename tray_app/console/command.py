@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -19,36 +20,33 @@ from tray_app.ui.state import model_line, worker_line
 READY_TIMEOUT_S = 300.0  # a load or restart answers once its worker answers /health
 
 
-def _print_json(body: Any) -> None:
-    print(json.dumps(body, indent=2))
+def _show(
+    args: argparse.Namespace,
+    command: str,
+    path: str,
+    render: Callable[[Any, str, float], str],
+    params: dict[str, str] | None = None,
+) -> int:
+    """One GET, printed as it came (--json) or in words."""
+    client = ServiceClient.from_args(args)
+    try:
+        body = client.get(path, params)
+    except ServiceError as error:
+        print(f"failsoft {command}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(body, indent=2) if args.json else render(body, client.base_url, time.time()))
+    return 0
 
 
 def status(args: argparse.Namespace) -> int:
-    client = ServiceClient.from_args(args)
-    try:
-        body = client.get("/failsoft/status")
-    except ServiceError as error:
-        print(f"failsoft status: {error}", file=sys.stderr)
-        return 1
-    if args.json:
-        _print_json(body)
-    else:
-        print(render_status(body, client.base_url, time.time()))
-    return 0
+    return _show(args, "status", "/failsoft/status", render_status)
 
 
 def approvals(args: argparse.Namespace) -> int:
-    client = ServiceClient.from_args(args)
-    try:
-        body = client.get("/failsoft/jobs", {"state": "awaiting_approval"})
-    except ServiceError as error:
-        print(f"failsoft approvals: {error}", file=sys.stderr)
-        return 1
-    if args.json:
-        _print_json(body)
-    else:
-        print(render_pending(pending_jobs(body), time.time()))
-    return 0
+    def render(body: Any, _url: str, now: float) -> str:
+        return render_pending(pending_jobs(body), now)
+
+    return _show(args, "approvals", "/failsoft/jobs", render, {"state": "awaiting_approval"})
 
 
 def _approve_all(client: ServiceClient) -> int:
