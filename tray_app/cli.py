@@ -148,35 +148,31 @@ SERVICE_URL_HELP = "the service's address (default: the config's); its key: $FAI
 
 def _add_console_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The commands that ask a running service (the tray's view and approvals, for a terminal)."""
-    status = sub.add_parser(
-        "status", help="what a running service is doing: GPU, budget, workers, models, jobs"
-    )
-    status.add_argument("--url", help=SERVICE_URL_HELP)
+
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=summary)
+        parser.add_argument("--url", help=SERVICE_URL_HELP)
+        return parser
+
+    status = command("status", "what a running service is doing: GPU, budget, workers, models, jobs")
     status.add_argument("--json", action="store_true", help="print /failsoft/status as it came")
-    approvals = sub.add_parser("approvals", help="list the jobs waiting for your approval of a slow CPU run")
-    approvals.add_argument("--url", help=SERVICE_URL_HELP)
+    approvals = command("approvals", "list the jobs waiting for your approval of a slow CPU run")
     approvals.add_argument("--json", action="store_true", help="print the jobs as JSON")
-    approve = sub.add_parser("approve", help="let waiting jobs run on the CPU (or on the offered stand-in)")
+    approve = command("approve", "let waiting jobs run on the CPU (or on the offered stand-in)")
     approve.add_argument("job_ids", nargs="*", metavar="JOB_ID")
     approve.add_argument("--all", action="store_true", help="approve every job waiting")
     approve.add_argument(
         "--stand-in", action="store_true", help="answer with the smaller model offered on the GPU, now"
     )
-    approve.add_argument("--url", help=SERVICE_URL_HELP)
-    reject = sub.add_parser("reject", help="refuse waiting jobs their CPU run (their clients get an error)")
+    reject = command("reject", "refuse waiting jobs their CPU run (their clients get an error)")
     reject.add_argument("job_ids", nargs="+", metavar="JOB_ID")
-    reject.add_argument("--url", help=SERVICE_URL_HELP)
-    load = sub.add_parser("load", help="load a model now (on the GPU when it may and fits, else the CPU)")
+    load = command("load", "load a model now (on the GPU when it may and fits, else the CPU)")
     load.add_argument("name", help="the model's name or alias (see `failsoft status`)")
     load.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
-    load.add_argument("--url", help=SERVICE_URL_HELP)
-    unload = sub.add_parser("unload", help="unload a model of the library now (the main model stays)")
-    unload.add_argument("name")
-    unload.add_argument("--url", help=SERVICE_URL_HELP)
-    worker = sub.add_parser("worker", help="restart, stop or start a worker (gpu, cpu, gpu-embed, ...)")
+    command("unload", "unload a model of the library now (the main model stays)").add_argument("name")
+    worker = command("worker", "restart, stop or start a worker (gpu, cpu, gpu-embed, ...)")
     worker.add_argument("action", choices=["restart", "stop", "start"])
     worker.add_argument("role", help="gpu, cpu, gpu-embed, cpu-embed, or a library model's (gpu@NAME)")
-    worker.add_argument("--url", help=SERVICE_URL_HELP)
 
 
 def load_config(args: argparse.Namespace) -> config.Config:

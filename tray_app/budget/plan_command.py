@@ -10,10 +10,8 @@ from tray_app import cli, config
 from tray_app.budget.library_plan import ModelPlans, library_share, plan_library_model
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.budget.planner import Plan, PlanError
-from tray_app.budget.sizes import format_size, parse_size
+from tray_app.budget.sizes import BAR_WIDTH, format_size, parse_size, text_bar
 from tray_app.library.catalog import catalog_from_config
-
-BAR_WIDTH = 32
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -45,14 +43,6 @@ def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]
         notes.append(f"flash attention turned on: a {args.cache_type} V cache needs it")
     # A new config with the options over it (the loaded one is not changed in place), validated like a file.
     return config.apply_overrides(cfg, {**cfg.overrides, **overrides}), notes
-
-
-def text_bar(part: int, total: int) -> str:
-    """A bar of BAR_WIDTH characters, "#" for `part` of `total`."""
-    filled = round(BAR_WIDTH * part / total) if total > 0 else 0
-    if part > 0:
-        filled = max(filled, 1)  # a small part still shows
-    return "#" * min(filled, BAR_WIDTH) + "." * (BAR_WIDTH - min(filled, BAR_WIDTH))
 
 
 def _split_rows(plan: Plan, embeddings: Plan | None = None) -> list[tuple[str, int, str]]:

@@ -1,4 +1,5 @@
-"""Human-readable byte sizes: parse "4GiB" / "512 MB" and format 47185920 as "45.00 MiB"."""
+"""Human-readable byte sizes: parse "4GiB" / "512 MB", format 47185920 as "45.00 MiB", and draw a size as its
+share of a total in text (`failsoft plan`, `failsoft status`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _UNITS = {
     "tb": 1000**4,
     "tib": 1024**4,
 }
+BAR_WIDTH = 32
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -46,3 +48,11 @@ def format_size(num_bytes: int | float) -> str:
             return f"{sign}{value:.0f} B" if unit == "B" else f"{sign}{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def text_bar(part: int, total: int) -> str:
+    """A bar of BAR_WIDTH characters, "#" for `part` of `total`."""
+    filled = round(BAR_WIDTH * part / total) if total > 0 else 0
+    if part > 0:
+        filled = max(filled, 1)  # a small part still shows
+    return "#" * min(filled, BAR_WIDTH) + "." * (BAR_WIDTH - min(filled, BAR_WIDTH))

@@ -93,33 +93,32 @@ def reject(args: argparse.Namespace) -> int:
     return _act(args, "reject", "reject", "rejected")
 
 
-def _answer(args: argparse.Namespace, command: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    """The service's answer to one action that waits for a worker, or None (said on stderr)."""
+def _wait_and_show(
+    args: argparse.Namespace,
+    command: str,
+    path: str,
+    line: Callable[[Any], str],
+    body: dict[str, Any] | None = None,
+) -> int:
+    """One action that answers once its worker is ready, its answer printed as one line."""
     try:
-        return ServiceClient.from_args(args).post(path, body, timeout=READY_TIMEOUT_S)
+        answer = ServiceClient.from_args(args).post(path, body, timeout=READY_TIMEOUT_S)
     except ServiceError as error:
         print(f"failsoft {command}: {error}", file=sys.stderr)
-        return None
+        return 1
+    print(line(answer))
+    return 0
 
 
 def load(args: argparse.Namespace) -> int:
     path = f"/failsoft/models/{quote(args.name, safe='')}/load"
-    model = _answer(args, "load", path, {"device": args.device})
-    if model is not None:
-        print(model_line(model))
-    return 0 if model is not None else 1
+    return _wait_and_show(args, "load", path, model_line, {"device": args.device})
 
 
 def unload(args: argparse.Namespace) -> int:
-    model = _answer(args, "unload", f"/failsoft/models/{quote(args.name, safe='')}/unload")
-    if model is not None:
-        print(model_line(model))
-    return 0 if model is not None else 1
+    return _wait_and_show(args, "unload", f"/failsoft/models/{quote(args.name, safe='')}/unload", model_line)
 
 
 def worker(args: argparse.Namespace) -> int:
     path = f"/failsoft/workers/{quote(args.role, safe='')}/{args.action}"
-    answer = _answer(args, "worker", path)
-    if answer is not None:
-        print(worker_line(args.role, answer))
-    return 0 if answer is not None else 1
+    return _wait_and_show(args, "worker", path, lambda answer: worker_line(args.role, answer))

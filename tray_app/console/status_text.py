@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tray_app.budget.plan_command import text_bar
-from tray_app.budget.sizes import format_size
+from tray_app.budget.sizes import format_size, text_bar
 from tray_app.ui.budget_split import caps_text, status_segments
 from tray_app.ui.pending import PendingJob
 from tray_app.ui.state import format_duration, library, model_line, summarize, worker_line
