@@ -1,6 +1,7 @@
-"""The planner checked against llama.cpp itself: load the bundled model at several settings, parse the buffer
-sizes llama.cpp prints, and compare. KV cache exactly, weights within 1 %, compute within 15 % (and the
-measured value is kept and used by the next plan)."""
+"""The planner checked against llama.cpp itself: load the bundled model (and Gemma 3, with sliding-window
+layers and a 262k vocabulary) at several settings, parse the buffer sizes llama.cpp prints, and compare. KV
+cache exactly, weights within 1 %, compute never under what llama.cpp reserves and at most a little over
+(and the measured value is kept and used by the next plan)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ SETTINGS = [
     ComputeSettings(n_ctx, n_parallel, cache, cache, flash, 512)
     for n_ctx, n_parallel, (cache, flash) in itertools.product((1000, 2048, 8192), (1, 3), CACHES)
 ]
+COMPUTE_SLACK = 10 * 1024**2
+# llama.cpp prints buffer sizes in MiB with two decimals: a printed size is within half of 0.01 MiB (and
+# the byte the parse rounds to) of the real one.
+PRINT_ROUNDING = 0.005 * 1024**2 + 1
 N_CTX_LINE = re.compile(r"llama_context: n_ctx\s+=\s+(\d+)")
 
 
@@ -50,18 +55,23 @@ def quiet_llama() -> Iterator[None]:
     logger.setLevel(level)
 
 
-@pytest.fixture(scope="module")
-def info(model_path: Path) -> ModelInfo:
-    return inspect_model(model_path, use_cache=False)
+@pytest.fixture(scope="module", params=["model_path", "gemma_model_path"], ids=["smollm2", "gemma3"])
+def checked_model(request: pytest.FixtureRequest) -> Path:
+    return Path(request.getfixturevalue(request.param))
 
 
 @pytest.fixture(scope="module")
-def loaded(model_path: Path, quiet_llama: None) -> Iterator[tuple[Any, BufferSizes]]:
+def info(checked_model: Path) -> ModelInfo:
+    return inspect_model(checked_model, use_cache=False)
+
+
+@pytest.fixture(scope="module")
+def loaded(checked_model: Path, quiet_llama: None) -> Iterator[tuple[Any, BufferSizes]]:
     """The model loaded once through llama.cpp's C API (contexts with n_seq_max need it), with its log."""
     llama_cpp.llama_backend_init()
     with capture_llama_log() as log:
         model = llama_cpp.llama_model_load_from_file(
-            str(model_path).encode(), llama_cpp.llama_model_default_params()
+            str(checked_model).encode(), llama_cpp.llama_model_default_params()
         )
     assert model is not None, "llama.cpp could not load the bundled model"
     yield model, log.buffer_sizes()
@@ -72,6 +82,9 @@ def _context_log(model: Any, settings: ComputeSettings) -> str:
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = settings.n_ctx
     params.n_seq_max = settings.n_parallel
+    # As llama-server runs a chat worker: one output per slot, sliding-window layers in window-sized caches.
+    params.n_outputs_max = settings.n_parallel
+    params.swa_full = False
     params.n_batch = 512
     params.n_ubatch = settings.n_ubatch
     params.type_k = GGML_TYPES[settings.cache_type_k]
@@ -128,32 +141,36 @@ def test_kv_exact_compute_close(
         f"compute {as_printed(compute)} vs {as_printed(buffers.compute_bytes)} MiB "
         f"({compute / buffers.compute_bytes - 1:+.1%}), output {as_printed(buffers.output_bytes)} MiB"
     )
-    assert as_printed(kv) == as_printed(buffers.kv_bytes)  # exact, at the precision llama.cpp prints
+    # Exact, at the precision llama.cpp prints: 0.01 MiB per cache, and a model with sliding-window layers
+    # has two (the parsed total is the sum of two rounded figures).
+    assert abs(kv - buffers.kv_bytes) <= PRINT_ROUNDING * (2 if info.swa_layers else 1)
     assert as_printed(output_buffer_bytes(info, settings.n_parallel)) == as_printed(buffers.output_bytes)
-    assert abs(compute - buffers.compute_bytes) <= 0.15 * buffers.compute_bytes
+    # Never under (the plan would promise memory llama.cpp then takes); over by at most 15 % and the few
+    # MiB of workspace counted for every ubatch token without flash attention.
+    assert buffers.compute_bytes <= compute <= 1.15 * buffers.compute_bytes + COMPUTE_SLACK
 
 
 def test_measured_compute_is_kept_and_used(
-    loaded: tuple[Any, BufferSizes], info: ModelInfo, model_path: Path
+    loaded: tuple[Any, BufferSizes], info: ModelInfo, checked_model: Path
 ) -> None:
     model, _ = loaded
     settings = ComputeSettings(4096, 1, "f16", "f16", False, 512)
     request = PlanRequest(n_ctx=4096)
-    lookup = calibration.measured_compute(model_path)
+    lookup = calibration.measured_compute(checked_model)
     before = plan_gpu(gpu(4 * GIB), info, request, lookup)
     assert before.compute_source == "estimate"
     measured = parse_buffer_sizes(_context_log(model, settings))
-    calibration.record_measurement(model_path, settings, measured)
+    calibration.record_measurement(checked_model, settings, measured)
     after = plan_gpu(gpu(4 * GIB), info, request, lookup)
     assert (after.compute_source, after.compute_bytes) == ("measured", measured.compute_bytes)
     assert after.kv_bytes == before.kv_bytes
 
 
-def test_llama_class_load_is_captured_even_when_quiet(model_path: Path, info: ModelInfo) -> None:
+def test_llama_class_load_is_captured_even_when_quiet(checked_model: Path, info: ModelInfo) -> None:
     """The way a worker loads: llama_cpp.Llama with verbose=False still reports through the capture."""
     with capture_llama_log() as log:
         llama = llama_cpp.Llama(
-            model_path=str(model_path),
+            model_path=str(checked_model),
             n_ctx=1024,
             type_k=llama_cpp.GGML_TYPE_Q8_0,
             type_v=llama_cpp.GGML_TYPE_Q8_0,

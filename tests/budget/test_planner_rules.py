@@ -252,6 +252,27 @@ def test_compute_estimate_grows_with_context_only_without_flash_attention(model_
     assert estimate(32768, True) < 1.2 * estimate(8192, True)
 
 
+def test_compute_estimate_counts_logits_per_slot_for_chat_and_per_token_for_embeddings(
+    model_8b: ModelInfo,
+) -> None:
+    """llama-server reserves one logit row per slot for a chat worker and one per batch token for an
+    embeddings worker: a 128k vocabulary makes that 2 MiB against 256 MiB at a 512-token ubatch."""
+    chat = ComputeSettings(8192, 4, "f16", "f16", True, 512)
+    embeddings = replace(chat, embeddings=True)
+    assert estimate_compute_bytes(model_8b, embeddings) >= 512 * model_8b.n_vocab * 4
+    assert estimate_compute_bytes(model_8b, chat) < 512 * model_8b.n_vocab * 4 / 2
+    plans = [
+        plan_gpu(
+            gpu(24 * GIB), model_8b, PlanRequest(n_ctx=8192, n_parallel=4, flash_attn=True, embeddings=e)
+        )
+        for e in (False, True)
+    ]
+    assert [p.compute_bytes for p in plans] == [
+        estimate_compute_bytes(model_8b, chat),
+        estimate_compute_bytes(model_8b, embeddings),
+    ]
+
+
 def test_cpu_worker_is_sized_against_ram_with_its_own_reserve(model_8b: ModelInfo) -> None:
     ram = replace(gpu(32 * GIB, others=4 * GIB, simulated=False), kind="ram", name="system RAM")
     plan = plan_cpu(ram, model_8b, PlanRequest(reserve_percent=20, reserve_min_bytes=1 * GIB))

@@ -39,6 +39,7 @@ def _normalised(settings: ComputeSettings) -> ComputeSettings:
         cache_type_v=settings.cache_type_v,
         flash_attn=settings.flash_attn,
         n_ubatch=settings.n_ubatch,
+        embeddings=settings.embeddings,
     )
 
 

@@ -147,6 +147,7 @@ def embeddings_gpu_plan(cfg: Config, plans: PlanSet) -> Plan | None:
         reserve_percent=0.0,
         reserve_min_bytes=0,
         min_ctx=min(settings.n_ctx, 2048),
+        embeddings=True,
     )
     plan = plan_gpu(left, model, request, calibration.measured_compute(model_path))
     return plan if plan.fits and plan.n_gpu_layers >= plan.n_layers else None

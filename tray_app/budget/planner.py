@@ -27,6 +27,7 @@ CACHE_TYPE_BLOCKS: dict[str, tuple[int, int]] = {"f16": (2, 1), "q8_0": (34, 32)
 # llama.cpp rounds the context (and each sequence's share of it) up to a multiple of this.
 CTX_PAD = 256
 FLOAT_BYTES = 4
+F16_BYTES = 2
 # ggml's allocator packs the graph's tensors with some fragmentation: measured 0-4 % above the peak tensors.
 COMPUTE_MARGIN = 1.05
 
@@ -49,6 +50,7 @@ class PlanRequest:
     # With no context asked for: keep all layers on the GPU only if at least this much context fits with them;
     # below it, offloading fewer layers and keeping a useful context is the better trade.
     min_ctx: int = 2048
+    embeddings: bool = False  # planned for an embeddings worker (its outputs are every token's, see below)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class ComputeSettings:
     cache_type_v: str
     flash_attn: bool
     n_ubatch: int
+    embeddings: bool = False  # an embeddings worker: every token of a batch is an output, not one per slot
 
 
 MeasuredCompute = Callable[[ComputeSettings], int | None]
@@ -170,24 +173,28 @@ def output_buffer_bytes(model: ModelInfo, n_parallel: int) -> int:
 
 def estimate_compute_bytes(model: ModelInfo, settings: ComputeSettings) -> int:
     """An estimate of llama.cpp's compute buffer (the graph's peak workspace), from the worst case it
-    reserves: one ubatch of prompt tokens attending to a whole sequence's cache, with a logit row per token.
+    reserves: one ubatch of prompt tokens attending to a whole sequence's cache.
 
-    Two peaks compete. The logits (ubatch × n_vocab floats) at the end of the graph; and, without flash
-    attention, the attention scores (K·Q, one n_ctx_seq × ubatch float matrix per head) with their mask. With
-    flash attention the scores stay in tiles and only the (f16) mask is materialised. Around either peak a few
-    residual and feed-forward rows are alive. Checked against llama.cpp's own numbers for a llama model
-    (within a few percent); the allocator's fragmentation is covered by a small margin.
+    Two peaks compete. The logits at the end of the graph: a chat worker's llama-server reserves one output
+    row per slot (`n_outputs_max`, see server_output_limits in tools/server), an embeddings worker one per
+    token of the batch. And the attention: the residual, feed-forward (gate, up and their product) and
+    attention-output rows of every ubatch token, with the mask over the sequence's cache (f16 with flash
+    attention, the scores staying in tiles; without it the K·Q scores, one n_ctx_seq × ubatch float matrix
+    per head, and a float mask). A model with sliding-window layers has a second mask, over its window.
+    Checked against what llama-server reports at load (SmolLM2 and Gemma 3 at 1 and 4 slots, 2k to 32k
+    tokens): never under it; the allocator's fragmentation is covered by a small margin.
     """
     n_tokens = min(settings.n_ctx, settings.n_ubatch)
     n_ctx_seq = settings.n_ctx // settings.n_parallel
-    logits = n_tokens * (model.n_vocab + 2 * model.n_embd) * FLOAT_BYTES
-    rows = n_tokens * (model.n_embd + 2 * model.n_ff) * FLOAT_BYTES
+    n_outputs = n_tokens if settings.embeddings else min(settings.n_parallel, n_tokens)
+    logits = (n_outputs * model.n_vocab + n_tokens * 2 * model.n_embd) * FLOAT_BYTES
+    rows = n_tokens * (2 * model.n_embd + 3 * model.n_ff + 2 * model.n_head * model.head_dim_v) * FLOAT_BYTES
     if settings.flash_attn:
-        attention = (
-            n_ctx_seq * n_tokens * 2 + 2 * n_tokens * model.n_head * model.head_dim_v * FLOAT_BYTES + rows
-        )
+        window = min(n_ctx_seq, model.n_swa + settings.n_ubatch) if model.swa_layers else 0
+        masks = (n_ctx_seq + -(-window // CTX_PAD) * CTX_PAD) * n_tokens * F16_BYTES
+        attention = rows + masks
     else:
-        attention = n_ctx_seq * n_tokens * (model.n_head + 1) * FLOAT_BYTES + rows
+        attention = rows + n_ctx_seq * n_tokens * (model.n_head + 1) * FLOAT_BYTES
     return int(max(logits, attention) * COMPUTE_MARGIN)
 
 
@@ -254,6 +261,7 @@ class _Budget:
             cache_type_v=self.request.cache_type_v,
             flash_attn=self.request.flash_attn,
             n_ubatch=self.request.n_ubatch,
+            embeddings=self.request.embeddings,
         )
         found = self.measured(settings) if self.measured else None
         if found is not None:
