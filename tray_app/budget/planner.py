@@ -150,8 +150,7 @@ def kv_cache_bytes(
     """
     layers = layers if layers is not None else range(model.n_layers)
     n_parallel = n_parallel or request.n_parallel
-    window = min(n_ctx // n_parallel, model.n_swa + request.n_ubatch)
-    swa_cells = n_parallel * -(-window // CTX_PAD) * CTX_PAD
+    swa_cells = n_parallel * swa_window_cells(model, n_ctx // n_parallel, request.n_ubatch)
     # Without flash attention V is stored transposed, every layer padded to the widest V (llama.cpp does so).
     widest_v = max(model.n_head_kv, default=0) * model.head_dim_v
     total = 0
@@ -164,6 +163,14 @@ def kv_cache_bytes(
         cells = swa_cells if model.swa_layers and model.swa_layers[layer] else n_ctx
         total += cells * (k_row + cache_row_bytes(request.cache_type_v, v_width))
     return total
+
+
+def swa_window_cells(model: ModelInfo, n_ctx_seq: int, n_ubatch: int) -> int:
+    """The cells a sliding-window layer keeps per sequence: its window plus one ubatch, padded to 256, at
+    most the sequence's context (0 for a model without such layers)."""
+    if not model.swa_layers:
+        return 0
+    return -(-min(n_ctx_seq, model.n_swa + n_ubatch) // CTX_PAD) * CTX_PAD
 
 
 def output_buffer_bytes(model: ModelInfo, n_parallel: int) -> int:
@@ -190,9 +197,8 @@ def estimate_compute_bytes(model: ModelInfo, settings: ComputeSettings) -> int:
     logits = (n_outputs * model.n_vocab + n_tokens * 2 * model.n_embd) * FLOAT_BYTES
     rows = n_tokens * (2 * model.n_embd + 3 * model.n_ff + 2 * model.n_head * model.head_dim_v) * FLOAT_BYTES
     if settings.flash_attn:
-        window = min(n_ctx_seq, model.n_swa + settings.n_ubatch) if model.swa_layers else 0
-        masks = (n_ctx_seq + -(-window // CTX_PAD) * CTX_PAD) * n_tokens * F16_BYTES
-        attention = rows + masks
+        window = swa_window_cells(model, n_ctx_seq, settings.n_ubatch)
+        attention = rows + (n_ctx_seq + window) * n_tokens * F16_BYTES
     else:
         attention = rows + n_ctx_seq * n_tokens * (model.n_head + 1) * FLOAT_BYTES
     return int(max(logits, attention) * COMPUTE_MARGIN)
