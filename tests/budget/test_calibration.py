@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from tray_app import paths
@@ -70,6 +71,7 @@ def test_estimate_first_then_measured(tmp_path: Path, model_path: Path) -> None:
     cfg.cpu.n_ctx = 2048
     cfg.budget.n_parallel = cfg.cpu.n_parallel = 1  # the measurement's settings
     cfg.budget.flash_attn = SETTINGS.flash_attn
+    cfg.embeddings.n_ctx, cfg.embeddings.n_parallel = SETTINGS.n_ctx, SETTINGS.n_parallel
     first = plan_from_config(cfg)
     assert first.gpu.compute_source == "estimate"
     calibration.record_measurement(model, SETTINGS, MEASURED)
@@ -77,3 +79,13 @@ def test_estimate_first_then_measured(tmp_path: Path, model_path: Path) -> None:
     assert (second.gpu.compute_source, second.gpu.compute_bytes) == ("measured", 99 * MIB)
     # the CPU worker's plan at the same settings uses it too
     assert (second.cpu.compute_source, second.cpu.compute_bytes) == ("measured", 99 * MIB)
+    # the embeddings worker's plan, at the same context and slots, does not: its logits are a batch's
+    assert second.embeddings is not None and second.embeddings.compute_source == "estimate"
+    assert second.embeddings.compute_bytes > 99 * MIB
+    calibration.record_measurement(
+        model, replace(SETTINGS, embeddings=True), replace(MEASURED, compute_bytes=103 * MIB)
+    )
+    third = plan_from_config(cfg)
+    assert third.embeddings is not None
+    assert (third.embeddings.compute_source, third.embeddings.compute_bytes) == ("measured", 103 * MIB)
+    assert third.gpu.compute_bytes == 99 * MIB

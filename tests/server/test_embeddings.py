@@ -1,12 +1,14 @@
 """`/v1/embeddings` with the real openai client against a real service: the OpenAI shape (float and
 base64, which the client asks for by default), the identity of who answered, bad input, and a GPU
-embeddings worker that dies mid-request failing over to the CPU one exactly once.
+embeddings worker that dies mid-request failing over to the CPU one exactly once; the GPU embeddings
+worker's measured buffers kept for the planner apart from the chat worker's.
 
 The tests embed with the bundled chat model (mean-pooled): no small embedding GGUF is published on PyPI;
 `[embeddings] model` takes a dedicated one."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +58,15 @@ def test_embeddings_in_the_openai_shape(svc: ServiceHandle, client: openai.OpenA
     assert job["result"]["count"] == 3 and "data" not in job["result"]  # no vectors in the journal
     embed_workers = svc.status()["embedding_workers"]
     assert embed_workers["gpu-embed"]["state"] == "ready"  # started by the first request
+    # Its buffers were kept for the planner apart from the chat worker's (its logits are a batch's).
+    reported = embed_workers["gpu-embed"]["health"]["buffers"]
+    kept = [
+        record
+        for path in (svc.data_dir / "calibration").rglob("*.json")
+        if (record := json.loads(path.read_text()))["settings"]["embeddings"]
+    ]
+    assert [record["buffers"]["compute_bytes"] for record in kept] == [reported["compute_bytes"]]
+    assert kept[0]["settings"]["n_ctx"] == embed_workers["gpu-embed"]["health"]["n_ctx"]
 
 
 @pytest.mark.parametrize(

@@ -140,10 +140,17 @@ def embeddings_gpu_plan(cfg: Config, plans: PlanSet) -> Plan | None:
         free_bytes=plans.gpu.free_bytes,
         used_by_others_bytes=plans.device.total_bytes - plans.gpu.free_bytes,
     )
+    # The embeddings worker runs with the chat worker's caches, flash attention and ubatch (see
+    # supervisor.profile.embedding_profiles): planned with them, its measured compute is found again.
+    chat = plans.gpu
     request = PlanRequest(
         n_ctx=settings.n_ctx,
         max_ctx=settings.n_ctx,
         n_parallel=settings.n_parallel,
+        cache_type_k=chat.cache_type_k,  # type: ignore[arg-type]
+        cache_type_v=chat.cache_type_v,  # type: ignore[arg-type]
+        flash_attn=chat.flash_attn,
+        n_ubatch=chat.n_ubatch,
         reserve_percent=0.0,
         reserve_min_bytes=0,
         min_ctx=min(settings.n_ctx, 2048),

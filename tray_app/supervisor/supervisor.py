@@ -779,10 +779,8 @@ def record_calibration(profile: WorkerProfile, buffers: BufferSizes) -> None:
     if buffers.total_bytes == 0:
         log.warning("llama-server printed no buffer sizes: nothing to record for calibration")
         return
-    if profile.embeddings:
-        return  # an embeddings worker's buffers are not the chat profile the planner estimates
-    if profile.role == "cpu" and gpu_offload_build():
-        return  # with a GPU build the CPU worker's compute buffer is not the one the VRAM plan needs
+    if profile.n_gpu_layers == 0 and gpu_offload_build():
+        return  # with a GPU build a CPU worker's compute buffer is not the one a VRAM plan needs
     settings = ComputeSettings(
         n_ctx=profile.n_ctx,
         n_parallel=profile.n_parallel,
@@ -790,6 +788,7 @@ def record_calibration(profile: WorkerProfile, buffers: BufferSizes) -> None:
         cache_type_v=profile.cache_type_v,
         flash_attn=profile.flash_attn,
         n_ubatch=profile.n_ubatch,
+        embeddings=profile.embeddings,  # kept apart: its logits are a whole batch's, not one per slot
     )
     try:
         calibration.record_measurement(profile.model_path, settings, buffers)

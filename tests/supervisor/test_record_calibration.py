@@ -1,0 +1,55 @@
+"""Which workers' buffers are kept for the planner, and under which settings (real files in the test's
+data dir; the buffers are what a load printed)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tray_app.budget import calibration
+from tray_app.budget.llama_log import BufferSizes
+from tray_app.budget.planner import ComputeSettings
+from tray_app.supervisor import WorkerProfile, supervisor
+
+MIB = 1024**2
+BUFFERS = BufferSizes(model_bytes=92 * MIB, kv_bytes=45 * MIB, compute_bytes=16 * MIB, output_bytes=MIB)
+
+
+def _settings(profile: WorkerProfile, embeddings: bool) -> ComputeSettings:
+    return ComputeSettings(
+        profile.n_ctx,
+        profile.n_parallel,
+        profile.cache_type_k,
+        profile.cache_type_v,
+        profile.flash_attn,
+        profile.n_ubatch,
+        embeddings,
+    )
+
+
+def test_an_embeddings_worker_is_kept_apart_from_the_chat_worker(gpu_profile: WorkerProfile) -> None:
+    embed = replace(gpu_profile, role="gpu-embed", pooling="mean")
+    supervisor.record_calibration(embed, replace(BUFFERS, compute_bytes=103 * MIB))
+    supervisor.record_calibration(gpu_profile, BUFFERS)
+    model = gpu_profile.model_path
+    assert calibration.lookup_measurement(model, _settings(embed, True)) == replace(
+        BUFFERS, compute_bytes=103 * MIB
+    )
+    assert calibration.lookup_measurement(model, _settings(gpu_profile, False)) == BUFFERS
+
+
+@pytest.mark.parametrize("gpu_build", [False, True])
+def test_a_cpu_worker_is_kept_only_without_a_gpu_backend(
+    cpu_profile: WorkerProfile, gpu_build: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a GPU build a CPU worker's compute buffer is not what a VRAM plan at its settings needs."""
+    monkeypatch.setattr(supervisor, "gpu_offload_build", lambda: gpu_build)
+    embed = replace(cpu_profile, role="cpu-embed", pooling="mean")
+    for profile in (cpu_profile, embed):
+        supervisor.record_calibration(profile, BUFFERS)
+    kept = [
+        calibration.lookup_measurement(profile.model_path, _settings(profile, profile.embeddings))
+        for profile in (cpu_profile, embed)
+    ]
+    assert kept == ([None, None] if gpu_build else [BUFFERS, BUFFERS])
