@@ -73,7 +73,7 @@ def loaded(checked_model: Path, quiet_llama: None) -> Iterator[tuple[Any, Buffer
         model = llama_cpp.llama_model_load_from_file(
             str(checked_model).encode(), llama_cpp.llama_model_default_params()
         )
-    assert model is not None, "llama.cpp could not load the bundled model"
+    assert model is not None, f"llama.cpp could not load {checked_model.name}"
     yield model, log.buffer_sizes()
     llama_cpp.llama_model_free(model)
 

@@ -256,7 +256,7 @@ def test_compute_estimate_counts_logits_per_slot_for_chat_and_per_token_for_embe
     model_8b: ModelInfo,
 ) -> None:
     """llama-server reserves one logit row per slot for a chat worker and one per batch token for an
-    embeddings worker: a 128k vocabulary makes that 2 MiB against 256 MiB at a 512-token ubatch."""
+    embeddings worker: a 128k vocabulary makes that 2 MiB against 250 MiB at a 512-token ubatch."""
     chat = ComputeSettings(8192, 4, "f16", "f16", True, 512)
     embeddings = replace(chat, embeddings=True)
     assert estimate_compute_bytes(model_8b, embeddings) >= 512 * model_8b.n_vocab * 4
