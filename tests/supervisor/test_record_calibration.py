@@ -9,23 +9,10 @@ import pytest
 
 from tray_app.budget import calibration
 from tray_app.budget.llama_log import BufferSizes
-from tray_app.budget.planner import ComputeSettings
 from tray_app.supervisor import WorkerProfile, supervisor
 
 MIB = 1024**2
 BUFFERS = BufferSizes(model_bytes=92 * MIB, kv_bytes=45 * MIB, compute_bytes=16 * MIB, output_bytes=MIB)
-
-
-def _settings(profile: WorkerProfile, embeddings: bool) -> ComputeSettings:
-    return ComputeSettings(
-        profile.n_ctx,
-        profile.n_parallel,
-        profile.cache_type_k,
-        profile.cache_type_v,
-        profile.flash_attn,
-        profile.n_ubatch,
-        embeddings,
-    )
 
 
 def test_an_embeddings_worker_is_kept_apart_from_the_chat_worker(gpu_profile: WorkerProfile) -> None:
@@ -33,10 +20,10 @@ def test_an_embeddings_worker_is_kept_apart_from_the_chat_worker(gpu_profile: Wo
     supervisor.record_calibration(embed, replace(BUFFERS, compute_bytes=103 * MIB))
     supervisor.record_calibration(gpu_profile, BUFFERS)
     model = gpu_profile.model_path
-    assert calibration.lookup_measurement(model, _settings(embed, True)) == replace(
+    assert calibration.lookup_measurement(model, embed.compute_settings()) == replace(
         BUFFERS, compute_bytes=103 * MIB
     )
-    assert calibration.lookup_measurement(model, _settings(gpu_profile, False)) == BUFFERS
+    assert calibration.lookup_measurement(model, gpu_profile.compute_settings()) == BUFFERS
 
 
 @pytest.mark.parametrize("gpu_build", [False, True])
@@ -49,7 +36,7 @@ def test_a_cpu_worker_is_kept_only_without_a_gpu_backend(
     for profile in (cpu_profile, embed):
         supervisor.record_calibration(profile, BUFFERS)
     kept = [
-        calibration.lookup_measurement(profile.model_path, _settings(profile, profile.embeddings))
+        calibration.lookup_measurement(profile.model_path, profile.compute_settings())
         for profile in (cpu_profile, embed)
     ]
     assert kept == ([None, None] if gpu_build else [BUFFERS, BUFFERS])

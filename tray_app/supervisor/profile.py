@@ -9,7 +9,7 @@ from typing import Any
 from tray_app.budget.library_plan import ModelPlans, library_share
 from tray_app.budget.model_info import inspect_model
 from tray_app.budget.plan_set import PlanSet, physical_cores
-from tray_app.budget.planner import Plan
+from tray_app.budget.planner import ComputeSettings, Plan
 from tray_app.config import Config
 from tray_app.contract.roles import EMBED_ROLES, Role
 from tray_app.engine.tools import template_for
@@ -45,6 +45,18 @@ class WorkerProfile:
     @property
     def on_gpu(self) -> bool:
         return self.n_gpu_layers != 0
+
+    def compute_settings(self) -> ComputeSettings:
+        """What its compute buffer depends on: the key its measured buffers are kept under."""
+        return ComputeSettings(
+            n_ctx=self.n_ctx,
+            n_parallel=self.n_parallel,
+            cache_type_k=self.cache_type_k,
+            cache_type_v=self.cache_type_v,
+            flash_attn=self.flash_attn,
+            n_ubatch=self.n_ubatch,
+            embeddings=self.embeddings,  # kept apart: its logits are a whole batch's, not one per slot
+        )
 
     def with_faults(self, *, load_oom: bool = False) -> WorkerProfile:
         return replace(self, enable_faults=True, fault_load_oom=load_oom)

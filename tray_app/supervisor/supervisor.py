@@ -36,7 +36,6 @@ from tray_app import paths
 from tray_app.budget import calibration
 from tray_app.budget.llama_log import BufferSizes, parse_buffer_sizes
 from tray_app.budget.model_info import inspect_model
-from tray_app.budget.planner import ComputeSettings
 from tray_app.config import SupervisorConfig
 from tray_app.contract.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
 from tray_app.contract.status import WorkerStatus
@@ -781,17 +780,8 @@ def record_calibration(profile: WorkerProfile, buffers: BufferSizes) -> None:
         return
     if profile.n_gpu_layers == 0 and gpu_offload_build():
         return  # with a GPU build a CPU worker's compute buffer is not the one a VRAM plan needs
-    settings = ComputeSettings(
-        n_ctx=profile.n_ctx,
-        n_parallel=profile.n_parallel,
-        cache_type_k=profile.cache_type_k,
-        cache_type_v=profile.cache_type_v,
-        flash_attn=profile.flash_attn,
-        n_ubatch=profile.n_ubatch,
-        embeddings=profile.embeddings,  # kept apart: its logits are a whole batch's, not one per slot
-    )
     try:
-        calibration.record_measurement(profile.model_path, settings, buffers)
+        calibration.record_measurement(profile.model_path, profile.compute_settings(), buffers)
     except OSError as error:
         log.warning("could not record the measured buffers: %s", error)
 
