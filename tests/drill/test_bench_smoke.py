@@ -57,6 +57,10 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
             assert all(number(router[side][key]) for key in keys)
         assert router["direct"]["p50_ms"] > 0 and router["router"]["p50_ms"] > 0
         assert number(router["router_own_ms"]) and router["router_cpu_ms_per_request"] >= 0
+        # The router's own clock on each routed stream's way to its first token: one figure per round.
+        own = router["own_ms"]
+        assert own["requests"] == rounds and own["to_worker_ms"] > 0 and own["to_client_ms"] > 0
+        assert own["total_ms"] < router["router"]["ttft_p50_ms"]
     # One-token rounds are five times as many: 15 pairs give an interval, 3 are too few for one.
     low, high = results["router_fixed_cost"]["added_interval_ms"]["ttft_p50_ms"]
     assert low <= results["router_fixed_cost"]["added_ms"]["ttft_p50_ms"] <= high
@@ -96,6 +100,7 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
     printed = report.text(results)  # what `failsoft bench` prints without --json
     assert "(15 rounds, 1 token, interleaved" in printed and "(3 rounds, 8 tokens, interleaved" in printed
     assert printed.count("streamed inter-chunk gap") == 1  # one token has no gap to show
+    assert "(its own clock, p50 of 15 streams:" in printed and "(its own clock, p50 of 3 streams:" in printed
     assert "throughput: concurrent clients, each 2 requests of 8 tokens" in printed
 
     (saved,) = (tmp_path / "data" / "reports").glob("bench-*.json")

@@ -95,7 +95,7 @@ class ScriptedRelay:
             if isinstance(step, Exception):
                 raise step
             self.handed += 1
-            yield Chunk(json.dumps(step), step)
+            yield Chunk(json.dumps(step), step, 0.0, 0.0)
 
 
 def chat_chunk(content: str | None = None, tool: bool = False, finish: str | None = None) -> dict[str, Any]:

@@ -183,7 +183,7 @@ class CountingRelay:
                 "model": "m",
                 "choices": [{"index": 0, "text": text, "finish_reason": None}],
             }
-            yield Chunk("", obj)
+            yield Chunk("", obj, 0.0, 0.0)
 
 
 def make_executor(

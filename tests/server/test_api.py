@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,37 @@ def test_stream_passes_chunks_and_ends_with_the_failsoft_chunk(
     assert not chunks[-1].choices
     info = failsoft_of(chunks[-1])
     assert info["worker"] == "gpu" and info["attempts"] == 1
+
+
+def _timing(svc: ServiceHandle) -> dict[str, Any]:
+    response = httpx.get(svc.base_url + "/failsoft/timing", headers=svc.headers(), timeout=10)
+    response.raise_for_status()
+    timing: dict[str, Any] = response.json()
+    return timing
+
+
+def test_the_router_times_its_own_part_of_each_streams_first_token(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
+    before = _timing(svc)
+    started = time.perf_counter()
+    first_token_ms = None
+    for chunk in client.chat.completions.create(
+        messages=CHAT, max_tokens=8, temperature=0, model="default", stream=True
+    ):
+        if first_token_ms is None and chunk.choices and chunk.choices[0].delta.content:
+            first_token_ms = (time.perf_counter() - started) * 1000
+    client.chat.completions.create(messages=CHAT, max_tokens=2, model="default")  # not a stream: no figure
+    after = _timing(svc)
+
+    assert first_token_ms is not None
+    assert after["recorded"] == before["recorded"] + 1
+    to_worker, to_client = after["recent_ms"][-1]
+    # Parts of what the client waited for its first token, measured inside the router: each takes some
+    # time, together less than the whole wait (the worker's prompt reading and first token are between).
+    assert to_worker > 0 and to_client > 0
+    assert to_worker + to_client < first_token_ms
+    assert after["requests"] == len(after["recent_ms"]) and after["total_ms"] is not None
 
 
 def test_completions_plain_and_streamed_agree_at_temperature_zero(client: openai.OpenAI) -> None:

@@ -36,7 +36,7 @@ def respond(writer: Writer, client: Client, events: list[str]) -> asyncio.Task[N
 
 async def test_pieces_written_before_the_start_go_out_together_then_each_at_once() -> None:
     writer, client, events = Writer(), Client(), []
-    await writer.write(b"a")
+    assert await writer.write(b"a") is False  # kept for the first write: not sent yet
     await writer.write(b"b")
     task = respond(writer, client, events)
     for _ in range(3):
@@ -44,7 +44,7 @@ async def test_pieces_written_before_the_start_go_out_together_then_each_at_once
     assert client.sent[0]["type"] == "http.response.start"
     assert (b"x-failsoft-job", b"job-1") in client.sent[0]["headers"]
     assert client.bodies() == [(b"ab", True)]
-    await writer.write(b"c")
+    assert await writer.write(b"c") is True
     assert client.bodies()[-1] == (b"c", True)  # sent by the write itself, not later
     await writer.write(b"end", last=True)
     writer.close()
@@ -90,9 +90,9 @@ async def test_a_held_piece_goes_out_with_the_next_one_or_the_end() -> None:
     task = respond(writer, client, events)
     for _ in range(3):
         await asyncio.sleep(0)
-    await writer.write(b"role", hold=True)
+    assert await writer.write(b"role", hold=True) is False
     assert client.bodies() == []  # nothing the client waits for: no write of its own
-    await writer.write(b"token")
+    assert await writer.write(b"token") is True
     await writer.write(b"finish", hold=True)
     writer.close()
     await task

@@ -139,6 +139,21 @@ def test_stream_failure_before_content_is_transparent(
     wait_replaced(svc, armed["pid"])
 
 
+def test_a_replayed_streams_first_token_is_not_timed_as_the_routers_own(
+    svc: ServiceHandle, client: openai.OpenAI, gpu_text: str
+) -> None:
+    """/failsoft/timing is the router's own time on a first attempt's way: a replay's way holds the
+    failover (the crash, its detection, a second worker), which the bench measures apart."""
+    recorded = httpx.get(svc.base_url + "/failsoft/timing", timeout=10).json()["recorded"]
+    armed = arm(svc, "abort", after_tokens=0)
+    text, info = _stream_text(client, REQUEST)
+    assert text == gpu_text and info["attempts"] == 2
+    assert httpx.get(svc.base_url + "/failsoft/timing", timeout=10).json()["recorded"] == recorded
+    wait_replaced(svc, armed["pid"])
+    _stream_text(client, REQUEST)  # the next stream, on the new GPU worker's first attempt, is timed
+    assert httpx.get(svc.base_url + "/failsoft/timing", timeout=10).json()["recorded"] == recorded + 1
+
+
 def test_stream_failure_after_content_resumes_on_the_cpu(
     svc: ServiceHandle, client: openai.OpenAI, gpu_text: str
 ) -> None:

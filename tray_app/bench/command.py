@@ -146,7 +146,7 @@ def bench(
     short = one_token_rounds(rounds)
     progress(f"router overhead, 1 token ({short} rounds)")
     results["router_fixed_cost"] = measure_overhead(
-        url, gpu_url, rounds=short, max_tokens=1, headers=headers, router_pid=router_pid
+        url, gpu_url, rounds=short, max_tokens=1, headers=headers, router_pid=router_pid, own_time=True
     )
     progress(f"a byte-for-byte proxy's overhead, 1 token ({short} rounds): the floor of any extra hop")
     with byte_proxy(int(gpu_url.rsplit(":", 1)[1])) as proxy_url:
@@ -155,7 +155,13 @@ def bench(
         )
     progress(f"router overhead, {OVERHEAD_TOKENS} tokens ({rounds} rounds)")
     results["router_overhead"] = measure_overhead(
-        url, gpu_url, rounds=rounds, max_tokens=OVERHEAD_TOKENS, headers=headers, router_pid=router_pid
+        url,
+        gpu_url,
+        rounds=rounds,
+        max_tokens=OVERHEAD_TOKENS,
+        headers=headers,
+        router_pid=router_pid,
+        own_time=True,
     )
     levels = ", ".join(str(level) for level in clients)
     progress(f"throughput with {levels} concurrent clients, router vs direct")

@@ -23,6 +23,8 @@ import httpx
 import psutil
 
 from tray_app.bench.intervals import median_interval
+from tray_app.contract.status import PathTiming
+from tray_app.jobs.path_timing import summary
 
 PROMPT = [{"role": "user", "content": "Name three colours."}]
 
@@ -106,10 +108,12 @@ def measure_overhead(
     max_tokens: int = 8,
     headers: dict[str, str] | None = None,
     router_pid: int | None = None,
+    own_time: bool = False,
 ) -> dict[str, Any]:
     """Send `rounds` identical requests to the worker (`worker_url`) and to the router (`router_url`),
     alternating, non-streamed and streamed; return both sets of figures and the router's additions. With
-    `router_pid`, also the router process's CPU time per routed request (its background work included)."""
+    `router_pid`, also the router process's CPU time per routed request (its background work included);
+    with `own_time`, the router's own record of its time on the streams' way to their first token."""
     body = {"messages": PROMPT, "max_tokens": max_tokens, "temperature": 0, "seed": 1}
     direct, routed = Samples(), Samples()
     path = "/v1/chat/completions"
@@ -121,6 +125,7 @@ def measure_overhead(
         for url in (worker_url, router_url):  # warm both paths (connections, caches) before measuring
             _plain(client, url + path, body, Samples())
             _streamed(client, url + path, body, Samples())
+        recorded = router_timing(router_url) if own_time else None
         for _ in range(rounds):
             _plain(client, worker_url + path, body, direct)
             _streamed(client, worker_url + path, body, direct)
@@ -128,6 +133,7 @@ def measure_overhead(
             _plain(client, router_url + path, body, routed)
             _streamed(client, router_url + path, body, routed)
             router_cpu += _cpu_seconds(router_process) - before
+    own = own_time_since(router_url, recorded) if recorded is not None else None
     a, b = _summary(direct), _summary(routed)
     added = {
         "p50_ms": _paired(routed.latency, direct.latency),
@@ -150,4 +156,25 @@ def measure_overhead(
         "ratio": {key: (b[key] / a[key] if a[key] else 0.0) for key in a},
         "router_own_ms": _paired(routed.latency, direct.stream_total),
         "router_cpu_ms_per_request": (router_cpu / (2 * rounds) * 1000.0) if router_process else None,
+        "own_ms": own,
     }
+
+
+def router_timing(router_url: str) -> PathTiming:
+    """The router's own record of its recent streams' way to their first token (`GET /failsoft/timing`)."""
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        response = client.get(router_url + "/failsoft/timing")
+        response.raise_for_status()
+        timing: PathTiming = response.json()
+        return timing
+
+
+def own_time_since(router_url: str, before: PathTiming) -> dict[str, Any]:
+    """The medians of the router's own time for the streams it recorded since `before` (None where it
+    recorded none): what its code took of the time to first token measured from outside."""
+    after = router_timing(router_url)
+    count = min(after["recorded"] - before["recorded"], len(after["recent_ms"]))
+    figures = dict(summary(after["recorded"], after["recent_ms"][-count:] if count > 0 else []))
+    figures.pop("recent_ms")
+    figures.pop("recorded")
+    return figures

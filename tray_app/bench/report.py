@@ -52,6 +52,13 @@ def router_lines(router: dict[str, Any]) -> list[str]:
     cpu = router.get("router_cpu_ms_per_request")
     if cpu is not None:
         lines.append(f"  {'router process CPU per request':<34} {cpu:.2f} ms")
+    own = router.get("own_ms")
+    if own and own["requests"]:
+        lines.append(
+            f"  {'router code on the first token':<34} {own['total_ms']:.2f} ms  (its own clock, p50 of "
+            f"{own['requests']} streams: {own['to_worker_ms']:.2f} ms from the request to the worker, "
+            f"{own['to_client_ms']:.2f} ms from the worker's first output to the client)"
+        )
     return lines
 
 

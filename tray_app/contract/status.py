@@ -93,3 +93,15 @@ class JobSummary(TypedDict):
     preview: str
     error: dict[str, Any] | None
     result: dict[str, Any] | None
+
+
+class PathTiming(TypedDict):
+    """`GET /failsoft/timing`: the router's own time on the recent streams' way to their first token
+    (jobs.path_timing), in milliseconds; the medians are None before any stream."""
+
+    recorded: int  # streams recorded since the service started (the recent ones are the last of them)
+    recent_ms: list[list[float]]  # [request to worker, worker's first output to client], oldest first
+    requests: int  # how many pairs the medians are of
+    to_worker_ms: float | None
+    to_client_ms: float | None
+    total_ms: float | None

@@ -74,6 +74,7 @@ class _Connection(asyncio.Protocol):
             self.close()  # nothing was asked: a server that talks out of turn is not reused
             return
         response.received_any = True
+        response.received_at = time.perf_counter()
         try:
             response.parser.feed_data(data)
         except httptools.HttpParserError as error:
@@ -97,7 +98,7 @@ class _Connection(asyncio.Protocol):
         # Written first: nothing of the answer can arrive before this task returns to the loop, so the
         # response's parser and queue are made while the worker already reads the request.
         self.transport.write(request)
-        self.response = Response(self)
+        self.response = Response(self, time.perf_counter())
         return self.response
 
     def finished(self, response: Response) -> None:
@@ -115,9 +116,13 @@ class _Connection(asyncio.Protocol):
 class Response:
     """Status and headers once they arrived; the body as it arrives (`chunks()`) or whole (`read()`)."""
 
-    def __init__(self, connection: _Connection) -> None:
+    def __init__(self, connection: _Connection, sent_at: float) -> None:
         loop = asyncio.get_running_loop()
         self._connection = connection
+        # time.perf_counter() stamps: the request written, the last bytes of the answer arrived (the router's
+        # own time on a first token's path, see jobs.path_timing).
+        self.sent_at = sent_at
+        self.received_at = 0.0
         self.parser = httptools.HttpResponseParser(self)
         self.headers_ready: asyncio.Future[None] = loop.create_future()
         # What arrived and is not read yet (body bytes, then _END or an error), and the reader waiting for it:

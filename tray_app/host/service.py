@@ -30,6 +30,7 @@ from tray_app.jobs.admission import SlotPool, TokenCounter
 from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.engine import Executor, ExecutorSettings, StandIn, Worker
 from tray_app.jobs.journal import Journal
+from tray_app.jobs.path_timing import PathTimings
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.library.catalog import catalog_from_config
@@ -75,6 +76,7 @@ class Service:
         self.started_at = time.time()
         self.tokens = TokenCounter(self.model_path, cfg.model.chat_format)
         self.relay = Relay()
+        self.path_timings = PathTimings()  # the router's own time on each stream's way to its first token
         self.journal = Journal(
             paths.data_dir() / JOURNAL_FILE,
             on_failure=lambda reason: self.bus.publish(JournalFailed(reason=reason)),  # the writer's thread

@@ -438,6 +438,9 @@ class Executor:
                             if held:
                                 out = Piece(out.obj, out.raw, out.output, tuple(held))
                                 held.clear()
+                            if out.output and not prepared and number == 1 and job.path is not None:
+                                job.path.to_worker = chunk.sent_at
+                                job.path.from_worker = chunk.received_at
                             yield out
                             if out.output and not prepared:
                                 self.relay.prepare_next(url)  # the client has its first token

@@ -18,6 +18,7 @@ from tray_app.contract.vocabulary import FINAL_JOB_STATES, JOB_STATES
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.jobs.ids import random_hex
 from tray_app.jobs.journal import Journal, StoredJob
+from tray_app.jobs.path_timing import FirstTokenPath
 
 FINAL_STATES = FINAL_JOB_STATES
 STATES = JOB_STATES
@@ -78,6 +79,8 @@ class Job:
     max_tokens: int
     deadline: float  # monotonic time the client stops waiting
     created_at: float = field(default_factory=time.time)
+    # A stream's way to its first token, stamped until that token is written to the client (then None).
+    path: FirstTokenPath | None = None
     state: str = "queued"
     route: str = "gpu"
     worker: str | None = None

@@ -28,6 +28,8 @@ DECODE_FAILURES = ("Compute error.", "Context size has been exceeded.")
 class Chunk:
     raw: str  # the `data:` payload exactly as the worker sent it
     obj: dict[str, Any]
+    sent_at: float  # time.perf_counter() as the request was written to the worker
+    received_at: float  # ... as the bytes that completed this chunk arrived
 
 
 class UpstreamError(Exception):
@@ -150,7 +152,7 @@ class Relay:
                         continue
                     timeout = chunk_timeout
                     response.set_deadline(loop.time() + timeout)
-                    yield Chunk(text, obj)
+                    yield Chunk(text, obj, response.sent_at, response.received_at)
             raise UpstreamError("exited", "the worker ended the stream without [DONE]")
         except (TimeoutError, Stalled, ConnectionFailed) as error:
             raise _transport_error(error, f"no output from the worker for {timeout:.1f}s") from None

@@ -33,6 +33,7 @@ from tray_app.jobs.engine import retry_after_seconds
 from tray_app.jobs.ids import new_request_id, random_seed
 from tray_app.jobs.journal import StoredJob
 from tray_app.jobs.outcomes import JobFailed, Piece
+from tray_app.jobs.path_timing import FirstTokenPath
 from tray_app.jobs.registry import Job, new_id, stored_summary
 from tray_app.library.catalog import ModelEntry
 from tray_app.server import control
@@ -92,6 +93,9 @@ def error_response(error: ApiError, headers: dict[str, str] | None = None, api: 
 
 Handler = Callable[[Request], Awaitable[ASGIApp]]
 INTERNAL_ERROR = ApiError(500, "internal error in the router", type="server_error", code="internal_error")
+# The scope key of a request's arrival at the application (time.perf_counter()), where the router's own time
+# on a stream's way to its first token starts (jobs.path_timing).
+RECEIVED_AT = "failsoft.received_at"
 
 
 class AuthAndErrors:
@@ -121,6 +125,7 @@ class AuthAndErrors:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope[RECEIVED_AT] = time.perf_counter()
         verdict = self.guard.check(scope)
         api = api_of(scope["path"])  # refused in the shape the caller's API uses
         if verdict.error is not None:
@@ -428,18 +433,22 @@ class Router:
             max_tokens = self._fitted_budget(entry, prompt_tokens, max_tokens)
         if max_tokens != parsed.max_tokens:
             body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
+        stream = parsed.stream and not background
         job = Job(
             id=new_id("job"),
             request_id=request.headers.get("x-request-id") or new_request_id(),
             kind=parsed.kind,
             body=body,
-            stream=parsed.stream and not background,
+            stream=stream,
             background=background,
             body_hash=parsed.body_hash if key else "",  # compared under an Idempotency-Key only
             idempotency_key=key,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             deadline=time.monotonic() + deadline,
+            path=FirstTokenPath(request.scope[RECEIVED_AT])
+            if stream and RECEIVED_AT in request.scope
+            else None,
             asked_model=entry.name,
             models=dict.fromkeys(roles, entry.name),
             roles=roles,
@@ -688,9 +697,11 @@ class Router:
                     # with no output (a finish) waits for what comes next: one write, not two. (The role
                     # comes attached to the first token already, see Executor._attempt.)
                     output = not isinstance(piece, Piece) or piece.output
-                    await writer.write(
+                    written = await writer.write(
                         outcome_bytes(job, piece), hold=not output, last=not isinstance(piece, Piece)
                     )
+                    if job.path is not None and isinstance(piece, Piece) and piece.output:
+                        self._first_output_written(job, job.path, written)
             finally:
                 writer.close()
 
@@ -711,6 +722,13 @@ class Router:
             on_end=count,
             keepalive=self.svc.cfg.server.keepalive_seconds,
         )
+
+    def _first_output_written(self, job: Job, path: FirstTokenPath, written: bool) -> None:
+        """The stream's first output went to the client (`written`: now, not kept for the status line): the
+        router's own time on its way is recorded if the first attempt brought it (see jobs.path_timing)."""
+        job.path = None
+        if written and path.from_worker:
+            self.svc.path_timings.record(path, time.perf_counter())
 
     async def embeddings(self, request: Request) -> ASGIApp:
         try:

@@ -87,6 +87,7 @@ class Control:
             Route("/failsoft/config", self.show_config, methods=["GET"]),
             Route("/failsoft/config", self.change_config, methods=["PATCH"]),
             Route("/failsoft/config/reload", self.reload_config, methods=["POST"]),
+            Route("/failsoft/timing", self.timing, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ]
         if self.svc.enable_faults:
@@ -99,6 +100,10 @@ class Control:
 
     async def status(self, request: Request) -> Response:
         return JSONResponse(self.svc.status())
+
+    async def timing(self, request: Request) -> Response:
+        """The router's own time on the recent streams' way to their first token (jobs.path_timing)."""
+        return JSONResponse(self.svc.path_timings.snapshot())
 
     async def metrics(self, request: Request) -> Response:
         self.svc.status()  # refreshes the gauges that are read, not pushed

@@ -29,14 +29,14 @@ class Writer:
         self._ended = False  # the last piece went out as the end of the response
         self.writes = 0  # the job's writes so far: the keep-alive looks whether any happened meanwhile
 
-    async def write(self, data: bytes, *, hold: bool = False, last: bool = False) -> None:
+    async def write(self, data: bytes, *, hold: bool = False, last: bool = False) -> bool:
         """Send `data` now if the response has started, else keep it for the first write. `hold`: nothing
         the client waits for (a finish with no text): it goes out with the next piece, in the same write.
-        `last`: nothing follows, so it ends the response in the same write."""
+        `last`: nothing follows, so it ends the response in the same write. True if it was sent now."""
         send = self._send
         if send is None or hold:
             self._pending.append(data)
-            return
+            return False
         if self._pending:
             data = b"".join([*self._pending, data])
             self._pending.clear()
@@ -45,6 +45,7 @@ class Writer:
             self._send = None  # a stray write after the end must not reach the finished response
         self.writes += 1
         await send({"type": "http.response.body", "body": data, "more_body": not last})
+        return True
 
     async def comment(self) -> None:
         """A keep-alive comment, if the response has started and not ended."""
