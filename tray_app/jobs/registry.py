@@ -79,7 +79,7 @@ class Job:
     max_tokens: int
     deadline: float  # monotonic time the client stops waiting
     created_at: float = field(default_factory=time.time)
-    # A stream's way to its first token, stamped until that token is written to the client (then None).
+    # A stream's way to its first token: made with the job, stamped by its first attempt (jobs.path_timing).
     path: FirstTokenPath | None = None
     state: str = "queued"
     route: str = "gpu"

@@ -434,6 +434,7 @@ class Router:
         if max_tokens != parsed.max_tokens:
             body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
         stream = parsed.stream and not background
+        received = request.scope.get(RECEIVED_AT)
         job = Job(
             id=new_id("job"),
             request_id=request.headers.get("x-request-id") or new_request_id(),
@@ -446,9 +447,7 @@ class Router:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             deadline=time.monotonic() + deadline,
-            path=FirstTokenPath(request.scope[RECEIVED_AT])
-            if stream and RECEIVED_AT in request.scope
-            else None,
+            path=FirstTokenPath(received) if stream and received is not None else None,
             asked_model=entry.name,
             models=dict.fromkeys(roles, entry.name),
             roles=roles,
@@ -686,6 +685,7 @@ class Router:
         executor = self.svc.executor
 
         async def pump() -> None:
+            timed = job.path is None  # the first output's way is recorded once
             try:
                 source = (
                     executor.wait_for_final(job, True, approval)
@@ -700,8 +700,9 @@ class Router:
                     written = await writer.write(
                         outcome_bytes(job, piece), hold=not output, last=not isinstance(piece, Piece)
                     )
-                    if job.path is not None and isinstance(piece, Piece) and piece.output:
-                        self._first_output_written(job, job.path, written)
+                    if not timed and isinstance(piece, Piece) and piece.output:
+                        timed = True
+                        self._first_output_written(job, written)
             finally:
                 writer.close()
 
@@ -723,11 +724,11 @@ class Router:
             keepalive=self.svc.cfg.server.keepalive_seconds,
         )
 
-    def _first_output_written(self, job: Job, path: FirstTokenPath, written: bool) -> None:
+    def _first_output_written(self, job: Job, written: bool) -> None:
         """The stream's first output went to the client (`written`: now, not kept for the status line): the
         router's own time on its way is recorded if the first attempt brought it (see jobs.path_timing)."""
-        job.path = None
-        if written and path.from_worker:
+        path = job.path
+        if written and path is not None and path.from_worker:
             self.svc.path_timings.record(path, time.perf_counter())
 
     async def embeddings(self, request: Request) -> ASGIApp:
