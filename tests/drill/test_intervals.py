@@ -7,7 +7,7 @@ import random
 
 from tray_app.bench.intervals import median_interval
 from tray_app.bench.report import router_lines, throughput_lines
-from tray_app.bench.throughput import Run, round_ratios
+from tray_app.bench.throughput import Run, level_figures, round_ratios
 
 
 def test_the_ranks_are_the_sign_tests() -> None:
@@ -74,6 +74,22 @@ def test_throughput_is_compared_round_by_round() -> None:
         "direct_ttft_p50_ms": 440.0,
         "router_ttft_p50_ms": 450.0,
         "ttft_added_p50_ms": 10.0,
+        "ttft_added_interval_ms": [4.5, 12.25],
     }
     printed = throughput_lines({"requests_per_client": 2, "max_tokens": 64, "rounds": 10, "levels": [row]})
     assert "x0.975 (95 %: x0.951 to x1.004)" in printed[1]
+    assert "(added +10.00 ms, 95 %: +4.50 to +12.25 ms: the median of the rounds' differences)" in printed[1]
+
+
+def test_the_added_time_to_first_token_is_paired_by_round() -> None:
+    # Each round's worker TTFT drifts by 100 ms; the router adds 1 ms to each of them, +5 ms in one round.
+    direct = [Run(tokens=64, seconds=1.0, first_token=[0.1 * n, 0.1 * n + 0.002]) for n in range(1, 9)]
+    routed = [
+        Run(tokens=64, seconds=1.0, first_token=[t + (0.006 if n == 3 else 0.001) for t in d.first_token])
+        for n, d in enumerate(direct)
+    ]
+    row = level_figures(1, direct, routed, ("direct", "router"))
+    assert row["ttft_added_p50_ms"] == 1.0
+    assert row["ttft_added_interval_ms"] == [1.0, 6.0]  # eight rounds: the 95 % pair is the extremes
+    too_few = level_figures(1, direct[:5], routed[:5], ("direct", "router"))
+    assert too_few["ttft_added_p50_ms"] == 1.0 and too_few["ttft_added_interval_ms"] is None

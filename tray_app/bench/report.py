@@ -92,7 +92,8 @@ def throughput_lines(throughput: dict[str, Any]) -> list[str]:
             f"{row['direct_tokens_per_second']:>8.1f} -> {row['router_tokens_per_second']:>8.1f} tokens/s  "
             f"{_ratio(row['ratio'])}{_ratio_interval(row.get('ratio_interval'))}   "
             f"TTFT p50 {_ms(row['direct_ttft_p50_ms'], 2)} -> "
-            f"{_ms(row['router_ttft_p50_ms'], 2)}{_added(row.get('ttft_added_p50_ms'))}"
+            f"{_ms(row['router_ttft_p50_ms'], 2)}"
+            f"{_added(row.get('ttft_added_p50_ms'), row.get('ttft_added_interval_ms'))}"
         )
     return lines
 
@@ -118,8 +119,11 @@ def _ratio_interval(bounds: list[float] | None) -> str:
     return "" if bounds is None else f" (95 %: x{bounds[0]:.3f} to x{bounds[1]:.3f})"
 
 
-def _added(value: float | None) -> str:
-    return "" if value is None else f"  (added {value:+.2f} ms: the median of the rounds' differences)"
+def _added(value: float | None, bounds: list[float] | None = None) -> str:
+    if value is None:
+        return ""
+    interval = "" if bounds is None else f", 95 %: {bounds[0]:+.2f} to {bounds[1]:+.2f} ms"
+    return f"  (added {value:+.2f} ms{interval}: the median of the rounds' differences)"
 
 
 def failover_lines(failover: dict[str, Any]) -> list[str]:

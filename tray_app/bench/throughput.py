@@ -111,16 +111,13 @@ def round_ratios(direct: list[Run], routed: list[Run]) -> list[float]:
     ]
 
 
-def _round_differences(direct: list[Run], routed: list[Run]) -> float | None:
-    """The median over rounds of (the router's TTFT p50 - the worker's TTFT p50) in that round, in ms."""
-    pairs = [
-        (statistics.median(d.first_token), statistics.median(r.first_token))
+def round_differences(direct: list[Run], routed: list[Run]) -> list[float]:
+    """Per round, the router's TTFT p50 minus the worker's TTFT p50 in that round, in ms."""
+    return [
+        (statistics.median(r.first_token) - statistics.median(d.first_token)) * 1000.0
         for d, r in zip(direct, routed, strict=True)
         if d.first_token and r.first_token
     ]
-    if not pairs:
-        return None
-    return round(statistics.median(routed - direct for direct, routed in pairs) * 1000.0, 2)
 
 
 async def paired_levels(
@@ -162,6 +159,8 @@ def level_figures(
     base, measured = names
     ratios = round_ratios(base_runs, measured_runs)
     interval = median_interval(ratios)
+    added = round_differences(base_runs, measured_runs)
+    added_interval = median_interval(added)
     return {
         "clients": clients,
         f"{base}_tokens_per_second": round(statistics.median(r.tokens_per_second for r in base_runs), 2),
@@ -173,7 +172,8 @@ def level_figures(
         "ratio_interval": [round(end, 3) for end in interval] if interval else None,
         f"{base}_ttft_p50_ms": _median_ms([t for r in base_runs for t in r.first_token]),
         f"{measured}_ttft_p50_ms": _median_ms([t for r in measured_runs for t in r.first_token]),
-        "ttft_added_p50_ms": _round_differences(base_runs, measured_runs),
+        "ttft_added_p50_ms": round(statistics.median(added), 2) if added else None,
+        "ttft_added_interval_ms": [round(end, 2) for end in added_interval] if added_interval else None,
     }
 
 
