@@ -82,7 +82,7 @@ def test_throughput_is_compared_round_by_round() -> None:
 
 
 def test_the_added_time_to_first_token_is_paired_by_round() -> None:
-    # Each round's worker TTFT drifts by 100 ms; the router adds 1 ms to each of them, +5 ms in one round.
+    # Each round's worker TTFT drifts by 100 ms; the router adds 1 ms to each of them, 6 ms in one round.
     direct = [Run(tokens=64, seconds=1.0, first_token=[0.1 * n, 0.1 * n + 0.002]) for n in range(1, 9)]
     routed = [
         Run(tokens=64, seconds=1.0, first_token=[t + (0.006 if n == 3 else 0.001) for t in d.first_token])
