@@ -150,7 +150,7 @@ def test_health_says_ok_with_the_workers_states(svc: ServiceHandle) -> None:
 
 def test_unseeded_requests_get_a_pinned_seed(svc: ServiceHandle, client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(model="default", messages=CHAT, max_tokens=4)
-    response = httpx.get(f"{svc.base_url}/failsoft/jobs", timeout=10)
+    response = httpx.get(f"{svc.base_url}/failsoft/jobs", timeout=10, headers=svc.headers())
     jobs = {job["id"]: job for job in response.json()["data"]}
     assert failsoft_of(completion)["job_id"] in jobs
     # The journal has the body as sent upstream; its seed was chosen before the first attempt.
@@ -189,7 +189,9 @@ def test_idempotent_replay_mismatch_and_conflict(svc: ServiceHandle, client: ope
     wait_until(
         lambda: any(
             j["state"] == "running"
-            for j in httpx.get(f"{svc.base_url}/failsoft/jobs?state=running").json()["data"]
+            for j in httpx.get(f"{svc.base_url}/failsoft/jobs?state=running", headers=svc.headers()).json()[
+                "data"
+            ]
         ),
         what="the long request to run",
     )
@@ -243,9 +245,13 @@ def test_bad_input_gets_openai_errors(svc: ServiceHandle) -> None:
 
 
 def test_without_enable_faults_the_debug_routes_do_not_exist(svc: ServiceHandle) -> None:
-    response = httpx.post(svc.base_url + "/failsoft/debug/faults", json={"kind": "abort"}, timeout=10)
+    response = httpx.post(
+        svc.base_url + "/failsoft/debug/faults", json={"kind": "abort"}, timeout=10, headers=svc.headers()
+    )
     _assert_openai_error(response, 404)
-    _assert_openai_error(httpx.post(svc.base_url + "/failsoft/debug/pressure", json={}, timeout=10), 404)
+    _assert_openai_error(
+        httpx.post(svc.base_url + "/failsoft/debug/pressure", json={}, timeout=10, headers=svc.headers()), 404
+    )
 
 
 JSON_VALUES = st.recursive(
@@ -569,7 +575,9 @@ def test_newer_openai_message_shapes_reach_the_model(client: openai.OpenAI) -> N
 
 
 def test_a_reload_with_a_restart_that_is_not_a_boolean_is_refused(svc: ServiceHandle) -> None:
-    response = httpx.post(svc.base_url + "/failsoft/config/reload", json={"restart": "yes"}, timeout=10)
+    response = httpx.post(
+        svc.base_url + "/failsoft/config/reload", json={"restart": "yes"}, timeout=10, headers=svc.headers()
+    )
     _assert_openai_error(response, 400)
     assert response.json()["error"]["param"] == "restart"
 
@@ -586,3 +594,69 @@ def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
     ).is_success
     assert job_state(svc, job_id)["state"] == "cancelled"
     assert httpx.get(f"{svc.base_url}/v1/jobs/job-unknown", timeout=10).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("id_slot", 0),
+        ("n_cmpl", 2),
+        ("n_predict", 60),
+        ("n_probs", 50),
+        ("t_max_predict_ms", 1),
+        ("lora", []),
+    ],
+)
+def test_llama_servers_own_fields_are_refused_by_name(
+    svc: ServiceHandle, client: openai.OpenAI, field: str, value: Any
+) -> None:
+    """Review N2: `id_slot` pinned requests to one slot (both workers were then killed as hung), `n_cmpl`
+    merged two answers, `n_predict` outran the `max_tokens` admission counted. Now a 400 names the field."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="default", messages=CHAT, max_tokens=5, extra_body={field: value}
+        )
+    assert refused.value.code == "unsupported_field"
+    assert refused.value.param == field and field in str(refused.value.message)
+    completions = httpx.post(
+        svc.v1 + "/completions", json={"prompt": "Count: 1,", "max_tokens": 5, field: value}, timeout=30
+    )
+    assert completions.status_code == 400 and completions.json()["error"]["param"] == field
+
+
+def test_concurrent_requests_with_engine_fields_leave_the_workers_alone(
+    svc: ServiceHandle, client: openai.OpenAI
+) -> None:
+    """The review's reproduction: three concurrent streams pinned to slot 0. All are refused up front; the
+    workers keep their pids, and a plain request is served at once."""
+    before = {role: svc.status()["workers"][role]["pid"] for role in ("gpu", "cpu")}
+    body = {"prompt": "Count: 1,", "max_tokens": 200, "ignore_eos": True, "stream": True, "id_slot": 0}
+    answers: list[int] = []
+
+    def ask() -> None:
+        answers.append(httpx.post(svc.v1 + "/completions", json=body, timeout=60).status_code)
+
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert answers == [400, 400, 400]
+    answer = client.chat.completions.create(model="default", messages=CHAT, max_tokens=4)
+    assert failsoft_of(answer)["worker"] == "gpu"
+    assert {role: svc.status()["workers"][role]["pid"] for role in ("gpu", "cpu")} == before
+
+
+def test_fields_the_router_does_not_forward_are_dropped_and_extensions_still_work(
+    client: openai.OpenAI,
+) -> None:
+    """An unknown field is ignored (not forwarded); llama.cpp's sampling extensions still reach the worker:
+    `ignore_eos` makes it write exactly max_tokens, which `max_tokens` bounds."""
+    answer = client.chat.completions.create(
+        model="default",
+        messages=CHAT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True, "top_k": 5, "min_p": 0.1, "some_client_field": {"x": 1}},
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens == 12

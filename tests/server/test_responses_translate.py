@@ -90,7 +90,9 @@ def test_a_translated_body_notes_its_instructions_and_storage_for_the_router_alo
     }
     assert not stored_response(chat)
     assert stored_response(chat_request({"input": "Hi"}))  # store is OpenAI's default
-    assert RESPONSE_NOTE not in worker_fields(chat) and "stream_options" not in worker_fields(chat)
+    assert RESPONSE_NOTE not in worker_fields("chat", chat) and "stream_options" not in worker_fields(
+        "chat", chat
+    )
 
 
 def test_a_stored_response_continues_without_its_instructions_with_its_answer() -> None:

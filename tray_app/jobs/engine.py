@@ -491,7 +491,7 @@ class Executor:
         body: dict[str, Any]
         if continues_chat(job, progress):
             # A thinking model's answer: llama-server continues it (see jobs.continuation).
-            body = worker_fields(job.body)
+            body = worker_fields(job.kind, job.body)
             messages = job.body["messages"]
             reasoning, text = progress.delivered_reasoning, progress.delivered_text
             body.update(messages=continuation_messages(messages, reasoning, text), max_tokens=remaining)

@@ -16,6 +16,7 @@ from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
 from tray_app.contract.status import JobSummary
 from tray_app.contract.vocabulary import FINAL_JOB_STATES, JOB_STATES
 from tray_app.engine.argv import PROMPT_BATCH
+from tray_app.engine.request_fields import forwarded
 from tray_app.jobs.ids import random_hex
 from tray_app.jobs.journal import Journal, StoredJob
 from tray_app.jobs.path_timing import FirstTokenPath
@@ -56,9 +57,10 @@ RESPONSE_NOTE = "failsoft_response"
 ROUTER_FIELDS = frozenset({"stream_options", RESPONSE_NOTE})
 
 
-def worker_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """A job's body as a worker gets it: without the fields for the router alone."""
-    return {key: value for key, value in body.items() if key not in ROUTER_FIELDS}
+def worker_fields(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A job's body as a worker gets it: the fields its route forwards (engine.request_fields), without
+    the fields for the router alone."""
+    return {key: value for key, value in forwarded(kind, body).items() if key not in ROUTER_FIELDS}
 
 
 def new_id(prefix: str) -> str:
@@ -104,7 +106,7 @@ class Job:
     def upstream_body(self) -> bytes:
         """The body every attempt sends: always streamed (see relay), seed already pinned; encoded once."""
         if self._upstream is None:
-            body = worker_fields(self.body)
+            body = worker_fields(self.kind, self.body)
             body.update(upstream_stream(self.prompt_tokens))
             self._upstream = json.dumps(body).encode()
         return self._upstream

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
+from tray_app.engine.request_fields import engine_internal_field
 from tray_app.library.keep_alive import parse_keep_alive
 from tray_app.server.errors import ApiError, bad_request
 
@@ -91,6 +92,14 @@ def _check_parts(parts: list[Any], where: str) -> None:
 
 
 def _check_common(body: dict[str, Any]) -> int | None:
+    internal = engine_internal_field(body)
+    if internal is not None:
+        name, instead = internal
+        raise bad_request(
+            f"'{name}' is one of llama-server's own fields and is not taken here: {instead}",
+            name,
+            code="unsupported_field",
+        )
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
