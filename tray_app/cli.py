@@ -29,6 +29,7 @@ HANDLERS = {
     "load": "tray_app.console.command:load",
     "unload": "tray_app.console.command:unload",
     "worker": "tray_app.console.command:worker",
+    "hog": "tray_app.device.hog:run",
 }
 
 
@@ -139,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--port", type=int, help="the port to check (default: the config's)")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+
+    hog = sub.add_parser(
+        "hog", help="take memory from a running simulated GPU as another program would, until stopped"
+    )
+    hog.add_argument("size", metavar="SIZE", help='how much to take, e.g. "3GiB"')
+    hog.add_argument("--name", required=True, help="who holds it, as the watcher shows it (e.g. comfyui)")
+    hog.add_argument("--hold", type=float, metavar="SECONDS", help="give it back after this long")
     _add_console_commands(sub)
     return parser
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from pathlib import Path
 
 import platformdirs
@@ -48,6 +49,18 @@ def data_dir() -> Path:
 def log_dir() -> Path:
     """Rotating worker logs."""
     return _dir_from_env("FAILSOFT_LOG_DIR", platformdirs.user_log_dir(APP_NAME))
+
+
+def runtime_dir() -> Path:
+    """Files that live as long as a running service (the simulated device's ledger); FAILSOFT_RUNTIME_DIR
+    points elsewhere (tests, several installs). platformdirs warns when it falls back from an unusable
+    XDG_RUNTIME_DIR to a private folder under the temporary directory; that fallback is fine here."""
+    override = os.environ.get("FAILSOFT_RUNTIME_DIR")
+    if override:
+        return private_dir(Path(override))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return private_dir(Path(platformdirs.user_runtime_dir(APP_NAME)))
 
 
 def bundled_model_path() -> Path | None:

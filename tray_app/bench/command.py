@@ -26,6 +26,7 @@ from tray_app.bench.throughput import throughput_figures
 from tray_app.cli import load_config
 from tray_app.config import Config
 from tray_app.contract.status import ServiceStatus
+from tray_app.device.cost import watcher_cost_figures
 from tray_app.drill.client import DrillError, ServiceClient
 from tray_app.drill.command import default_simulated_vram, service_summary
 from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_service
@@ -174,6 +175,8 @@ def bench(
     results["profiles"] = asyncio.run(_profiles(url, status, sub_rounds(rounds), worker_key))
     progress(f"failover overhead ({sub_rounds(rounds)} rounds)")
     results["failover_overhead"] = asyncio.run(_failover(url, sub_rounds(rounds), worker_key))
+    progress("the device watcher's CPU per poll")
+    results["device_watcher"] = watcher_cost_figures()
     results["seconds"] = round(time.time() - started, 1)
     return results
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tray_app.budget.sizes import format_size
+from tray_app.device.cost import watcher_cost_lines
 
 ROUTER_ROWS = (
     ("ttft_p50_ms", "streamed time to first token p50"),
@@ -194,5 +195,6 @@ def text(results: dict[str, Any]) -> str:
         *profile_lines(results["profiles"]),
         "",
         *planner_lines(results["planner_accuracy"]),
+        *watcher_cost_lines(results.get("device_watcher")),
     ]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -12,6 +13,7 @@ import psutil
 
 from tray_app.budget.sizes import format_size, parse_size
 from tray_app.config import DeviceConfig
+from tray_app.device.ledger import Ledger, NoSimulatedDevice
 
 DeviceKind = Literal["nvidia", "simulated", "none", "ram"]
 
@@ -73,18 +75,41 @@ class SimulatedDevice:
 
     simulated = True
 
-    def __init__(self, total_bytes: int, name: str = "simulated GPU") -> None:
+    def __init__(
+        self, total_bytes: int, name: str = "simulated GPU", *, ledger: Ledger | None = None
+    ) -> None:
+        """`ledger`: keep the holdings in that ledger file (see `on_ledger`) rather than in this process."""
         if total_bytes <= 0:
             raise ValueError(f"a simulated GPU needs a positive size, got {total_bytes}")
         self.total_bytes = total_bytes
         self.name = name
+        self.ledger = ledger
         self._held: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def on_ledger(
+        cls, total_bytes: int, name: str = "simulated GPU", ledger: Ledger | None = None
+    ) -> SimulatedDevice:
+        """A simulated GPU whose ledger is a file other processes take memory from too (`failsoft hog`, a
+        drill's hog), created (or resized) now and owned by this process; `close()` removes it. This
+        process's labels are held under its pid; other processes' holdings count as others'."""
+        ledger = ledger if ledger is not None else Ledger()
+        state = ledger.create(total_bytes, name)
+        return cls(total_bytes, state.name, ledger=ledger)
+
+    def close(self) -> None:
+        """The device goes away with its owner: a ledger file is removed (an in-process one has nothing)."""
+        if self.ledger is not None:
+            self.ledger.remove()
 
     def take(self, label: str, num_bytes: int) -> None:
         """`label` now holds `num_bytes` (replacing what it held); more than is free raises MemoryError."""
         if num_bytes < 0:
             raise ValueError(f"cannot take a negative size ({num_bytes})")
+        if self.ledger is not None:
+            self.ledger.take(label, num_bytes)
+            return
         with self._lock:
             others = sum(size for holder, size in self._held.items() if holder != label)
             if others + num_bytes > self.total_bytes:
@@ -96,20 +121,29 @@ class SimulatedDevice:
 
     def release(self, label: str) -> int:
         """Give back what `label` held; returns those bytes (0 if it held nothing)."""
+        if self.ledger is not None:
+            return self.ledger.release(label)
         with self._lock:
             return self._held.pop(label, 0)
 
     def held(self) -> dict[str, int]:
+        """Bytes by label; on a ledger, another process's holding is "label (pid N)"."""
+        if self.ledger is not None:
+            return {key: size for key, size, _pid in _ledger_holdings(self.ledger)}
         with self._lock:
             return dict(self._held)
 
     def memory(self, exclude_labels: Iterable[str] = ()) -> DeviceMemory:
         """The ledger as device memory; holders in `exclude_labels` (our own worker) are not "others"."""
         excluded = set(exclude_labels)
-        with self._lock:
-            held = dict(self._held)
-        used = sum(held.values())
-        others = sum(size for label, size in held.items() if label not in excluded)
+        holdings: list[tuple[str, int, int | None]]
+        if self.ledger is not None:
+            holdings = _ledger_holdings(self.ledger)
+        else:
+            with self._lock:
+                holdings = [(label, size, None) for label, size in self._held.items()]
+        used = sum(size for _label, size, _pid in holdings)
+        others = sum(size for label, size, _pid in holdings if label not in excluded)
         return DeviceMemory(
             name=self.name,
             kind="simulated",
@@ -119,9 +153,21 @@ class SimulatedDevice:
             simulated=True,
             reason=f"simulated {format_size(self.total_bytes)} GPU (no real device memory is used)",
             processes=tuple(
-                GpuProcess(pid=None, name=label, used_bytes=size) for label, size in held.items()
+                GpuProcess(pid=pid, name=label, used_bytes=size) for label, size, pid in holdings
             ),
         )
+
+
+def _ledger_holdings(ledger: Ledger) -> list[tuple[str, int, int | None]]:
+    """(label, bytes, pid) of a ledger's live holdings; none when the ledger is gone."""
+    try:
+        state = ledger.read()
+    except NoSimulatedDevice:
+        return []
+    own = os.getpid()
+    return [
+        (h.label if h.pid == own else f"{h.label} (pid {h.pid})", h.num_bytes, h.pid) for h in state.holdings
+    ]
 
 
 def _process_name(pid: int) -> str:

@@ -123,6 +123,44 @@ class JournalFailed(Event):
     reason: str
 
 
+@dataclass(frozen=True)
+class DeviceChanged(Event):
+    """The GPU's memory, state or processes moved by more than the watcher's threshold. `processes`: each a
+    dict of pid, name, used_bytes (None: the driver does not say), own, label."""
+
+    type: ClassVar[str] = "device_changed"
+    device: str
+    simulated: bool
+    state: str  # normal, lost, unknown
+    total_bytes: int
+    free_bytes: int
+    own_bytes: int
+    others_bytes: int
+    processes: tuple[dict[str, Any], ...]
+    processes_known: bool
+    reason: str  # what changed, in words
+
+
+@dataclass(frozen=True)
+class OtherProcessAppeared(Event):
+    """A process that is not one of Failsoft's workers now holds memory on the GPU."""
+
+    type: ClassVar[str] = "other_process_appeared"
+    pid: int
+    name: str
+    label: str
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class OtherProcessLeft(Event):
+    type: ClassVar[str] = "other_process_left"
+    pid: int
+    name: str
+    label: str
+    used_bytes: int | None  # what it held at the last reading
+
+
 Listener = Callable[[Event], None]
 
 
