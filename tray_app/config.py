@@ -417,6 +417,31 @@ LIVE_SERVER_KEYS = (
 
 
 LIVE_LIBRARY_KEYS = ("keep_alive", "stand_in")  # read at each request; a new folder or max waits
+# What only the user writes, in the file: programs, model and template files the service would run or read,
+# and what exposes the service or locks it. `PATCH /failsoft/config` refuses them ("*": the whole section).
+FILE_ONLY = frozenset(
+    {
+        ("engine", "*"),
+        ("models", "*"),
+        ("model", "path"),
+        ("model", "chat_format"),
+        ("library", "folder"),
+        ("embeddings", "model"),
+        ("server", "host"),
+        ("server", "api_key"),
+    }
+)
+
+
+def file_only(changes: dict[str, Any]) -> list[str]:
+    """The `section.key` names in `changes` that only the config file may set (FILE_ONLY)."""
+    names = []
+    for section, values in changes.items():
+        if (section, "*") in FILE_ONLY:
+            names.append(f"{section}.*" if section != "models" else "models")
+        elif isinstance(values, dict):
+            names += [f"{section}.{key}" for key in values if (section, key) in FILE_ONLY]
+    return names
 
 
 def is_live(section: str, key: str) -> bool:

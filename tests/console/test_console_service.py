@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.helpers import CHAT, base_settings, client_for, job_state, wait_until
 from tests.support.service import ServiceHandle, running_service, write_config
+from tray_app import admin_token
 from tray_app.budget.sizes import format_size
 
 pytestmark = pytest.mark.integration
@@ -34,6 +35,8 @@ def svc(module_root: Path) -> Iterator[ServiceHandle]:
 
 def failsoft(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environment = {name: value for name, value in os.environ.items() if name != "FAILSOFT_API_KEY"}
+    # The service's data folder is beside its config (tests.support.service): its admin token is there.
+    environment[admin_token.ENV_VARIABLE] = admin_token.read(config.parent / "data" / admin_token.FILE_NAME)
     return subprocess.run(
         [sys.executable, "-m", "tray_app", "--config", str(config), *args],
         capture_output=True,
@@ -80,7 +83,7 @@ def _completed_on_the_cpu(svc: ServiceHandle, job_id: str) -> dict[str, Any]:
 def test_waiting_jobs_are_listed_approved_and_rejected_from_a_terminal(svc: ServiceHandle) -> None:
     config, url = svc.config_path, svc.base_url
     assert failsoft(config, "approvals", "--url", url).stdout.strip() == "No job waits for approval."
-    stopped = httpx.post(f"{url}/failsoft/workers/gpu/stop", timeout=60)
+    stopped = httpx.post(f"{url}/failsoft/workers/gpu/stop", headers=svc.headers(), timeout=60)
     assert stopped.status_code == 200, stopped.text
     try:
         first, second, third = (_waiting_job(svc) for _ in range(3))
@@ -109,7 +112,7 @@ def test_waiting_jobs_are_listed_approved_and_rejected_from_a_terminal(svc: Serv
         _completed_on_the_cpu(svc, third)
         assert failsoft(config, "approvals", "--url", url).stdout.strip() == "No job waits for approval."
     finally:
-        httpx.post(f"{url}/failsoft/workers/gpu/start", timeout=120)
+        httpx.post(f"{url}/failsoft/workers/gpu/start", headers=svc.headers(), timeout=120)
         svc.wait_workers_ready()
 
 

@@ -62,7 +62,12 @@ def in_background(svc: ServiceHandle, model: str) -> tuple[threading.Thread, lis
 def test_an_idle_model_makes_room_and_the_request_in_flight_is_not_touched(
     svc: ServiceHandle, model_path: Path
 ) -> None:
-    loaded = httpx.post(f"{svc.base_url}/failsoft/models/smol-b/load", json={"device": "gpu"}, timeout=120)
+    loaded = httpx.post(
+        f"{svc.base_url}/failsoft/models/smol-b/load",
+        json={"device": "gpu"},
+        timeout=120,
+        headers=svc.headers(),
+    )
     assert loaded.status_code == 200, loaded.text
     old_pid = gpu_pid(svc, "smol-b")
     main_pid = svc.status()["workers"]["gpu"]["pid"]

@@ -3,6 +3,7 @@ model loaded on demand, with SmolLM2 as its stand-in), on real llama-server work
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from tests.support.helpers import (
 )
 from tests.support.models import gemma_path
 from tests.support.service import ServiceHandle, running_service
+from tray_app import admin_token
 from tray_app.budget.planner import PLAN_PARTS
 
 pytestmark = pytest.mark.integration
@@ -57,6 +59,11 @@ def svc(module_root: Path, model_path: Path) -> Iterator[ServiceHandle]:
         yield handle
 
 
+def admin_env(svc: ServiceHandle) -> dict[str, str]:
+    """A terminal's environment with the service's admin token (its data folder is not this user's)."""
+    return {**os.environ, admin_token.ENV_VARIABLE: svc.admin_token}
+
+
 def model_status(svc: ServiceHandle, name: str) -> dict[str, Any]:
     status = svc.status()
     found: dict[str, Any] = next(model for model in status["models"] if model["name"] == name)
@@ -71,7 +78,7 @@ def ask(svc: ServiceHandle, model: str, **headers: str) -> httpx.Response:
 
 
 def unload(svc: ServiceHandle, name: str) -> dict[str, Any]:
-    response = httpx.post(f"{svc.base_url}/failsoft/models/{name}/unload", timeout=60)
+    response = httpx.post(f"{svc.base_url}/failsoft/models/{name}/unload", timeout=60, headers=svc.headers())
     assert response.status_code == 200, response.text
     data: dict[str, Any] = response.json()
     return data
@@ -165,20 +172,29 @@ def test_v1_models_lists_every_model_and_where_it_is(svc: ServiceHandle, model_p
 
 
 def test_load_and_unload_by_hand(svc: ServiceHandle, model_path: Path) -> None:
-    loaded = httpx.post(f"{svc.base_url}/failsoft/models/smol-b/load", json={"device": "gpu"}, timeout=120)
+    loaded = httpx.post(
+        f"{svc.base_url}/failsoft/models/smol-b/load",
+        json={"device": "gpu"},
+        timeout=120,
+        headers=svc.headers(),
+    )
     assert loaded.status_code == 200, loaded.text
     assert loaded.json()["where"] in ("gpu", "gpu+cpu") and loaded.json()["unload_in"] is None  # kept
     assert unload(svc, "smol-b")["where"] == "not loaded"
-    main = httpx.post(f"{svc.base_url}/failsoft/models/{model_path.name}/unload", timeout=10)
+    main = httpx.post(
+        f"{svc.base_url}/failsoft/models/{model_path.name}/unload", timeout=10, headers=svc.headers()
+    )
     assert main.status_code == 409 and main.json()["error"]["code"] == "main_model"
-    unknown = httpx.post(f"{svc.base_url}/failsoft/models/nope/load", timeout=10)
+    unknown = httpx.post(f"{svc.base_url}/failsoft/models/nope/load", timeout=10, headers=svc.headers())
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
 
 def test_models_are_loaded_and_unloaded_from_a_terminal(svc: ServiceHandle, model_path: Path) -> None:
     def failsoft(*args: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "tray_app", "--config", str(svc.config_path), *args]
-        return subprocess.run([*command, "--url", svc.base_url], capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [*command, "--url", svc.base_url], capture_output=True, text=True, timeout=300, env=admin_env(svc)
+        )
 
     loaded = failsoft("load", "smol-b", "--device", "gpu")
     assert loaded.returncode == 0, loaded.stderr
@@ -195,7 +211,12 @@ def test_models_are_loaded_and_unloaded_from_a_terminal(svc: ServiceHandle, mode
 def test_a_gpu_failure_of_the_big_model_is_answered_by_its_stand_in_on_the_gpu(
     svc: ServiceHandle, model_path: Path
 ) -> None:
-    httpx.post(f"{svc.base_url}/failsoft/models/{GEMMA}/load", json={"device": "gpu"}, timeout=120)
+    httpx.post(
+        f"{svc.base_url}/failsoft/models/{GEMMA}/load",
+        json={"device": "gpu"},
+        timeout=120,
+        headers=svc.headers(),
+    )
     arm(svc, "abort", role=f"gpu@{GEMMA}")
     answer = ask(svc, GEMMA).json()
     failsoft = answer["failsoft"]
@@ -204,7 +225,12 @@ def test_a_gpu_failure_of_the_big_model_is_answered_by_its_stand_in_on_the_gpu(
     assert failsoft["fallback_reason"] == "stand_in" and answer["model"] == model_path.name
     # Refused by the request: the big model on the CPU instead (the ladder's last rung).
     wait_until(lambda: model_status(svc, GEMMA)["where"] != "loading", what="Gemma back")
-    httpx.post(f"{svc.base_url}/failsoft/models/{GEMMA}/load", json={"device": "gpu"}, timeout=120)
+    httpx.post(
+        f"{svc.base_url}/failsoft/models/{GEMMA}/load",
+        json={"device": "gpu"},
+        timeout=120,
+        headers=svc.headers(),
+    )
     arm(svc, "abort", role=f"gpu@{GEMMA}")
     refused = ask(svc, GEMMA, **{"X-Failsoft-Stand-In": "no"}).json()["failsoft"]
     assert (refused["model"], refused["worker"], refused["stand_in_for"]) == (GEMMA, f"cpu@{GEMMA}", None)
@@ -212,13 +238,15 @@ def test_a_gpu_failure_of_the_big_model_is_answered_by_its_stand_in_on_the_gpu(
 
 
 def _pick_in_the_window(svc: ServiceHandle, job_id: str) -> None:
-    picked = httpx.post(f"{svc.base_url}/failsoft/jobs/{job_id}/stand-in", timeout=60)
+    picked = httpx.post(f"{svc.base_url}/failsoft/jobs/{job_id}/stand-in", timeout=60, headers=svc.headers())
     assert picked.status_code == 200, picked.text
 
 
 def _pick_in_a_terminal(svc: ServiceHandle, job_id: str) -> None:
     command = [sys.executable, "-m", "tray_app", "--config", str(svc.config_path), "approve", "--stand-in"]
-    picked = subprocess.run([*command, job_id, "--url", svc.base_url], capture_output=True, text=True)
+    picked = subprocess.run(
+        [*command, job_id, "--url", svc.base_url], capture_output=True, text=True, env=admin_env(svc)
+    )
     assert picked.returncode == 0, picked.stderr
     assert picked.stdout.startswith(f"{job_id}: answered now by the smaller model on the GPU")
 
@@ -233,16 +261,21 @@ def test_the_user_may_pick_the_stand_in_instead_of_the_slow_cpu_run(
     asking = library_settings(model_path, library={"stand_in": "ask"}, failover={"fallback": "approval"})
     reload_settings(svc, asking)
     try:
-        httpx.post(f"{svc.base_url}/failsoft/models/{GEMMA}/load", json={"device": "gpu"}, timeout=120)
+        httpx.post(
+            f"{svc.base_url}/failsoft/models/{GEMMA}/load",
+            json={"device": "gpu"},
+            timeout=120,
+            headers=svc.headers(),
+        )
         arm(svc, "abort", role=f"gpu@{GEMMA}")
         answers: list[httpx.Response] = []
         client = threading.Thread(target=lambda: answers.append(ask(svc, GEMMA)))
         client.start()
 
         def offered() -> dict[str, Any] | None:
-            jobs = httpx.get(f"{svc.base_url}/failsoft/jobs?state=awaiting_approval", timeout=10).json()[
-                "data"
-            ]
+            jobs = httpx.get(
+                f"{svc.base_url}/failsoft/jobs?state=awaiting_approval", timeout=10, headers=svc.headers()
+            ).json()["data"]
             return jobs[0] if jobs else None
 
         job = wait_until(offered, what="the job waiting for approval")
@@ -255,7 +288,9 @@ def test_the_user_may_pick_the_stand_in_instead_of_the_slow_cpu_run(
             GEMMA,
             "gpu",
         )
-        again = httpx.post(f"{svc.base_url}/failsoft/jobs/{job['id']}/stand-in", timeout=10)
+        again = httpx.post(
+            f"{svc.base_url}/failsoft/jobs/{job['id']}/stand-in", timeout=10, headers=svc.headers()
+        )
         assert again.status_code == 409  # it no longer waits
     finally:
         reload_settings(svc, library_settings(model_path))
@@ -318,6 +353,7 @@ def test_a_loaded_model_that_pressure_leaves_no_plan_is_still_counted_and_unload
         f"{svc.base_url}/failsoft/debug/pressure",
         json={"take": str(share - held // 4), "label": "t"},
         timeout=30,
+        headers=svc.headers(),
     )
     assert taken.status_code == 200, taken.text
     try:
@@ -330,4 +366,9 @@ def test_a_loaded_model_that_pressure_leaves_no_plan_is_still_counted_and_unload
         assert unload(svc, GEMMA)["where"] == "not loaded"
         assert model_status(svc, GEMMA)["vram_bytes"] == 0
     finally:
-        httpx.post(f"{svc.base_url}/failsoft/debug/pressure", json={"release": "t"}, timeout=30)
+        httpx.post(
+            f"{svc.base_url}/failsoft/debug/pressure",
+            json={"release": "t"},
+            timeout=30,
+            headers=svc.headers(),
+        )

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from tray_app import config, paths
+from tray_app import admin_token, config, paths
 from tray_app.contract.events import EventBus
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
@@ -21,6 +21,7 @@ from tray_app.library.catalog import Catalog, ModelEntry
 from tray_app.server.app import create_app
 
 BASE_URL = "http://127.0.0.1:8750"
+ADMIN_TOKEN = "admin-token-of-the-test"
 JOB_BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
 
 
@@ -51,6 +52,7 @@ class StandInService:
     model_names: set[str] = field(default_factory=lambda: {"default", "model.gguf"})
     model_id: str = "model.gguf"
     tool_call_opener: str = ""  # what the engine starts a tool call with (none: these tests send no tools)
+    admin_token: str = ADMIN_TOKEN
 
     def __post_init__(self) -> None:
         self.registry = JobRegistry(self.journal, self.bus)
@@ -98,7 +100,9 @@ def journal(isolated_dirs: Path) -> Iterator[Journal]:
 
 
 def client_for(app: Any, **kwargs: Any) -> TestClient:
-    return TestClient(app, base_url=kwargs.pop("base_url", BASE_URL), **kwargs)
+    """A client as the tray is one: it sends the admin token (`admin=False`: as any other local program)."""
+    headers = admin_token.headers(ADMIN_TOKEN) if kwargs.pop("admin", True) else {}
+    return TestClient(app, base_url=kwargs.pop("base_url", BASE_URL), headers=headers, **kwargs)
 
 
 @pytest.fixture

@@ -305,7 +305,7 @@ def test_requests_without_origin_or_host_pass(service: StandInService) -> None:
 
     import asyncio
 
-    scope = {"type": "http", "method": "GET", "path": "/failsoft/jobs", "headers": [], "query_string": b""}
+    scope = {"type": "http", "method": "GET", "path": "/failsoft/status", "headers": [], "query_string": b""}
     asyncio.run(AuthAndErrors(JSONResponse({"ok": True}), "")(scope, receive, send))
     assert sent[0]["status"] == 200
 

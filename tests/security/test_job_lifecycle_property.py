@@ -141,7 +141,9 @@ async def settle(http: httpx.AsyncClient, seen: Observed, timeout: float = 120.0
 async def run_sequence(svc: ServiceHandle, operations: list[tuple[str, int]]) -> Observed:
     seen = Observed()
     timeout = httpx.Timeout(180.0, connect=10.0)
-    async with httpx.AsyncClient(base_url=svc.base_url, timeout=timeout, trust_env=False) as http:
+    async with httpx.AsyncClient(
+        base_url=svc.base_url, timeout=timeout, trust_env=False, headers=svc.headers()
+    ) as http:
         await asyncio.to_thread(svc.wait_workers_ready)
         connected = asyncio.Event()
         reader = asyncio.create_task(read_events(http, seen, connected))

@@ -45,7 +45,10 @@ def svc(module_root: Path) -> Iterator[ServiceHandle]:
 
 def _awaiting(svc: ServiceHandle) -> list[dict[str, Any]]:
     data: list[dict[str, Any]] = httpx.get(
-        svc.base_url + "/failsoft/jobs", params={"state": "awaiting_approval"}, timeout=10
+        svc.base_url + "/failsoft/jobs",
+        params={"state": "awaiting_approval"},
+        timeout=10,
+        headers=svc.headers(),
     ).json()["data"]
     return data
 
@@ -72,14 +75,21 @@ def test_approved_job_runs_on_the_cpu_while_the_client_waits(svc: ServiceHandle)
     pending = wait_until(lambda: _awaiting(svc), what="a job awaiting approval")
     assert pending[0]["estimated_seconds"] >= 40
     assert svc.status()["approvals"]["pending"] == 1
-    approved = httpx.post(f"{svc.base_url}/failsoft/jobs/{pending[0]['id']}/approve", timeout=10)
+    approved = httpx.post(
+        f"{svc.base_url}/failsoft/jobs/{pending[0]['id']}/approve", timeout=10, headers=svc.headers()
+    )
     assert approved.status_code == 200
     thread.join(180)
     info = failsoft_of(outcome["answer"])
     assert (info["job_id"], info["worker"], info["attempts"]) == (pending[0]["id"], "cpu", 2)
     assert info["fallback_reason"] == "crash_abort"
     # Approving twice is refused: the job is no longer waiting.
-    assert httpx.post(f"{svc.base_url}/failsoft/jobs/{info['job_id']}/approve", timeout=10).status_code == 409
+    assert (
+        httpx.post(
+            f"{svc.base_url}/failsoft/jobs/{info['job_id']}/approve", timeout=10, headers=svc.headers()
+        ).status_code
+        == 409
+    )
     wait_replaced(svc, armed["pid"])
 
 
@@ -88,7 +98,10 @@ def test_rejected_job_ends_with_a_reason(svc: ServiceHandle) -> None:
     thread, outcome = _ask_in_background(client_for(svc), deadline="30")
     pending = wait_until(lambda: _awaiting(svc), what="a job awaiting approval")
     assert (
-        httpx.post(f"{svc.base_url}/failsoft/jobs/{pending[0]['id']}/reject", timeout=10).status_code == 200
+        httpx.post(
+            f"{svc.base_url}/failsoft/jobs/{pending[0]['id']}/reject", timeout=10, headers=svc.headers()
+        ).status_code
+        == 200
     )
     thread.join(60)
     error = outcome["error"]
@@ -110,7 +123,9 @@ def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(
     assert isinstance(body, dict)
     job_id = body["job_id"]
     assert job_state(svc, job_id)["state"] == "awaiting_approval"
-    approved = httpx.post(f"{svc.base_url}/failsoft/jobs/approve-all", timeout=10).json()["approved"]
+    approved = httpx.post(
+        f"{svc.base_url}/failsoft/jobs/approve-all", timeout=10, headers=svc.headers()
+    ).json()["approved"]
     assert job_id in approved
     done = wait_until(
         lambda: (s := job_state(svc, job_id))["state"] == "completed" and s, what="approved job"
@@ -151,7 +166,7 @@ def test_approval_policy_asks_for_every_cpu_run(svc: ServiceHandle) -> None:
         assert raised.value.code == "approval_required"
         job_id = raised.value.body["job_id"]  # type: ignore[index]
         assert [job["id"] for job in _awaiting(svc)] == [job_id]
-        httpx.post(f"{svc.base_url}/failsoft/jobs/{job_id}/reject", timeout=10)
+        httpx.post(f"{svc.base_url}/failsoft/jobs/{job_id}/reject", timeout=10, headers=svc.headers())
         wait_replaced(svc, armed["pid"])
     finally:
         reload_settings(svc, SETTINGS)
@@ -163,7 +178,7 @@ def test_the_approval_backlog_is_bounded_and_refusals_say_why(svc: ServiceHandle
     rejection makes room again."""
     reload_settings(svc, base_settings(failover={"cpu_tokens_per_second": 1.0, "max_pending_approvals": 2}))
     client = client_for(svc)
-    stopped = httpx.post(f"{svc.base_url}/failsoft/workers/gpu/stop", timeout=60)
+    stopped = httpx.post(f"{svc.base_url}/failsoft/workers/gpu/stop", timeout=60, headers=svc.headers())
     assert stopped.status_code == 200, stopped.text
     try:
         waiting = []
@@ -182,14 +197,14 @@ def test_the_approval_backlog_is_bounded_and_refusals_say_why(svc: ServiceHandle
         background = httpx.post(f"{svc.base_url}/v1/jobs", json={**REQUEST, "max_tokens": 300}, timeout=10)
         assert background.status_code == 202  # a background job has all the time it needs: no approval
         httpx.delete(f"{svc.base_url}/v1/jobs/{background.json()['id']}", timeout=10)
-        httpx.post(f"{svc.base_url}/failsoft/jobs/{waiting[0]}/reject", timeout=10)
+        httpx.post(f"{svc.base_url}/failsoft/jobs/{waiting[0]}/reject", timeout=10, headers=svc.headers())
         with pytest.raises(openai.InternalServerError) as again:
             client.chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "1"})
         assert again.value.code == "cpu_too_slow"  # room again: it waits for approval
         for job in _awaiting(svc):
-            httpx.post(f"{svc.base_url}/failsoft/jobs/{job['id']}/reject", timeout=10)
+            httpx.post(f"{svc.base_url}/failsoft/jobs/{job['id']}/reject", timeout=10, headers=svc.headers())
     finally:
-        httpx.post(f"{svc.base_url}/failsoft/workers/gpu/start", timeout=120)
+        httpx.post(f"{svc.base_url}/failsoft/workers/gpu/start", timeout=120, headers=svc.headers())
         reload_settings(svc, SETTINGS)
         svc.wait_workers_ready()
 
@@ -221,7 +236,7 @@ def test_a_stream_awaiting_approval_is_kept_alive_until_it_is_answered(svc: Serv
                 while_awaiting += 1
                 if while_awaiting == 2:
                     approve = f"{svc.base_url}/failsoft/jobs/{pending[0]['id']}/approve"
-                    assert httpx.post(approve, timeout=10).status_code == 200
+                    assert httpx.post(approve, timeout=10, headers=svc.headers()).status_code == 200
         assert while_awaiting == 2
         assert lines[-1] == "data: [DONE]" and any('"content"' in line for line in lines)
         wait_replaced(svc, armed["pid"])

@@ -156,6 +156,7 @@ def _chaos(svc: ServiceHandle, stop: threading.Event, injected: Counter[str], in
                 svc.base_url + "/failsoft/debug/faults",
                 json={"kind": action, "after_tokens": after},
                 timeout=10,
+                headers=svc.headers(),
             )
         except httpx.HTTPError:
             continue

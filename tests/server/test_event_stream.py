@@ -118,3 +118,64 @@ async def test_a_silent_stream_gets_keep_alive_comments_and_a_busy_one_none() ->
     await asyncio.sleep(0.5)
     assert client.bodies()[-1] == (b"data: [DONE]\n\n", False)  # nothing after the end
     assert events == ["end"]
+
+
+class StuckClient(Client):
+    """A client that stopped reading: after `accepted` body messages, every send waits forever."""
+
+    def __init__(self, accepted: int) -> None:
+        super().__init__()
+        self.accepted = accepted
+
+    async def send(self, message: dict[str, Any]) -> None:
+        bodies = sum(1 for m in self.sent if m["type"] == "http.response.body")
+        if message["type"] == "http.response.body" and bodies >= self.accepted:
+            await asyncio.Event().wait()  # the transport's buffer is full: this never returns
+        self.sent.append(message)
+
+
+def stalling_response(writer: Writer, client: Client, events: list[str]) -> asyncio.Task[None]:
+    response = EventStreamResponse(
+        writer,
+        {},
+        lambda: events.append("disconnect"),
+        lambda: events.append("end"),
+        stall=0.2,
+        on_stall=lambda: events.append("stalled"),
+    )
+    return asyncio.create_task(response({"type": "http"}, client.receive, client.send))
+
+
+async def test_a_client_that_stops_reading_is_dropped_and_the_jobs_write_returns() -> None:
+    """Review N1: the job's write blocked for as long as the client did not read, holding its slot."""
+    writer, client, events = Writer(), StuckClient(accepted=1), []
+    task = stalling_response(writer, client, events)
+    await asyncio.sleep(0.01)
+    await writer.write(b"first")  # read by the client
+    job_write = asyncio.create_task(writer.write(b"second"))  # blocks: the client stopped reading
+    await asyncio.wait_for(task, 2)  # the response ends by itself once the write was blocked 0.2 s
+    assert events == ["stalled", "end"]
+    assert job_write.cancelled()  # the job's task is released from its write
+    assert client.bodies() == [(b"first", True)]  # nothing more was sent, not even an end
+    assert writer.abandoned
+
+
+async def test_the_responses_own_last_write_is_bounded_too() -> None:
+    """The end of the response (sent by the response itself once the job is over) blocks the same way."""
+    writer, client, events = Writer(), StuckClient(accepted=0), []
+    await writer.write(b"whole answer", last=True)
+    writer.close()
+    await asyncio.wait_for(stalling_response(writer, client, events), 2)
+    assert events == ["stalled", "end"] and client.bodies() == []
+
+
+async def test_a_slow_but_reading_client_is_not_dropped() -> None:
+    writer, client, events = Writer(), Client(), []
+    task = stalling_response(writer, client, events)
+    for _ in range(5):
+        await asyncio.sleep(0.1)  # longer in all than the stall limit, but every write goes through
+        await writer.write(b"piece")
+    await writer.write(b"end", last=True)
+    writer.close()
+    await task
+    assert events == ["end"] and len(client.bodies()) == 6

@@ -300,7 +300,9 @@ def test_non_streamed_client_timeout_cancels_the_job(svc: ServiceHandle) -> None
     cancelled = wait_until(
         lambda: [
             j
-            for j in httpx.get(svc.base_url + "/failsoft/jobs?state=cancelled").json()["data"]
+            for j in httpx.get(svc.base_url + "/failsoft/jobs?state=cancelled", headers=svc.headers()).json()[
+                "data"
+            ]
             if j["attempts"] == 1
         ],
         timeout=10,

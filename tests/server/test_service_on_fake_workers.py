@@ -23,7 +23,7 @@ from tests.support.helpers import (
     wait_replaced,
 )
 from tests.support.service import ServiceHandle, running_service
-from tray_app import config
+from tray_app import admin_token, config
 
 CHAT: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}
 
@@ -110,15 +110,17 @@ def test_the_config_is_read_and_changed_through_the_api(svc: ServiceHandle) -> N
     and in the file (never the API key), PATCH writes the file (0600) and says what applied live and what
     waits for a restart; a refused value changes nothing."""
     base = svc.base_url + "/failsoft/config"
-    shown = httpx.get(base, timeout=10).json()
+    shown = httpx.get(base, headers=svc.headers(), timeout=10).json()
     assert "failover.deadline" in shown["live"] and "budget.n_parallel" not in shown["live"]
     assert shown["config"]["server"]["api_key"] == "" and shown["file"]["engine"]["llama_server"]
     before = svc.config_path.read_bytes()
-    refused = httpx.patch(base, json={"changes": {"failover": {"deadline": "soon"}}}, timeout=10)
+    refused = httpx.patch(
+        base, json={"changes": {"failover": {"deadline": "soon"}}}, headers=svc.headers(), timeout=10
+    )
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_config"
     assert svc.config_path.read_bytes() == before
     changes = {"failover": {"deadline": 42.0}, "budget": {"n_parallel": 2}}
-    answer = httpx.patch(base, json={"changes": changes}, timeout=10).json()
+    answer = httpx.patch(base, json={"changes": changes}, headers=svc.headers(), timeout=10).json()
     assert sorted(answer["changed"]) == ["budget.n_parallel", "failover.deadline"]
     assert (answer["applied"], answer["needs_restart"], answer["restarted"]) == (
         ["failover.deadline"],
@@ -128,5 +130,61 @@ def test_the_config_is_read_and_changed_through_the_api(svc: ServiceHandle) -> N
     assert svc.status()["policy"]["deadline"] == 42.0
     assert config.load(svc.config_path).budget.n_parallel == 2
     assert stat.S_IMODE(svc.config_path.stat().st_mode) == 0o600
-    plain = httpx.patch(base, content=b"{}", headers={"Content-Type": "text/plain"}, timeout=10)
+    plain = httpx.patch(
+        base, content=b"{}", headers={**svc.headers(), "Content-Type": "text/plain"}, timeout=10
+    )
     assert plain.status_code == 415  # a web page cannot send it without a preflight
+
+
+def test_control_routes_need_the_admin_token_and_views_do_not(svc: ServiceHandle) -> None:
+    """Review N3: any local program could reconfigure the service. The control API now takes the token the
+    service keeps in its data folder (0600), which the tray and the failsoft commands read."""
+    token_file = svc.data_dir / admin_token.FILE_NAME
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert token_file.read_text().strip() == svc.admin_token
+    before = svc.config_path.read_bytes()
+    change = {"changes": {"failover": {"deadline": 5.0}}}
+    for headers in ({}, {admin_token.HEADER: "not-the-token"}, {admin_token.HEADER: "é".encode()}):
+        for method, path, body in (
+            ("PATCH", "/failsoft/config", change),
+            ("GET", "/failsoft/config", None),
+            ("POST", "/failsoft/workers/gpu/stop", {}),
+            ("POST", "/failsoft/jobs/approve-all", {}),
+            ("GET", "/failsoft/jobs", None),
+        ):
+            refused = httpx.request(method, svc.base_url + path, json=body, headers=headers, timeout=10)
+            assert refused.status_code == 401, (method, path, refused.text)
+            assert refused.json()["error"]["code"] == "admin_token_required"
+    assert svc.config_path.read_bytes() == before
+    assert svc.status()["workers"]["gpu"]["state"] == "ready"  # nothing was stopped
+    for view in ("/failsoft/status", "/failsoft/timing"):
+        assert httpx.get(svc.base_url + view, timeout=10).status_code == 200, view
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"engine": {"llama_server": "/tmp/evil"}}, "engine.*"),
+        ({"model": {"path": "/tmp/other.gguf"}}, "model.path"),
+        ({"model": {"chat_format": "/tmp/template.jinja"}}, "model.chat_format"),
+        ({"models": [{"name": "x", "path": "/tmp/x.gguf"}]}, "models"),
+        ({"library": {"folder": "/tmp"}}, "library.folder"),
+        ({"embeddings": {"model": "/tmp/e.gguf"}}, "embeddings.model"),
+        ({"server": {"host": "0.0.0.0"}}, "server.host"),
+        ({"server": {"api_key": "mine"}}, "server.api_key"),
+    ],
+)
+def test_programs_files_and_exposure_are_set_in_the_file_only(
+    svc: ServiceHandle, changes: dict[str, Any], named: str
+) -> None:
+    """Even with the admin token: what the service would run or read, and what exposes it, is the user's
+    to write in the file."""
+    before = svc.config_path.read_bytes()
+    refused = httpx.patch(
+        svc.base_url + "/failsoft/config", json={"changes": changes}, headers=svc.headers(), timeout=10
+    )
+    assert refused.status_code == 403, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("file_only_setting", named)
+    assert named in error["message"]
+    assert svc.config_path.read_bytes() == before

@@ -12,6 +12,7 @@ router can script every way a worker fails without loading a model:
     FAKE_LLAMA_DIE_AFTER       seconds after start to end the process with FAKE_LLAMA_DIE_SIGNAL (ABRT)
     FAKE_LLAMA_ERROR_AFTER     send llama-server's decode failure ("Compute error.") after this many tokens
     FAKE_LLAMA_HANG_AFTER      stop sending (the process stays up) after this many tokens
+    FAKE_LLAMA_WORD_BYTES      pad each streamed token's text to this many bytes (a flood for slow readers)
     FAKE_LLAMA_FAULTY          which process the three above apply to: gpu (started with layers on the
                                GPU), cpu, or all (default)
     FAKE_LLAMA_GPU             a device name (e.g. Vulkan0): list it in --list-devices and, when started
@@ -54,6 +55,7 @@ ON_GPU = "--n-gpu-layers" in sys.argv and sys.argv[sys.argv.index("--n-gpu-layer
 FAULTY = os.environ.get("FAKE_LLAMA_FAULTY", "all") in ("all", "gpu" if ON_GPU else "cpu")
 ERROR_AFTER = int(_number("FAKE_LLAMA_ERROR_AFTER", -1)) if FAULTY else -1
 HANG_AFTER = int(_number("FAKE_LLAMA_HANG_AFTER", -1)) if FAULTY else -1
+WORD_BYTES = int(_number("FAKE_LLAMA_WORD_BYTES", 0))
 
 
 def _chunk(kind: str, text: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
@@ -100,7 +102,7 @@ async def _stream(writer: asyncio.StreamWriter, kind: str, body: dict[str, Any])
         if index == HANG_AFTER:
             await asyncio.sleep(3600)
         await asyncio.sleep(TOKEN_DELAY)
-        await _write_chunked(writer, _event(_chunk(kind, WORDS[index % len(WORDS)])))
+        await _write_chunked(writer, _event(_chunk(kind, WORDS[index % len(WORDS)].ljust(WORD_BYTES, "x"))))
     else:
         finish = _chunk(kind, None if kind == "chat" else "", finish="length")
         usage = {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}

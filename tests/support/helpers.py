@@ -51,6 +51,7 @@ def arm(svc: ServiceHandle, kind: str, after_tokens: int = 0, role: str = "gpu")
         response = httpx.post(
             svc.base_url + "/failsoft/debug/faults",
             json={"kind": kind, "after_tokens": after_tokens, "role": role},
+            headers=svc.headers(),
             timeout=10,
         )
         assert response.status_code in (200, 409), response.text
@@ -77,7 +78,10 @@ def reload_settings(svc: ServiceHandle, settings: dict[str, Any], *, restart: bo
     """Rewrite the service's config file and ask it to take over what it can live (or restart workers)."""
     write_config(svc.config_path, settings)
     response = httpx.post(
-        svc.base_url + "/failsoft/config/reload", json={"restart": restart}, timeout=180 if restart else 10
+        svc.base_url + "/failsoft/config/reload",
+        json={"restart": restart},
+        headers=svc.headers(),
+        timeout=180 if restart else 10,
     )
     assert response.status_code == 200, response.text
     data: dict[str, Any] = response.json()

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import tomli_w
 
+from tray_app import admin_token
 from tray_app.host.launch import free_port, spawn_serve, stop_process_tree
 
 __all__ = ["ServiceHandle", "free_port", "running_service", "stop_process_tree", "write_config"]
@@ -41,6 +42,7 @@ class ServiceHandle:
     api_key: str = ""
     output_path: Path = field(default_factory=Path)
     worker_key: str = ""  # what its workers take: lets a test ask a worker directly
+    admin_token: str = ""  # what its control API takes (tray_app.admin_token)
 
     @property
     def worker_headers(self) -> dict[str, str]:
@@ -52,7 +54,9 @@ class ServiceHandle:
         return self.base_url + "/v1"
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        """The API key (if the service has one) and the admin token: what the tray sends."""
+        key = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {**key, **admin_token.headers(self.admin_token)}
 
     def status(self) -> dict[str, Any]:
         """`GET /failsoft/status` (the shape of tray_app.contract.status.ServiceStatus)."""
@@ -144,6 +148,7 @@ def running_service(
         api_key=api_key,
         output_path=output_path,
         worker_key=serve.worker_key,
+        admin_token=serve.admin_token,
     )
     try:
         _wait_ready(handle, time.monotonic() + ready_timeout)

@@ -35,7 +35,9 @@ def tray_app_for(qtbot: Any) -> Iterator[Callable[[ServiceHandle], TrayApp]]:
     apps: list[TrayApp] = []
 
     def make(service: ServiceHandle) -> TrayApp:
-        app = TrayApp(service.base_url, service.api_key, service.config_path, attached=True)
+        app = TrayApp(
+            service.base_url, service.api_key, service.config_path, attached=True, admin=service.admin_token
+        )
         app.start()
         apps.append(app)
         qtbot.waitUntil(lambda: app.events.connected and app.model.reachable, timeout=15_000)

@@ -112,7 +112,10 @@ def test_gpu_failure_mid_answer_shows_failed_over_badge(
     app = tray_app_for(service)
     app.show_chat()
     armed = httpx.post(
-        f"{service.base_url}/failsoft/debug/faults", json={"kind": "abort", "after_tokens": 4}, timeout=30
+        f"{service.base_url}/failsoft/debug/faults",
+        json={"kind": "abort", "after_tokens": 4},
+        timeout=30,
+        headers=service.headers(),
     )
     assert armed.status_code == 200, armed.text
     kind, pieces = ask(qtbot, app.chat, "List the planets of the solar system.", max_tokens=40)
@@ -171,6 +174,7 @@ def test_attached_tray_leaves_the_service_running_when_it_quits(
         "QT_QPA_PLATFORM": "offscreen",
         "FAILSOFT_UI_AUTOMATION": str(state_file.parent),
         "FAILSOFT_CONFIG": str(service.config_path),
+        "FAILSOFT_ADMIN_TOKEN": service.admin_token,
     }
     tray = subprocess.Popen(
         [sys.executable, "-m", "tray_app", "--attach", service.base_url],

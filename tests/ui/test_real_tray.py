@@ -25,6 +25,7 @@ import pytest
 
 from tests.support.service import free_port, running_service, stop_process_tree, write_config
 from tests.support.waits import wait_until
+from tray_app import admin_token
 
 pytestmark = pytest.mark.gui
 
@@ -143,6 +144,10 @@ class Tray:
     state_file: Path
     base_url: str
     desktop: Desktop
+    data_dir: Path | None = None  # where its in-process service keeps its admin token
+
+    def headers(self) -> dict[str, str]:
+        return admin_token.headers(admin_token.read(admin_token.token_path(self.data_dir)))
 
     def state(self) -> dict[str, Any]:
         try:
@@ -201,7 +206,9 @@ def tray(desktop: Desktop, tmp_path: Path) -> Iterator[Tray]:
     command = [str(Path(sys.executable).parent / "failsoft"), "--simulate-vram", "4GiB", "--enable-faults"]
     output = (tmp_path / "failsoft.log").open("wb")
     process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-    handle = Tray(process, automation / "ui-state.json", f"http://127.0.0.1:{port}", desktop)
+    handle = Tray(
+        process, automation / "ui-state.json", f"http://127.0.0.1:{port}", desktop, tmp_path / "data"
+    )
     try:
         yield handle
     finally:
@@ -265,7 +272,10 @@ def test_tray_icon_menu_approvals_and_chat_on_a_real_desktop(desktop: Desktop, t
     assert badges[0].startswith("GPU (simulated)"), badges
     # A drill: the GPU worker aborts mid-answer (as on a CUDA error); the answer finishes on the CPU.
     armed = httpx.post(
-        f"{tray.base_url}/failsoft/debug/faults", json={"kind": "abort", "after_tokens": 6}, timeout=30
+        f"{tray.base_url}/failsoft/debug/faults",
+        json={"kind": "abort", "after_tokens": 6},
+        timeout=30,
+        headers=tray.headers(),
     )
     assert armed.status_code == 200, armed.text
     desktop.run("xdotool", "type", "--delay", "15", "And what does a CPU do?")
@@ -293,6 +303,7 @@ def test_the_tray_started_beside_a_running_service_shows_it_and_a_second_start_o
             **desktop.env,
             "FAILSOFT_CONFIG": str(tmp_path / "tray.toml"),
             "FAILSOFT_DATA_DIR": str(tmp_path / "tray-data"),
+            "FAILSOFT_ADMIN_TOKEN": svc.admin_token,  # the unit's, readable by the user's group
             "FAILSOFT_LOG_DIR": str(tmp_path / "tray-logs"),
             "FAILSOFT_UI_AUTOMATION": str(automation),
             "PYTHONUNBUFFERED": "1",

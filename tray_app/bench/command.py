@@ -72,17 +72,17 @@ def worker_url(status: ServiceStatus, role: str) -> str:
     return url
 
 
-async def _ready_status(url: str, key: str) -> ServiceStatus:
-    client = ServiceClient(url, api_key=key)
+async def _ready_status(url: str, key: str, admin: str) -> ServiceStatus:
+    client = ServiceClient(url, api_key=key, admin=admin)
     try:
         return await client.wait_ready()
     finally:
         await client.aclose()
 
 
-async def _profiles(url: str, status: ServiceStatus, rounds: int, key: str) -> dict[str, Any]:
+async def _profiles(url: str, status: ServiceStatus, rounds: int, key: str, admin: str) -> dict[str, Any]:
     workers = status["workers"]
-    client = ServiceClient(url, api_key=key)
+    client = ServiceClient(url, api_key=key, admin=admin)
     try:
         figures: dict[str, Any] = {}
         if status.get("simulated"):
@@ -112,8 +112,8 @@ async def _profiles(url: str, status: ServiceStatus, rounds: int, key: str) -> d
         await client.aclose()
 
 
-async def _failover(url: str, rounds: int, key: str) -> dict[str, Any]:
-    client = ServiceClient(url, api_key=key)
+async def _failover(url: str, rounds: int, key: str, admin: str) -> dict[str, Any]:
+    client = ServiceClient(url, api_key=key, admin=admin)
     try:
         return await failover_figures(client, rounds)
     finally:
@@ -128,12 +128,13 @@ def bench(
     worker_key: str = "",
     clients: tuple[int, ...] = THROUGHPUT_LEVELS,
     tokens: int = 64,
+    admin: str = "",
 ) -> dict[str, Any]:
     """`worker_key`: the key the service's workers take (a bench launches the service with one it knows);
     sent on every request, it lets the bench ask the workers directly. The router here has no key of its
-    own, so it ignores it."""
+    own, so it ignores it. `admin`: the launched service's control token (its drill faults need it)."""
     started = time.time()
-    status = asyncio.run(_ready_status(url, worker_key))
+    status = asyncio.run(_ready_status(url, worker_key, admin))
     headers = {"Authorization": f"Bearer {worker_key}"} if worker_key else None
     results: dict[str, Any] = {
         "started_at": started,
@@ -172,9 +173,9 @@ def bench(
         )
     )
     progress(f"profiles ({sub_rounds(rounds)} rounds)")
-    results["profiles"] = asyncio.run(_profiles(url, status, sub_rounds(rounds), worker_key))
+    results["profiles"] = asyncio.run(_profiles(url, status, sub_rounds(rounds), worker_key, admin))
     progress(f"failover overhead ({sub_rounds(rounds)} rounds)")
-    results["failover_overhead"] = asyncio.run(_failover(url, sub_rounds(rounds), worker_key))
+    results["failover_overhead"] = asyncio.run(_failover(url, sub_rounds(rounds), worker_key, admin))
     progress("the device watcher's CPU per poll")
     results["device_watcher"] = watcher_cost_figures()
     results["seconds"] = round(time.time() - started, 1)
@@ -216,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
                 service.worker_key,
                 clients,
                 args.tokens,
+                admin=service.admin_token,
             )
     except (DrillError, LaunchError, RuntimeError) as error:
         print(f"failsoft bench: {error}", file=sys.stderr)

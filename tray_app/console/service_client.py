@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tray_app import cli
+from tray_app import admin_token, cli
 from tray_app.host.service_probe import local_url
 
 API_KEY_VARIABLE = "FAILSOFT_API_KEY"  # a key on the command line would show in every `ps`
@@ -24,6 +24,7 @@ class ServiceError(Exception):
 class ServiceClient:
     base_url: str
     api_key: str = ""
+    admin: str = ""  # the control API's token; "": $FAILSOFT_ADMIN_TOKEN or the data folder's file
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServiceClient:
@@ -49,6 +50,8 @@ class ServiceClient:
         timeout: float = TIMEOUT_S,
     ) -> Any:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if admin_token.needs_token(path):
+            headers.update(admin_token.headers(self.admin or admin_token.for_client()))
         try:
             with httpx.Client(trust_env=False, timeout=timeout, headers=headers) as client:
                 response = client.request(method, self.base_url + path, params=params, json=body)

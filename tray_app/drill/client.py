@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import httpx
 
+from tray_app import admin_token
 from tray_app.contract.status import ServiceStatus
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 
@@ -96,10 +97,16 @@ def _merge_tool_call(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None
 
 
 class ServiceClient:
-    def __init__(self, base_url: str, api_key: str = "", deadline: float = CLIENT_DEADLINE) -> None:
+    def __init__(
+        self, base_url: str, api_key: str = "", deadline: float = CLIENT_DEADLINE, admin: str = ""
+    ) -> None:
+        """`admin`: the control API's token (default: $FAILSOFT_ADMIN_TOKEN or this user's data folder's)."""
         self.base_url = base_url.rstrip("/")
         self.deadline = deadline
-        headers = {"X-Failsoft-Deadline": str(int(deadline))}
+        headers = {
+            "X-Failsoft-Deadline": str(int(deadline)),
+            **admin_token.headers(admin or admin_token.for_client()),
+        }
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.http = httpx.AsyncClient(

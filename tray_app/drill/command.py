@@ -121,8 +121,9 @@ async def drill(
     api_key: str = "",
     stand_in_enabled: bool = True,
     max_loaded: int | None = None,
+    admin: str = "",
 ) -> DrillReport:
-    client = ServiceClient(url, api_key)
+    client = ServiceClient(url, api_key, admin=admin)
     events = EventLog(client)
     started = time.time()
     try:
@@ -174,6 +175,7 @@ def _run_drill(
                 service.base_url,
                 keys,
                 pressure,
+                admin=service.admin_token,
                 launched=True,
                 progress=progress,
                 stand_in_enabled=settings["library"]["stand_in"] == "auto",

@@ -17,9 +17,11 @@ from typing import Any
 
 import psutil
 
+from tray_app import admin_token
 from tray_app.contract.roles import CHAT_ROLES
 from tray_app.contract.status import ServiceStatus
 from tray_app.engine import WORKER_KEY_ENV
+from tray_app.paths import private_dir
 
 STOP_TIMEOUT = 20.0
 
@@ -41,6 +43,7 @@ class ServeProcess:
     worker_key: str = (
         ""  # the key its workers take (FAILSOFT_WORKER_KEY), for a harness that asks them directly
     )
+    admin_token: str = ""  # its control API's token (tray_app.admin_token), for a harness that drives it
 
     @property
     def worker_headers(self) -> dict[str, str]:
@@ -69,11 +72,13 @@ def spawn_serve(
     """Start `failsoft serve` on loopback (a free port unless given); its files live under `root`."""
     port = port or free_port()
     worker_key = secrets.token_urlsafe(24)
+    data_dir = data_dir or root / "data"
+    admin = admin_token.ensure(private_dir(data_dir))  # the service finds it there and keeps it
     env = {
         **os.environ,
         WORKER_KEY_ENV: worker_key,
         "FAILSOFT_CONFIG": str(config_path),
-        "FAILSOFT_DATA_DIR": str(data_dir or root / "data"),
+        "FAILSOFT_DATA_DIR": str(data_dir),
         "FAILSOFT_LOG_DIR": str(root / "logs"),
         "PYTHONUNBUFFERED": "1",
     }
@@ -82,7 +87,7 @@ def spawn_serve(
     output_path.parent.mkdir(parents=True, exist_ok=True)
     with output_path.open("wb") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-    return ServeProcess(process, port, output_path, worker_key)
+    return ServeProcess(process, port, output_path, worker_key, admin)
 
 
 def workers_ready(status: ServiceStatus | dict[str, Any] | None) -> bool:

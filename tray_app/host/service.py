@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from tray_app import __version__, paths
+from tray_app import __version__, admin_token, paths
 from tray_app import config as config_module
 from tray_app.budget.device import SimulatedDevice, probe_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
@@ -70,6 +70,7 @@ class Service:
         self.catalog = catalog_from_config(cfg)
         # Every name a request may use: the main model's, and the library's models' and aliases.
         self.model_names = {name for entry in self.catalog.entries for name in entry.names()}
+        self.admin_token = admin_token.ensure()  # the control API's credential (tray_app.admin_token)
         self.metrics = Metrics()
         self.bus.add_listener(self.metrics.on_event)
         self.workers: dict[str, Any] = {}

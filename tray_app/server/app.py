@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import json
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tray_app import admin_token
 from tray_app.budget.sizes import parse_size
 from tray_app.config import ServerConfig
 from tray_app.contract.events import RouteDecided
@@ -112,9 +114,11 @@ class AuthAndErrors:
         api_key: str,
         direct: dict[str, Handler] | None = None,
         server: Callable[[], ServerConfig] | None = None,
+        admin: str = "",
     ) -> None:
         self.app = app
         self.api_key = api_key
+        self.admin = admin  # the control API's token (tray_app.admin_token); "" refuses every admin route
         self.direct = direct or {}
         if server is None:
             fixed = ServerConfig(api_key=api_key)
@@ -144,6 +148,16 @@ class AuthAndErrors:
             )
             await error_response(error, {"WWW-Authenticate": "Bearer"}, api)(scope, receive, send)
             return
+        if admin_token.needs_token(scope["path"]) and not self._admin(scope):
+            error = ApiError(
+                401,
+                f"this control route needs the admin token: send {admin_token.HEADER}: <token>, read from "
+                f"the file {admin_token.FILE_NAME} in Failsoft's data folder (the tray and the failsoft "
+                "commands do this)",
+                code="admin_token_required",
+            )
+            await error_response(error, api=api)(scope, receive, send)
+            return
         refused = OriginGuard.check_control_body(scope)
         if refused is not None:
             await error_response(refused, api=api)(scope, receive, send)
@@ -168,6 +182,11 @@ class AuthAndErrors:
             if started:
                 raise
             await error_response(INTERNAL_ERROR, api=api)(scope, receive, send)
+
+    def _admin(self, scope: Scope) -> bool:
+        header = admin_token.HEADER.lower().encode("ascii")
+        sent = next((value for name, value in scope.get("headers", []) if name == header), None)
+        return admin_token.matches(sent, self.admin)
 
     def _authorized(self, scope: Scope) -> bool:
         """The key as a bearer token, or in `x-api-key` (where Anthropic's clients send it)."""
@@ -692,17 +711,20 @@ class Router:
                     if approval
                     else executor.run(job, deliver=True, held_slot=held)
                 )
-                async for piece in source:
-                    # Finished and Ended are always a job's last outcome: they end the response. A piece
-                    # with no output (a finish) waits for what comes next: one write, not two. (The role
-                    # comes attached to the first token already, see Executor._attempt.)
-                    output = not isinstance(piece, Piece) or piece.output
-                    written = await writer.write(
-                        outcome_bytes(job, piece), hold=not output, last=not isinstance(piece, Piece)
-                    )
-                    if not timed and isinstance(piece, Piece) and piece.output:
-                        timed = True
-                        self._first_output_written(job, written)
+                # Closed however the pump ends: a cancel that lands in a blocked write to the client (it
+                # left, or stopped reading) must still end the job and free its slot, in the generator.
+                async with contextlib.aclosing(source):
+                    async for piece in source:
+                        # Finished and Ended are always a job's last outcome: they end the response. A
+                        # piece with no output (a finish) waits for what comes next: one write, not two.
+                        # (The role comes attached to the first token already, see Executor._attempt.)
+                        output = not isinstance(piece, Piece) or piece.output
+                        written = await writer.write(
+                            outcome_bytes(job, piece), hold=not output, last=not isinstance(piece, Piece)
+                        )
+                        if not timed and isinstance(piece, Piece) and piece.output:
+                            timed = True
+                            self._first_output_written(job, written)
             finally:
                 writer.close()
 
@@ -716,12 +738,26 @@ class Router:
             stop_job()  # the response ended early (an error while writing): nobody reads the job any more
             self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
 
+        stall = self.svc.executor.settings.stall_seconds
+
+        def drop_stalled_client() -> None:
+            log.warning("job %s: the client read nothing for %.0f s; dropped", job.id, stall)
+            self.svc.registry.fail(
+                job,
+                "cancelled",
+                {"message": f"the client stopped reading for {stall:.0f} s", "code": "client_stalled"},
+                "client_disconnected",  # dropped by the router: the slot is free again
+            )
+            stop_job()
+
         return EventStreamResponse(
             writer,
             job_headers(job, False),
             on_disconnect=stop_job,
             on_end=count,
             keepalive=self.svc.cfg.server.keepalive_seconds,
+            stall=stall,
+            on_stall=drop_stalled_client,
         )
 
     def _first_output_written(self, job: Job, written: bool) -> None:
@@ -1017,5 +1053,9 @@ def create_app(service: Service, *, manage_lifecycle: bool = True) -> ASGIApp:
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     # Outside Starlette's own middleware, so the generation routes skip it (see AuthAndErrors).
     return AuthAndErrors(
-        app, service.cfg.server.api_key, direct=generation, server=lambda: service.cfg.server
+        app,
+        service.cfg.server.api_key,
+        direct=generation,
+        server=lambda: service.cfg.server,
+        admin=service.admin_token,
     )

@@ -313,6 +313,17 @@ class Control:
         except ApiError as error:
             return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
         changes = body.get("changes")
+        refused = config.file_only(changes) if isinstance(changes, dict) else []
+        if refused:
+            where = self.svc.cfg.source or "config.toml"
+            return _error(
+                403,
+                f"{', '.join(refused)}: set in the config file only ({where}), "
+                "not over HTTP: programs, model and template files, server.host and server.api_key are "
+                "written by the user, then POST /failsoft/config/reload",
+                "file_only_setting",
+                refused[0],
+            )
         if not isinstance(changes, dict) or not all(isinstance(v, dict) for v in changes.values()):
             return _error(
                 400, "'changes' must be an object of sections and keys", "invalid_request", "changes"

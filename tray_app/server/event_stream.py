@@ -6,6 +6,8 @@ token reaches the client in the same turn of the event loop that read it from th
 that wait in the writer and go out in one write after the status line. A client that goes away ends the job.
 A stream that says nothing for `keepalive` seconds (a job awaiting approval, a long prompt being read) gets
 a comment line, which every event-stream reader skips, so that nothing between it and its client drops it.
+A client that stops reading blocks the job's write; after `stall` seconds of that it is dropped (`on_stall`),
+so a paused tab or a dead phone link cannot hold a job and its worker slot.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ class Writer:
         self._send: Send | None = None  # set once the status line and everything pending went out
         self._closed = asyncio.Event()
         self._ended = False  # the last piece went out as the end of the response
+        self._abandoned = False  # the client was dropped: nothing more goes to it, not even the end
         self.writes = 0  # the job's writes so far: the keep-alive looks whether any happened meanwhile
+        # When the write in progress began (the loop's clock), None between writes: a client that stops
+        # reading leaves it set (see StallWatch). Two stores per write, no timer of its own.
+        self.blocked_since: float | None = None
+        self._blocked: asyncio.Task[object] | None = None  # the task whose write that is
 
     async def write(self, data: bytes, *, hold: bool = False, last: bool = False) -> bool:
         """Send `data` now if the response has started, else keep it for the first write. `hold`: nothing
@@ -44,17 +51,39 @@ class Writer:
             self._ended = True
             self._send = None  # a stray write after the end must not reach the finished response
         self.writes += 1
-        await send({"type": "http.response.body", "body": data, "more_body": not last})
+        await self._body(send, data, more=not last)
         return True
+
+    async def _body(self, send: Send, data: bytes, *, more: bool) -> None:
+        """Every write to the client goes through here, stamped while it waits for the client to read."""
+        self.blocked_since = asyncio.get_running_loop().time()
+        self._blocked = asyncio.current_task()
+        try:
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+        finally:
+            self.blocked_since = self._blocked = None
 
     async def comment(self) -> None:
         """A keep-alive comment, if the response has started and not ended."""
         send = self._send
         if send is not None:
-            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            await self._body(send, KEEPALIVE, more=True)
 
     def close(self) -> None:
         self._closed.set()
+
+    def abandon(self) -> None:
+        """The client is dropped: the response ends without another write (the server closes the
+        connection), since a client that does not read would block that write too."""
+        self._abandoned = True
+        self._send = None
+        self._closed.set()
+        if self._blocked is not None:
+            self._blocked.cancel()  # the job's write, or the response's own (its first or last)
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned
 
     async def serve(self, send: Send) -> None:
         """After the status line: send what waits, then let `write` send directly until `close`. No await
@@ -65,17 +94,17 @@ class Writer:
                 data = b"".join(self._pending)
                 self._pending.clear()
                 ended = self._closed.is_set()  # the job's task is over: this is the last of it
-                await send({"type": "http.response.body", "body": data, "more_body": not ended})
+                await self._body(send, data, more=not ended)
                 if ended:
                     return
             self._send = send
             await self._closed.wait()
         finally:
             self._send = None  # the response is over (or failed): a late write sends nothing
-        if not self._ended:
+        if not self._ended and not self._abandoned:
             data = b"".join(self._pending)  # anything held back goes out with the end
             self._pending.clear()
-            await send({"type": "http.response.body", "body": data, "more_body": False})
+            await self._body(send, data, more=False)
 
 
 class KeepAlive:
@@ -102,6 +131,29 @@ class KeepAlive:
         self.timer.cancel()
 
 
+class StallWatch:
+    """Drops a client whose write has been blocked for `seconds` (it stopped reading): `on_stall` runs once.
+    A timer that looks a few times per `seconds`, like KeepAlive, not a timeout around every write."""
+
+    def __init__(self, writer: Writer, seconds: float, on_stall: Callable[[], None]) -> None:
+        self.writer = writer
+        self.seconds = seconds
+        self.on_stall = on_stall
+        self.loop = asyncio.get_running_loop()
+        self.period = max(seconds / 4, 0.05)
+        self.timer = self.loop.call_later(self.period, self._tick)
+
+    def _tick(self) -> None:
+        since = self.writer.blocked_since
+        if since is not None and self.loop.time() - since >= self.seconds:
+            self.on_stall()
+            return
+        self.timer = self.loop.call_later(self.period, self._tick)
+
+    def stop(self) -> None:
+        self.timer.cancel()
+
+
 class EventStreamResponse:
     """An ASGI response: status 200, `text/event-stream`, the pieces as they come; `on_disconnect` runs if
     the client goes away first, `on_end` always runs once the response is over."""
@@ -113,9 +165,13 @@ class EventStreamResponse:
         on_disconnect: Callable[[], None],
         on_end: Callable[[], None],
         keepalive: float = 0.0,
+        stall: float = 0.0,
+        on_stall: Callable[[], None] | None = None,
     ) -> None:
         self.writer = writer
         self.keepalive = keepalive  # seconds (0: none)
+        self.stall = stall  # seconds a write may stay blocked before the client is dropped (0: forever)
+        self.on_stall = on_stall
         self.headers = [(b"content-type", b"text/event-stream; charset=utf-8")] + [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in {**SSE_HEADERS, **headers}.items()
@@ -126,17 +182,30 @@ class EventStreamResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._watch(receive))
         alive = KeepAlive(self.writer, self.keepalive) if self.keepalive > 0 else None
+        watch = StallWatch(self.writer, self.stall, self._stalled) if self.stall > 0 else None
         try:
             # The job's task (just created) sends the request to its worker first; the status line is
             # not what the client waits for, the first token is.
             await asyncio.sleep(0)
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             await self.writer.serve(send)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self.writer.abandoned or task is None:
+                raise
+            task.uncancel()  # our own cancel of a blocked write: the response just ends (see Writer.abandon)
         finally:
             watcher.cancel()
             if alive is not None:
                 alive.stop()
+            if watch is not None:
+                watch.stop()
             self.on_end()
+
+    def _stalled(self) -> None:
+        if self.on_stall is not None:
+            self.on_stall()  # the job ends first, by the usual rules for a client that left
+        self.writer.abandon()
 
     async def _watch(self, receive: Receive) -> None:
         while True:

@@ -20,6 +20,8 @@ from urllib.parse import quote
 from PySide6.QtCore import QByteArray, QObject, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkProxy, QNetworkReply, QNetworkRequest
 
+from tray_app import admin_token
+
 log = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_MS = 15_000
@@ -132,10 +134,13 @@ class ApiCall(QObject):
 class ServiceClient(QObject):
     """The service's HTTP API (docs/architecture.md), asynchronously."""
 
-    def __init__(self, base_url: str, api_key: str = "", parent: QObject | None = None) -> None:
+    def __init__(
+        self, base_url: str, api_key: str = "", parent: QObject | None = None, admin: str = ""
+    ) -> None:
         super().__init__(parent)
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self._admin = admin  # the control API's token; "": read from the data folder when first needed
         self.manager = QNetworkAccessManager(self)
         # The service is on loopback or the LAN: a desktop proxy setting must not reroute it.
         self.manager.setProxy(QNetworkProxy(QNetworkProxy.ProxyType.NoProxy))
@@ -145,6 +150,11 @@ class ServiceClient(QObject):
         request.setTransferTimeout(timeout_ms)
         if self.api_key:
             request.setRawHeader(b"Authorization", f"Bearer {self.api_key}".encode())
+        if admin_token.needs_token(path.partition("?")[0]):
+            # Read late: an in-process service writes the file as it starts, after this client exists.
+            self._admin = self._admin or admin_token.for_client()
+            if self._admin:
+                request.setRawHeader(admin_token.HEADER.encode(), self._admin.encode())
         return request
 
     def get(self, path: str) -> ApiCall:

@@ -124,11 +124,13 @@ class TrayApp(QObject):
         config_path: Path,
         attached: bool,
         state_file: Path | None = None,
+        admin: str = "",
     ) -> None:
+        """`admin`: the service's control token ("": $FAILSOFT_ADMIN_TOKEN or this user's data folder's)."""
         super().__init__()
         self.config_path = config_path
         self.state_file = state_file
-        self.client = ServiceClient(base_url, api_key, self)
+        self.client = ServiceClient(base_url, api_key, self, admin=admin)
         self.bridge = QtEventBridge(self)
         self.events = self.client.events()
         self.events.event_received.connect(self.bridge.dispatch)

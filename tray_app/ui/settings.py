@@ -273,8 +273,23 @@ class SettingsDialog(QDialog):
             self._say(f"Not saved: {problem}", error=True)
             return False
         if self.client is not None:
-            call = self.client.change_config(values)
-            call.succeeded.connect(self._saved_by_service)
+            # The service takes no file paths over HTTP (config.FILE_ONLY): the tray, run by the user,
+            # writes those into the file itself; the service reads them with the rest of the change.
+            local = {
+                section: {key: value for key, value in keys.items() if (section, key) in config.FILE_ONLY}
+                for section, keys in values.items()
+            }
+            try:
+                _cfg, written = config.edit_file(self.config_path, {s: k for s, k in local.items() if k})
+            except config.ConfigError as error:
+                self._say(f"Not saved: {error}", error=True)
+                return False
+            remote = {
+                section: {key: value for key, value in keys.items() if (section, key) not in config.FILE_ONLY}
+                for section, keys in values.items()
+            }
+            call = self.client.change_config(remote)
+            call.succeeded.connect(lambda answer: self._saved_by_service(answer, written))
             call.failed.connect(lambda message: self._say(f"Not saved: {message}", error=True))
             return True
         try:
@@ -285,10 +300,10 @@ class SettingsDialog(QDialog):
         self._report_saved(changed, needs_restart(changed))
         return True
 
-    def _saved_by_service(self, answer: object) -> None:
+    def _saved_by_service(self, answer: object, written: list[tuple[str, str]] | None = None) -> None:
         if not isinstance(answer, dict):
             return
-        changed = [_key(name) for name in answer.get("changed") or []]
+        changed = [*(written or []), *(_key(name) for name in answer.get("changed") or [])]
         self._report_saved(changed, [_key(name) for name in answer.get("needs_restart") or []])
 
     def _report_saved(self, changed: list[tuple[str, str]], restart: list[tuple[str, str]]) -> None:
