@@ -69,7 +69,7 @@ def plan_library_model(cfg: Config, entry: ModelEntry, plans: PlanSet) -> ModelP
             reserve_min_bytes=0,
         )
         plan = plan_gpu(share, model, request, measured)
-        if plan.fits and plan.n_gpu_layers >= plan.n_layers:
+        if plan.fits and plan.whole_on_gpu:
             gpu = plan
         else:
             note = f"it does not fit whole in the {format_size(share.free_bytes)} the main model leaves"

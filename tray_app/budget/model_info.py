@@ -16,10 +16,14 @@ from tray_app import paths
 from tray_app.config import ConfigError
 
 log = logging.getLogger(__name__)
-_CACHE_FORMAT = 4
+_CACHE_FORMAT = 5
 # Already read in this process, by (path, size, mtime): the service re-plans often (config reload, pressure).
 _memo: dict[tuple[str, int, int], ModelInfo] = {}
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
+# The routed experts as llama.cpp names them for --n-cpu-moe and --cpu-moe (LLM_FFN_EXPS_REGEX in
+# common/common.h, matched with regex_search): the router (ffn_gate_inp) and shared experts (*_shexp) are
+# dense, every token reads them.
+EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _READ_ERRORS = (OSError, ValueError, IndexError, KeyError, TypeError, OverflowError)
 # Architectures whose sliding-window layers llama.cpp caches apart, each in a window-sized cache
 # (llama_kv_cache_iswa), with the pattern it assumes when the file names none: every n-th layer attends to the
@@ -56,11 +60,25 @@ class ModelInfo:
     chat_template: str = ""  # the model's own Jinja chat template ("tokenizer.chat_template"), if any
     n_swa: int = 0  # the sliding window in tokens of the layers flagged in swa_layers
     swa_layers: tuple[bool, ...] = ()  # per layer: attends to a sliding window only; empty: no such layer
+    n_expert: int = 0  # routed experts per block ("expert_count"); 0: a dense model
+    n_expert_used: int = 0  # experts each token goes through ("expert_used_count", the largest per block)
+    expert_layer_bytes: tuple[int, ...] = ()  # per block: its routed experts' bytes (part of layer_bytes)
+    expert_tensor_max_bytes: int = 0  # the largest single expert tensor
 
     @property
     def weights_bytes(self) -> int:
         """All tensor bytes in the file (what a CPU-only load maps)."""
         return sum(self.layer_bytes) + self.non_layer_bytes
+
+    @property
+    def is_moe(self) -> bool:
+        """Mixture of Experts: blocks with routed expert tensors that can live apart from the rest."""
+        return self.n_expert > 0 and self.n_expert_used > 0 and any(self.expert_layer_bytes)
+
+    @property
+    def active_expert_share(self) -> float:
+        """The share of a block's expert bytes one token reads: 1 for a dense model."""
+        return min(self.n_expert_used / self.n_expert, 1.0) if self.is_moe else 1.0
 
     @property
     def name(self) -> str:
@@ -71,6 +89,7 @@ class ModelInfo:
         data["n_head_kv"] = list(self.n_head_kv)
         data["swa_layers"] = list(self.swa_layers)
         data["layer_bytes"] = list(self.layer_bytes)
+        data["expert_layer_bytes"] = list(self.expert_layer_bytes)
         data["weights_bytes"] = self.weights_bytes
         return data
 
@@ -142,16 +161,30 @@ def _open(path: Path) -> Any:
         raise ModelFileError(f"{path}: truncated or damaged GGUF file ({error})") from None
 
 
-def _tensor_bytes(tensors: Sequence[Any], n_layers: int) -> tuple[list[int], dict[str, int]]:
-    layer_bytes = [0] * n_layers
-    others: dict[str, int] = {}
+@dataclass
+class _TensorTable:
+    """The tensor table's bytes, by where llama.cpp places them."""
+
+    layer_bytes: list[int]
+    expert_bytes: list[int]  # per block, the routed experts among its layer bytes
+    others: dict[str, int]  # outside the blocks, by name
+    expert_tensor_max: int = 0
+
+
+def _tensor_bytes(tensors: Sequence[Any], n_layers: int) -> _TensorTable:
+    table = _TensorTable([0] * n_layers, [0] * n_layers, {})
     for tensor in tensors:
+        size = int(tensor.n_bytes)
         match = _LAYER_TENSOR.match(tensor.name)
-        if match and int(match.group(1)) < n_layers:
-            layer_bytes[int(match.group(1))] += int(tensor.n_bytes)
-        else:
-            others[tensor.name] = int(tensor.n_bytes)
-    return layer_bytes, others
+        if not (match and int(match.group(1)) < n_layers):
+            table.others[tensor.name] = size
+            continue
+        layer = int(match.group(1))
+        table.layer_bytes[layer] += size
+        if EXPERT_TENSOR.search(tensor.name):
+            table.expert_bytes[layer] += size
+            table.expert_tensor_max = max(table.expert_tensor_max, size)
+    return table
 
 
 def _cache_file(path: Path) -> Path:
@@ -170,6 +203,7 @@ def _cached(path: Path) -> ModelInfo | None:
             n_head_kv=tuple(data["n_head_kv"]),
             layer_bytes=tuple(data["layer_bytes"]),
             swa_layers=tuple(data["swa_layers"]),
+            expert_layer_bytes=tuple(data["expert_layer_bytes"]),
         )
         return ModelInfo(**data)
     except FileNotFoundError:
@@ -242,10 +276,14 @@ def _inspect(path: Path) -> ModelInfo:
             if n_swa > 0
             else ()
         )
+        n_expert = int(_field(reader, f"{arch}.expert_count") or 0)
+        n_expert_used = _field(reader, f"{arch}.expert_used_count")  # a number, or one per block
+        n_expert_used = int(max(n_expert_used) if isinstance(n_expert_used, list) else (n_expert_used or 0))
     except _READ_ERRORS as error:
         raise ModelFileError(f"{path}: unexpected GGUF metadata ({error})") from None
     n_ff = int(max(n_ff_value) if isinstance(n_ff_value, list) else (n_ff_value or 4 * n_embd))
-    layer_bytes, others = _tensor_bytes(reader.tensors, n_layers)
+    table = _tensor_bytes(reader.tensors, n_layers)
+    others = table.others
     input_bytes = others.get("token_embd.weight", 0)
     output_bytes = sum(size for name, size in others.items() if name.startswith(("output.", "output_norm.")))
     tied = "output.weight" not in others
@@ -264,7 +302,7 @@ def _inspect(path: Path) -> ModelInfo:
         n_vocab=n_vocab,
         n_ff=n_ff,
         file_bytes=path.stat().st_size,
-        layer_bytes=tuple(layer_bytes),
+        layer_bytes=tuple(table.layer_bytes),
         non_layer_bytes=sum(others.values()),
         input_bytes=input_bytes,
         output_layer_bytes=output_bytes,
@@ -272,4 +310,8 @@ def _inspect(path: Path) -> ModelInfo:
         chat_template=chat_template if isinstance(chat_template, str) else "",
         n_swa=n_swa if any(swa_layers) else 0,
         swa_layers=swa_layers if any(swa_layers) else (),
+        n_expert=n_expert,
+        n_expert_used=n_expert_used,
+        expert_layer_bytes=tuple(table.expert_bytes) if any(table.expert_bytes) else (),
+        expert_tensor_max_bytes=table.expert_tensor_max,
     )

@@ -7,6 +7,8 @@ import json
 import sys
 
 from tray_app import cli, config
+from tray_app.budget import speed
+from tray_app.budget.experts import expert_split_words
 from tray_app.budget.library_plan import ModelPlans, library_share, plan_library_model
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.budget.planner import Plan, PlanError
@@ -47,6 +49,8 @@ def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]
 
 def _split_rows(plan: Plan, embeddings: Plan | None = None) -> list[tuple[str, int, str]]:
     layers = f"{plan.n_gpu_layers}/{plan.n_layers} layers"
+    if plan.n_cpu_moe:
+        layers += f", experts of {plan.n_cpu_moe}/{plan.n_layers - 1} in RAM"
     cache = f"{plan.cache_type_k}/{plan.cache_type_v}, n_ctx {plan.n_ctx}"
     embedding = embeddings.used_bytes if embeddings is not None else 0
     rows = [
@@ -91,18 +95,44 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
         f"n_gpu_layers {plan.n_gpu_layers}/{plan.n_layers}, cache {plan.cache_type_k}/{plan.cache_type_v}, "
         f"flash attention {'on' if plan.flash_attn else 'off'}"
     )
+    if plan.n_cpu_moe:
+        lines.append(
+            f"expert split: {expert_split_words(plans.model, plan.n_cpu_moe, plan.cpu_expert_bytes)} "
+            f"(llama-server --n-cpu-moe {plan.n_cpu_moe})"
+        )
     if plan.host_weights_bytes or plan.host_kv_bytes:
         lines.append(
             f"in system RAM for this worker: weights {format_size(plan.host_weights_bytes)}, "
             f"KV cache {format_size(plan.host_kv_bytes)}, logits {format_size(plan.output_bytes)}"
         )
+    lines.extend(candidate_lines(plan))
     cpu = plans.cpu
     lines.append(
         f"CPU worker: n_ctx {cpu.n_ctx}, {format_size(cpu.used_bytes)} of RAM "
         f"({'fits' if cpu.fits else 'DOES NOT FIT'}) - {cpu.reason}"
     )
+    if plan.verdict == "split":
+        lines.append(f"RAM for both workers: {plans.ram_together().words()}")
     lines.extend(f"note: {note}" for note in notes)
     return "\n".join(lines)
+
+
+def candidate_lines(plan: Plan) -> list[str]:
+    """The splits a MoE model's plan weighed, each with its estimated speed; the chosen one starred."""
+    if not plan.candidates:
+        return []
+    gpu, cpu = plan.gpu_bandwidth / speed.GB, plan.cpu_bandwidth / speed.GB
+    lines = [f"splits weighed (tokens/s from memory traffic at GPU {gpu:g} GB/s, RAM {cpu:g} GB/s):"]
+    for candidate in plan.candidates:
+        mark = "*" if candidate.chosen else " "
+        fits = "" if candidate.fits else ", does not fit"
+        lines.append(
+            f"  {mark} {candidate.label:<12} {candidate.placement_words()}, n_ctx {candidate.n_ctx}: "
+            f"{candidate.reads_words()} -> about {candidate.tokens_per_second:.0f} tokens/s{fits}"
+        )
+    if len(plan.candidates) == 1:
+        lines.append("    expert split: does not fit (see the verdict)")
+    return lines
 
 
 def library_lines(library: list[ModelPlans], share: int) -> list[str]:
@@ -150,6 +180,7 @@ def plan_json(plans: PlanSet) -> dict[str, object]:
         "cpu_plan": plans.cpu.to_dict(),
         "ram": plans.ram.to_dict(),
         "embeddings_plan": plans.embeddings.to_dict() if plans.embeddings else None,
+        "ram_check": plans.ram_together().to_dict(),
     }
 
 

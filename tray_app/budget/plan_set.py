@@ -12,6 +12,7 @@ from tray_app.budget import calibration
 from tray_app.budget.device import DeviceMemory, GpuDevice, SimulatedDevice, probe_gpu, system_ram
 from tray_app.budget.model_info import ModelInfo, inspect_model
 from tray_app.budget.planner import Plan, PlanRequest, plan_cpu, plan_gpu
+from tray_app.budget.ram_check import RamCheck, both_workers
 from tray_app.budget.sizes import format_size, parse_size
 from tray_app.config import Config
 from tray_app.engine import binary
@@ -30,6 +31,11 @@ class PlanSet:
     # The GPU embeddings worker's plan, in what the chat plan leaves free; None: embeddings on the CPU only.
     embeddings: Plan | None = None
 
+    def ram_together(self) -> RamCheck:
+        """RAM for both workers at once; the GPU worker on a simulated device loads its weights into its own
+        memory (tray_app.engine.argv), elsewhere llama-server maps the file both workers share."""
+        return both_workers(self.gpu, self.cpu, weights_shared=self.target.kind != "simulated")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device.to_dict(),
@@ -39,6 +45,7 @@ class PlanSet:
             "cpu": self.cpu.to_dict(),
             "ram": self.ram.to_dict(),
             "embeddings": self.embeddings.to_dict() if self.embeddings else None,
+            "ram_check": self.ram_together().to_dict(),
         }
 
 
@@ -157,4 +164,4 @@ def embeddings_gpu_plan(cfg: Config, plans: PlanSet) -> Plan | None:
         embeddings=True,
     )
     plan = plan_gpu(left, model, request, calibration.measured_compute(model_path))
-    return plan if plan.fits and plan.n_gpu_layers >= plan.n_layers else None
+    return plan if plan.fits and plan.whole_on_gpu else None

@@ -7,6 +7,10 @@ the reserve stays intact, and says why in words.
 
 Layer counting follows llama.cpp: a model with N repeating blocks has N + 1 offloadable layers, the last being
 the output layer (output norm and output matrix), so `n_gpu_layers == n_layers` means everything on the GPU.
+
+A Mixture-of-Experts model that does not fit whole has a second way to split: every layer on the GPU but the
+routed experts of the first blocks (`--n-cpu-moe`, see tray_app.budget.experts). Both are planned, and the
+faster by estimated memory traffic is chosen (tray_app.budget.placement).
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from tray_app.budget import placement, speed
 from tray_app.budget.device import DeviceMemory
+from tray_app.budget.experts import expert_split_words, experts_kept_on_cpu, offloaded_blocks
 from tray_app.budget.model_info import ModelInfo
+from tray_app.budget.placement import Candidate
 from tray_app.budget.sizes import format_size
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
@@ -51,6 +58,9 @@ class PlanRequest:
     # below it, offloading fewer layers and keeping a useful context is the better trade.
     min_ctx: int = 2048
     embeddings: bool = False  # planned for an embeddings worker (its outputs are every token's, see below)
+    # Memory bandwidths in bytes per second, for the speed estimate that picks between two splits.
+    gpu_bandwidth: float = speed.GPU_BANDWIDTH
+    cpu_bandwidth: float = speed.CPU_BANDWIDTH
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,20 @@ class Plan:
     compute_source: Literal["estimate", "measured"]
     host_weights_bytes: int  # weights left in system RAM (the CPU's share of a split, or all of them)
     host_kv_bytes: int  # KV cache of the layers left on the CPU
+    n_cpu_moe: int = 0  # the routed experts of the first N blocks stay in RAM (llama-server --n-cpu-moe N)
+    cpu_expert_bytes: int = 0  # those experts' bytes (part of host_weights_bytes)
+    # Estimated generation ceiling: the bytes a token reads on each device against its bandwidth.
+    tokens_per_second: float = 0.0
+    gpu_read_bytes: int = 0
+    cpu_read_bytes: int = 0
+    gpu_bandwidth: float = speed.GPU_BANDWIDTH  # what the estimate assumed, bytes per second
+    cpu_bandwidth: float = speed.CPU_BANDWIDTH
+    candidates: tuple[Candidate, ...] = ()  # the splits weighed against each other (a MoE model's)
+
+    @property
+    def whole_on_gpu(self) -> bool:
+        """Every weight on the GPU: all layers, no experts left in RAM."""
+        return self.n_gpu_layers >= self.n_layers and self.n_cpu_moe == 0
 
     @property
     def used_bytes(self) -> int:
@@ -110,7 +134,9 @@ class Plan:
         return self.weights_bytes + self.kv_bytes + self.compute_bytes + output
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["candidates"] = list(data["candidates"])  # as JSON gives it back
+        return data
 
 
 # ---------------------------------------------------------------------------------------------- sizes
@@ -209,28 +235,29 @@ def reserve_bytes(total_bytes: int, percent: float, minimum: int) -> int:
     return max(int(total_bytes * percent / 100), minimum)
 
 
-def gpu_weights_bytes(model: ModelInfo, n_gpu_layers: int) -> int:
-    """Weights llama.cpp puts on the GPU for `n_gpu_layers`: the last blocks, then the output layer."""
+def gpu_weights_bytes(model: ModelInfo, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
+    """Weights llama.cpp puts on the GPU for `n_gpu_layers`: the last blocks, then the output layer; less
+    the experts `--n-cpu-moe n_cpu_moe` keeps in RAM."""
     blocks = min(n_gpu_layers, model.n_layers)
     weights = sum(model.layer_bytes[model.n_layers - blocks :]) if blocks else 0
     if n_gpu_layers > model.n_layers:
         weights += model.output_layer_bytes
-    return weights
+    return weights - experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe)
 
 
-def host_weights_bytes(model: ModelInfo, n_gpu_layers: int) -> int:
+def host_weights_bytes(model: ModelInfo, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
     """Weights that stay in system RAM: the blocks not offloaded and the tensors outside the blocks, except
-    the output layer's own tensors once it is offloaded (a tied embedding stays: its copy went to the GPU)."""
+    the output layer's own tensors once it is offloaded (a tied embedding stays: its copy went to the GPU),
+    and the experts `--n-cpu-moe n_cpu_moe` keeps there."""
     blocks = min(n_gpu_layers, model.n_layers)
     host = sum(model.layer_bytes[: model.n_layers - blocks]) + model.non_layer_bytes
     if n_gpu_layers > model.n_layers:
         host -= model.output_layer_bytes - (model.input_bytes if model.tied_embeddings else 0)
-    return host
+    return host + experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe)
 
 
 def _gpu_blocks(model: ModelInfo, n_gpu_layers: int) -> range:
-    blocks = min(n_gpu_layers, model.n_layers)
-    return range(model.n_layers - blocks, model.n_layers)
+    return offloaded_blocks(model, n_gpu_layers)
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -249,10 +276,16 @@ class _Budget:
         default_factory=dict
     )
 
-    def weights(self, n_gpu_layers: int) -> int:
+    def weights(self, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
         if self.host:
             return self.model.weights_bytes if n_gpu_layers else 0
-        return gpu_weights_bytes(self.model, n_gpu_layers)
+        return gpu_weights_bytes(self.model, n_gpu_layers, n_cpu_moe)
+
+    def offload_copy(self, n_cpu_moe: int) -> int:
+        """GPU compute memory an expert split adds: ggml's scheduler runs a prompt batch's expert matmul on
+        the GPU even when the experts sit in RAM (op offload, batches of 32 tokens and more), copying the
+        expert tensor into the GPU's compute buffer; one at a time, the largest counts."""
+        return self.model.expert_tensor_max_bytes if n_cpu_moe and not self.host else 0
 
     def compute(self, n_ctx: int, n_parallel: int) -> tuple[int, Literal["estimate", "measured"]]:
         if (n_ctx, n_parallel) not in self._computed:
@@ -278,28 +311,40 @@ class _Budget:
         # The logits buffer is host memory: it counts against RAM, never against a GPU.
         return output_buffer_bytes(self.model, n_parallel) if self.host else 0
 
-    def need(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> int:
+    def need(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, n_cpu_moe: int = 0) -> int:
         if n_gpu_layers == 0:
             return 0
         kv = kv_cache_bytes(
             self.model, n_ctx, self.request, _gpu_blocks(self.model, n_gpu_layers), n_parallel
         )
-        return self.weights(n_gpu_layers) + kv + self.compute(n_ctx, n_parallel)[0] + self.output(n_parallel)
+        compute = self.compute(n_ctx, n_parallel)[0] + self.offload_copy(n_cpu_moe)
+        return self.weights(n_gpu_layers, n_cpu_moe) + kv + compute + self.output(n_parallel)
 
-    def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> bool:
-        return self.need(n_gpu_layers, n_ctx, n_parallel) <= self.usable
+    def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, n_cpu_moe: int = 0) -> bool:
+        return self.need(n_gpu_layers, n_ctx, n_parallel, n_cpu_moe) <= self.usable
 
     def context_cap(self, n_parallel: int) -> int:
         return min(self.request.max_ctx, self.model.n_ctx_train * n_parallel)
 
-    def largest_ctx(self, n_gpu_layers: int, n_parallel: int, floor: int) -> int | None:
+    def largest_ctx(self, n_gpu_layers: int, n_parallel: int, floor: int, n_cpu_moe: int = 0) -> int | None:
         """The largest padded context (at least `floor`) at which these layers fit, or None."""
         step = CTX_PAD * n_parallel
         n_ctx = self.context_cap(n_parallel) // step * step
         while n_ctx >= max(floor, step):
-            if self.fits(n_gpu_layers, n_ctx, n_parallel):
+            if self.fits(n_gpu_layers, n_ctx, n_parallel, n_cpu_moe):
                 return n_ctx
             n_ctx -= step
+        return None
+
+    def fewest_cpu_moe(self, n_ctx: int, n_parallel: int) -> int | None:
+        """With every layer on the GPU, the fewest blocks whose experts must stay in RAM for the rest to fit
+        (dense-first); None for a dense model, or when the dense part, KV cache and compute do not fit."""
+        if not self.model.is_moe:
+            return None
+        full = self.model.n_layers + 1
+        for n_cpu_moe in range(1, self.model.n_layers + 1):
+            if self.fits(full, n_ctx, n_parallel, n_cpu_moe):
+                return n_cpu_moe
         return None
 
     def largest_layers(self, n_ctx: int, n_parallel: int) -> int:
@@ -308,15 +353,31 @@ class _Budget:
                 return n_gpu_layers
         return 0
 
-    def plan(self, verdict: Verdict, n_gpu_layers: int, n_ctx: int, n_parallel: int, reason: str) -> Plan:
+    def reads(self, n_gpu_layers: int, n_cpu_moe: int, kv: int, host_kv: int, n_parallel: int) -> speed.Reads:
+        if self.host:  # the whole model and its cache in RAM
+            return speed.reads_per_token(self.model, 0, 0, 0, kv, n_parallel)
+        return speed.reads_per_token(self.model, n_gpu_layers, n_cpu_moe, kv, host_kv, n_parallel)
+
+    def plan(
+        self,
+        verdict: Verdict,
+        n_gpu_layers: int,
+        n_ctx: int,
+        n_parallel: int,
+        reason: str,
+        n_cpu_moe: int = 0,
+    ) -> Plan:
         model, request, device = self.model, self.request, self.device
         on_gpu = _gpu_blocks(model, n_gpu_layers)
         kv = kv_cache_bytes(model, n_ctx, request, on_gpu, n_parallel) if n_gpu_layers else 0
+        host_kv = kv_cache_bytes(model, n_ctx, request, None, n_parallel) - kv
         compute, source = self.compute(n_ctx, n_parallel) if n_gpu_layers else (0, "estimate")
-        weights = self.weights(n_gpu_layers)
+        compute += self.offload_copy(n_cpu_moe)
+        weights = self.weights(n_gpu_layers, n_cpu_moe)
         other = min(device.used_by_others_bytes, device.total_bytes)
         reserve = min(self.reserve, device.total_bytes - other)
         used = weights + kv + compute + (self.output(n_parallel) if n_gpu_layers else 0)
+        reads = self.reads(n_gpu_layers, n_cpu_moe, kv, host_kv, n_parallel)
         return Plan(
             verdict=verdict,
             reason=reason,
@@ -342,8 +403,15 @@ class _Budget:
             flash_attn=request.flash_attn,
             n_ubatch=request.n_ubatch,
             compute_source=source,
-            host_weights_bytes=0 if self.host else host_weights_bytes(model, n_gpu_layers),
-            host_kv_bytes=kv_cache_bytes(model, n_ctx, request, None, n_parallel) - kv,
+            host_weights_bytes=0 if self.host else host_weights_bytes(model, n_gpu_layers, n_cpu_moe),
+            host_kv_bytes=host_kv,
+            n_cpu_moe=n_cpu_moe,
+            cpu_expert_bytes=0 if self.host else experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe),
+            tokens_per_second=reads.tokens_per_second(request.gpu_bandwidth, request.cpu_bandwidth),
+            gpu_read_bytes=reads.gpu_bytes,
+            cpu_read_bytes=reads.cpu_bytes,
+            gpu_bandwidth=request.gpu_bandwidth,
+            cpu_bandwidth=request.cpu_bandwidth,
         )
 
 
@@ -474,17 +542,87 @@ def _plan_largest(budget: _Budget) -> Plan:
     return budget.plan("split", layers, n_ctx, n_parallel, reason)
 
 
+def _expert_floor(budget: _Budget) -> int:
+    """The context an expert split must hold: as asked, else the smallest a layer split settles for."""
+    request = budget.request
+    wanted = request.n_ctx or min(request.min_ctx, budget.context_cap(request.n_parallel))
+    return padded_context(wanted, request.n_parallel)[0]
+
+
+def _plan_experts(budget: _Budget) -> Plan | None:
+    """Dense-first: every layer's dense part, the KV cache and compute on the GPU, then the experts of as many
+    blocks as fit (the last ones: `--n-cpu-moe N` keeps the first N in RAM); None when even that does not fit.
+    The context: as asked, else the largest that fits once the floor's split is set (as for a layer split)."""
+    request, model = budget.request, budget.model
+    full, n_parallel = model.n_layers + 1, request.n_parallel
+    asked = request.n_ctx is not None
+    floor = _expert_floor(budget)
+    n_cpu_moe = budget.fewest_cpu_moe(floor, n_parallel)
+    if n_cpu_moe is None:
+        return None
+    n_ctx = floor if asked else budget.largest_ctx(full, n_parallel, floor, n_cpu_moe) or floor
+    limit = "as asked" if asked else _ctx_limit_words(budget, n_ctx, n_parallel)
+    in_ram = expert_split_words(model, n_cpu_moe, experts_kept_on_cpu(model, full, n_cpu_moe))
+    reason = (
+        f"dense-first on {_where(budget)}: all {full} layers' dense tensors, the KV cache and compute at "
+        f"{_ctx_words(n_ctx, n_parallel)} ({limit}) and {_gpu_experts_words(model.n_layers - n_cpu_moe)} "
+        f"on the GPU; {in_ram} (--n-cpu-moe {n_cpu_moe})"
+    )
+    return budget.plan("split", full, n_ctx, n_parallel, reason, n_cpu_moe)
+
+
+def _gpu_experts_words(n_blocks: int) -> str:
+    if n_blocks == 0:
+        return "no experts"
+    return "the experts of the last block" if n_blocks == 1 else f"the experts of the last {n_blocks} blocks"
+
+
+def _candidate(kind: placement.Kind, plan: Plan) -> Candidate:
+    return Candidate(
+        kind=kind,
+        n_gpu_layers=plan.n_gpu_layers,
+        n_layers=plan.n_layers,
+        n_cpu_moe=plan.n_cpu_moe,
+        n_ctx=plan.n_ctx,
+        fits=plan.fits,
+        gpu_read_bytes=plan.gpu_read_bytes,
+        cpu_read_bytes=plan.cpu_read_bytes,
+        tokens_per_second=plan.tokens_per_second,
+    )
+
+
+def _weigh_expert_split(budget: _Budget, layers: Plan) -> Plan:
+    """A MoE model that does not fit whole: the layer split against the expert split, by estimated speed."""
+    experts = _plan_experts(budget)
+    if experts is None:
+        floor, n_parallel = _expert_floor(budget), budget.request.n_parallel
+        dense = budget.need(layers.n_layers, floor, n_parallel, budget.model.n_layers)
+        why = (
+            f"no expert split: every layer's dense tensors, the KV cache and compute alone need "
+            f"{format_size(dense)} at {_ctx_words(floor, n_parallel)}"
+        )
+        return replace(layers, reason=f"{layers.reason}; {why}", candidates=(_candidate("layers", layers),))
+    plans = (layers, experts)
+    candidates = [_candidate("layers", layers), _candidate("experts", experts)]
+    best, why = placement.choose(candidates)
+    chosen = plans[best]
+    weighed = tuple(replace(candidate, chosen=index == best) for index, candidate in enumerate(candidates))
+    return replace(chosen, reason=f"{chosen.reason}; {why}", candidates=weighed)
+
+
 def plan_gpu(
     device: DeviceMemory, model: ModelInfo, request: PlanRequest, measured: MeasuredCompute | None = None
 ) -> Plan:
     """Split the GPU: all layers if they fit, else the most that fit, else none; the largest context and
-    concurrency (up to what was asked) that keep the reserve intact."""
+    concurrency (up to what was asked) that keep the reserve intact. A MoE model that does not fit whole
+    is also planned as an expert split, and the faster of the two is chosen."""
     budget = _budget(device, model, request, measured)
     if not device.available:
         return _no_gpu_plan(budget)
-    if request.n_ctx is not None:
-        return _plan_requested(budget, request.n_ctx)
-    return _plan_largest(budget)
+    layers = _plan_requested(budget, request.n_ctx) if request.n_ctx is not None else _plan_largest(budget)
+    if layers.verdict == "gpu" or not model.is_moe:
+        return layers
+    return _weigh_expert_split(budget, layers)
 
 
 def plan_cpu(
@@ -510,4 +648,18 @@ def plan_cpu(
         reason = f"the CPU worker fits in RAM at {context} ({limit}), needing {need} of {_where(budget)}"
     else:
         reason = f"the CPU worker needs {need} at {context}, more than {_where(budget)}"
-    return replace(budget.plan("cpu", full, n_ctx, n_parallel, reason), fits=fits)
+    plan = budget.plan("cpu", full, n_ctx, n_parallel, reason)
+    if model.is_moe:
+        reason += "; " + _active_words(model, plan)
+    return replace(plan, fits=fits, reason=reason)
+
+
+def _active_words(model: ModelInfo, plan: Plan) -> str:
+    """Why a MoE model suits the CPU: a token reads its active parameters only."""
+    active = speed.active_weights_bytes(model)
+    return (
+        f"a MoE model: a token goes through {model.n_expert_used} of {model.n_expert} experts per layer, "
+        f"reading {format_size(active)} of its {format_size(model.weights_bytes)} of weights (and "
+        f"{format_size(plan.cpu_read_bytes - active)} of its sequence's cache): about "
+        f"{plan.tokens_per_second:.0f} tokens/s at most"
+    )

@@ -1,7 +1,9 @@
 """The `llama-server` command line for a worker profile: every number the planner chose, passed explicitly.
 
 The planner stays authoritative: `--fit off` (llama.cpp's own auto-fit would otherwise move layers or shrink
-the context behind the plan's back), explicit `-ngl`, `-c`, `-np`, cache types, flash attention and threads.
+the context behind the plan's back), explicit `-ngl`, `-c`, `-np`, cache types, flash attention and threads,
+and for a Mixture-of-Experts model's expert split `--n-cpu-moe N` (the routed experts of blocks 0..N-1 stay
+in RAM, every other tensor goes where `-ngl` puts it).
 `-c` is the total over all slots; without `--kv-unified` each slot gets `-c / -np`, which is exactly the
 planner's per-sequence context, and the router never admits a request that would not fit its slot.
 """
@@ -56,6 +58,7 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         # No layers on a GPU means no GPU at all: a GPU build would otherwise still send large prompt
         # batches to the card (op offload) and hold a context there, memory the plan never gave it.
         argv += ["--device", "none"]
+    argv += expert_split_args(getattr(profile, "n_cpu_moe", 0))  # a profile without the field: no split
     if profile.embeddings:
         argv += ["--embeddings", "--pooling", profile.pooling]
     if is_template_file(profile.chat_format):
@@ -69,6 +72,12 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
     if amx_in_a_virtual_machine():
         argv.append("--no-repack")
     return argv
+
+
+def expert_split_args(n_cpu_moe: int) -> list[str]:
+    """A GPU worker's expert split (its plan's Plan.n_cpu_moe): nothing without one, so a build that lacks
+    the flag still runs every other model."""
+    return ["--n-cpu-moe", str(n_cpu_moe)] if n_cpu_moe > 0 else []
 
 
 # Set for a worker with no layers on a GPU, so a GPU build creates no device context (hundreds of MiB of
