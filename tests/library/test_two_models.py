@@ -328,8 +328,8 @@ def test_ollama_clients_see_every_model_and_what_is_loaded(svc: ServiceHandle, m
 def test_the_trays_bar_and_menu_read_the_real_status(svc: ServiceHandle, model_path: Path) -> None:
     """The tray's Qt-free readers on this service's real status: the bar adds up to the device with a
     segment for the loaded library model, and each model gets a menu line."""
-    from tray_app.ui.budget_split import status_segments
-    from tray_app.ui.state import model_line
+    from tray_app.view.budget_split import status_segments
+    from tray_app.view.state import model_line
 
     ask(svc, GEMMA)
     status = svc.status()

@@ -10,8 +10,8 @@ from pytestqt.qtbot import QtBot
 from tests.ui.local_server import LocalService
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.approvals import ApprovalsWindow
-from tray_app.ui.pending import pending_jobs
 from tray_app.ui.qt_events import QtEventBridge
+from tray_app.view.pending import pending_jobs
 
 JOBS: dict[str, Any] = {
     "object": "list",

@@ -11,7 +11,7 @@ from tests.support.status_samples import MiB, make_library_status, make_status
 from tray_app.budget.planner import PLAN_PARTS
 from tray_app.budget.sizes import format_size
 from tray_app.ui.budget_bar import BudgetBar
-from tray_app.ui.budget_split import MODEL_COLORS, SEGMENTS, plan_segments, status_segments
+from tray_app.view.budget_split import MODEL_COLORS, SEGMENTS, plan_segments, status_segments
 
 
 def test_segments_follow_the_plan_and_add_up_to_the_device(status: dict[str, Any]) -> None:

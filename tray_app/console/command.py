@@ -14,8 +14,8 @@ from urllib.parse import quote
 
 from tray_app.console.service_client import ServiceClient, ServiceError
 from tray_app.console.status_text import render_pending, render_status
-from tray_app.ui.pending import pending_jobs
-from tray_app.ui.state import model_line, worker_line
+from tray_app.view.pending import pending_jobs
+from tray_app.view.state import model_line, worker_line
 
 READY_TIMEOUT_S = 300.0  # a load or restart answers once its worker answers /health
 

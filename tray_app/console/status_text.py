@@ -1,14 +1,14 @@
-"""`failsoft status` in words: the tray's reading of `/failsoft/status` (ui.state, ui.budget_split), laid out
-for a terminal."""
+"""`failsoft status` in words: the tray's reading of `/failsoft/status` (view.state, view.budget_split),
+laid out for a terminal."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tray_app.budget.sizes import format_size, text_bar
-from tray_app.ui.budget_split import caps_text, status_segments
-from tray_app.ui.pending import PendingJob
-from tray_app.ui.state import format_duration, library, model_line, summarize, worker_line
+from tray_app.view.budget_split import caps_text, status_segments
+from tray_app.view.pending import PendingJob
+from tray_app.view.state import format_duration, library, model_line, summarize, worker_line
 
 WORKER_GROUPS = (("workers", ""), ("library_workers", "other models"), ("embedding_workers", "embeddings"))
 COUNTERS = ("accepted", "completed", "failed", "rejected", "cancelled")

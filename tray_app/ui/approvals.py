@@ -22,9 +22,9 @@ from PySide6.QtWidgets import (
 
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.icons import app_icon
-from tray_app.ui.pending import PendingJob, pending_jobs
 from tray_app.ui.qt_events import QtEventBridge
-from tray_app.ui.state import format_duration
+from tray_app.view.pending import PendingJob, pending_jobs
+from tray_app.view.state import format_duration
 
 log = logging.getLogger(__name__)
 

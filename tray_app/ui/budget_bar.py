@@ -12,7 +12,7 @@ from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPaintEvent, Q
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QLayout, QSizePolicy, QVBoxLayout, QWidget
 
 from tray_app.budget.sizes import format_size
-from tray_app.ui.budget_split import SEGMENTS, Segment, caps_text, segment_tip, status_segments
+from tray_app.view.budget_split import SEGMENTS, Segment, caps_text, segment_tip, status_segments
 
 LEGEND_COLUMNS = 3
 

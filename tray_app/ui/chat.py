@@ -32,9 +32,9 @@ from tray_app.ui.api_client import ApiCall, ChatStream, ServiceClient
 from tray_app.ui.flow_layout import FlowLayout
 from tray_app.ui.icons import app_icon
 from tray_app.ui.notifications import reason_text
-from tray_app.ui.pending import job_list
 from tray_app.ui.qt_events import QtEventBridge
-from tray_app.ui.state import device_name, format_duration, where_text
+from tray_app.view.pending import job_list
+from tray_app.view.state import device_name, format_duration, where_text
 
 JOB_POLL_MS = 1000
 MODEL_NAME_CHARS = 36  # a badge shows at most this much of a model's name; its tooltip has all of it

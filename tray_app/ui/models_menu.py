@@ -1,5 +1,5 @@
 """The tray's "Models" submenu: each library model with where it is loaded, its VRAM and its keep-alive, and
-Load / Unload. What it shows is worked out in `state.py`; this module only puts it into menus."""
+Load / Unload. What it shows is worked out in `tray_app.view.state`; this module only puts it into menus."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QMenu
 
 from tray_app.ui.icons import swatch_icon
 from tray_app.ui.notifications import REASONS, Notice, reason_text
-from tray_app.ui.state import is_loaded, library, load_block, model_details, model_line, unload_block
+from tray_app.view.state import is_loaded, library, load_block, model_details, model_line, unload_block
 
 WHERE_COLORS = {"loading": "#f0a202", "not loaded": "#adb5bd"}
 LOADED_COLOR = "#2f9e58"

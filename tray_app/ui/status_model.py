@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.qt_events import QtEventBridge
-from tray_app.ui.state import TraySummary, summarize
+from tray_app.view.state import TraySummary, summarize
 
 RECONCILE_DELAY_MS = 250
 POLL_INTERVAL_MS = 5_000

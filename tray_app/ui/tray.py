@@ -17,8 +17,8 @@ from tray_app.ui.budget_bar import BudgetBar
 from tray_app.ui.icons import state_icon, state_pixmap, swatch_icon
 from tray_app.ui.models_menu import ModelsMenu, model_failure
 from tray_app.ui.notifications import Notice
-from tray_app.ui.state import caps_label, device_label, worker_line, worker_state
 from tray_app.ui.status_model import StatusModel
+from tray_app.view.state import caps_label, device_label, worker_line, worker_state
 
 log = logging.getLogger(__name__)
 

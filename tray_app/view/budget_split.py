@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tray_app.budget.sizes import format_size
-from tray_app.ui.state import gpu_guests
+from tray_app.view.state import gpu_guests
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tray_app.ui.state import format_duration
+from tray_app.view.state import format_duration
 
 
 @dataclass(frozen=True)

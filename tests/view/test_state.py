@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.support.status_samples import make_library_status, make_status
-from tray_app.ui.state import (
+from tray_app.view.state import (
     DEGRADED,
     DOWN,
     SERVING,
