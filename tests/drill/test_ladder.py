@@ -1,6 +1,6 @@
-"""Scenarios h to j without a service: which models they use, how much simulated VRAM h and i take, what the
-policy prescribes for a request down the ladder, what an eviction must look like, when a scenario is
-skipped, the library models the drill's own service gets, and how the report names who answered."""
+"""Scenarios h to j without a service: which models they use, how much simulated VRAM h and i take, what
+they expect of a request down the ladder, what an eviction must look like, when a scenario is skipped, the
+library models the drill's own service gets, and how the report names who answered."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from typing import Any, cast
 
 from tray_app.config import from_dict
 from tray_app.contract.status import ModelStatus, ServiceStatus
-from tray_app.drill import ladder
+from tray_app.drill import ladder_checks, ladder_plan
 from tray_app.drill.client import Answer, Event, EventLog, ServiceClient
+from tray_app.drill.context import DrillContext
+from tray_app.drill.expected import EXPECTED, TITLES
 from tray_app.drill.launcher import DRILL_MAX_LOADED, DRILL_MODEL_CTX, drill_config
 from tray_app.drill.records import Expectation, JobTrace, ScenarioRecord, answerer, verdict
+from tray_app.drill.registry import SCENARIOS
 from tray_app.drill.report import DrillReport, markdown, text
-from tray_app.drill.scenarios import SCENARIOS, TITLES, DrillContext
 from tray_app.host.launch import free_port
 
 MiB = 1 << 20
@@ -69,7 +71,6 @@ def status(
     embeddings_free: int | None = None,
     simulated: bool = True,
     gpu_state: str = "ready",
-    cpu_speed: float = 50.0,
 ) -> ServiceStatus:
     return cast(
         ServiceStatus,
@@ -93,7 +94,7 @@ def status(
                 "fallback": "auto",
                 "stream_after_content": "resume",
                 "auto_approve_seconds": 0.0,
-                "cpu_tokens_per_second": cpu_speed,
+                "cpu_tokens_per_second": 50.0,
             },
         },
     )
@@ -112,7 +113,7 @@ def with_context(
     """Run `run(ctx)` with a context on `current`, against a port where nothing listens."""
 
     async def go() -> Any:
-        client = ServiceClient(f"http://127.0.0.1:{free_port()}", deadline=options.pop("deadline", 600.0))
+        client = ServiceClient(f"http://127.0.0.1:{free_port()}")
         try:
             return await run(DrillContext(client, EventLog(client), current, **options))
         finally:
@@ -121,9 +122,9 @@ def with_context(
     return asyncio.run(go())
 
 
-def found(current: ServiceStatus) -> ladder.LadderModels:
-    models = ladder.find_models(current)
-    assert isinstance(models, ladder.LadderModels), models
+def found(current: ServiceStatus) -> ladder_plan.LadderModels:
+    models = ladder_plan.find_models(current)
+    assert isinstance(models, ladder_plan.LadderModels), models
     return models
 
 
@@ -148,131 +149,116 @@ def test_a_big_model_with_a_gpu_plan_comes_first() -> None:
 
 
 def test_no_model_with_a_stand_in_is_a_reason() -> None:
-    reason = ladder.find_models(status(model(MAIN, main=True), model("other", gpu_plan=plan(MiB))))
+    reason = ladder_plan.find_models(status(model(MAIN, main=True), model("other", gpu_plan=plan(MiB))))
     assert isinstance(reason, str) and "no library model with a stand-in" in reason
     cpu_only = model("big", stand_in=MAIN, devices=("cpu",))
-    assert isinstance(ladder.find_models(status(model(MAIN, main=True), cpu_only)), str)
+    assert isinstance(ladder_plan.find_models(status(model(MAIN, main=True), cpu_only)), str)
 
 
 # ------------------------------------------------------------------------------------ pressure
 def test_pressure_leaves_half_the_big_weights_when_the_main_model_stands_in() -> None:
     current = library(free=1000 * MiB)
-    assert ladder.share_target(found(current)) == 50 * MiB
-    assert ladder.pressure_bytes(current, found(current)) == 950 * MiB
+    assert ladder_plan.share_target(found(current)) == 50 * MiB
+    assert ladder_plan.pressure_bytes(current, found(current)) == 950 * MiB
 
 
 def test_pressure_counts_the_share_the_embeddings_plan_leaves() -> None:
     current = library(free=1000 * MiB, embeddings_free=800 * MiB)
-    assert ladder.share_free(current) == 800 * MiB
-    assert ladder.pressure_bytes(current, found(current)) == 750 * MiB
+    assert ladder_plan.share_free(current) == 800 * MiB
+    assert ladder_plan.pressure_bytes(current, found(current)) == 750 * MiB
 
 
 def test_pressure_leaves_room_for_a_library_stand_in() -> None:
     small = model("small", gpu_plan=plan(40 * MiB, kv=5 * MiB, compute=5 * MiB))  # needs 50 MiB
     big = model("big", stand_in="small", gpu_plan=plan(150 * MiB))
     current = status(model(MAIN, main=True), small, big, free=1000 * MiB)
-    assert ladder.share_target(found(current)) == 100 * MiB  # between 50 MiB needed and 150 MiB of weights
-    assert ladder.pressure_bytes(current, found(current)) == 900 * MiB
+    # Between the 50 MiB "small" needs and big's 150 MiB of weights.
+    assert ladder_plan.share_target(found(current)) == 100 * MiB
+    assert ladder_plan.pressure_bytes(current, found(current)) == 900 * MiB
 
 
 def test_no_pressure_separates_a_stand_in_as_big_as_the_weights() -> None:
     small = model("small", gpu_plan=plan(100 * MiB))
     big = model("big", stand_in="small", gpu_plan=plan(100 * MiB))
-    reason = ladder.pressure_bytes(status(model(MAIN, main=True), small, big), found(status(small, big)))
+    reason = ladder_plan.pressure_bytes(status(model(MAIN, main=True), small, big), found(status(small, big)))
     assert isinstance(reason, str) and "no pressure leaves room" in reason
 
 
 def test_a_big_model_off_the_gpu_already_needs_no_pressure() -> None:
     big = model("big", stand_in=MAIN)
     current = status(model(MAIN, main=True), big)
-    assert ladder.pressure_bytes(current, found(current)) == 0
+    assert ladder_plan.pressure_bytes(current, found(current)) == 0
 
 
 # ------------------------------------------------------------------------------------ contexts
 def test_contexts_per_request() -> None:
     current = library()
-    big = ladder.model_named(current, "drill-big")
-    assert ladder.cpu_context(current, big) == 1024  # its CPU profile: 2048 over 2 slots
-    assert ladder.model_context(current, big) == 1024  # its GPU plan's
-    main = ladder.model_named(current, MAIN)
-    assert (ladder.cpu_context(current, main), ladder.model_context(current, main)) == (2048, 512)
+    big = ladder_plan.model_named(current, "drill-big")
+    assert ladder_plan.cpu_context(current, big) == 1024  # its CPU profile: 2048 over 2 slots
+    assert ladder_plan.model_context(current, big) == 1024  # its GPU plan's
+    main = ladder_plan.model_named(current, MAIN)
+    assert (ladder_plan.cpu_context(current, main), ladder_plan.model_context(current, main)) == (2048, 512)
     off = model("off", stand_in=MAIN)
-    assert ladder.model_context(status(off), off) == 1024  # no GPU plan: the CPU's
-
-
-def test_the_main_stand_in_is_available_while_its_gpu_worker_is_ready() -> None:
-    main = model(MAIN, main=True)
-    assert ladder.stand_in_available(status(main), main, 1)
-    assert not ladder.stand_in_available(status(main, gpu_state="restarting"), main, 1)
-
-
-def test_a_library_stand_in_is_available_when_the_eviction_rule_makes_room() -> None:
-    small = model("small", gpu_plan=plan(40 * MiB))
-    busy = model("busy", gpu_plan=plan(100 * MiB), where="gpu", vram=130 * MiB, in_flight=1)
-    assert ladder.stand_in_available(status(small, busy, free=1000 * MiB), small, 3)
-    assert not ladder.stand_in_available(status(small, busy, free=1000 * MiB), small, 1)  # busy: kept
-    idle = model("idle", gpu_plan=plan(100 * MiB), where="gpu", vram=130 * MiB)
-    assert ladder.stand_in_available(status(small, idle, free=1000 * MiB), small, 1)  # idle: unloaded
-    assert not ladder.stand_in_available(status(model("none")), model("none"), 3)  # no GPU plan
+    assert ladder_plan.model_context(status(off), off) == 1024  # no GPU plan: the CPU's
 
 
 # ------------------------------------------------------------------------------------ expectations
-def expect(current: ServiceStatus, **options: Any) -> tuple[Expectation, str]:
-    models = found(current)
-    deadline = options.pop("deadline", 600.0)
-
-    async def run(ctx: DrillContext) -> tuple[Expectation, str]:
-        return ladder.ladder_expectation(
-            ctx, current, models.big, models.stand_in, max_tokens=ladder.ASK_TOKENS, **options
-        )
-
-    result: tuple[Expectation, str] = with_context(current, run, deadline=deadline)
-    return result
+def test_the_ladder_expects_what_the_docs_tables_say() -> None:
+    assert EXPECTED["h"].describe() == "gpu (stand_in) -> completed"
+    assert EXPECTED["i"].describe() == "cpu (gpu_unavailable) -> completed"
+    for key in "ab":
+        assert EXPECTED[key].describe() == "cpu (exceeds_gpu_profile) -> completed"
+    assert EXPECTED["c"].describe() == "cpu (crash_abort|exited|killed) -> cancelled"
+    assert EXPECTED["g"].describe() == "cpu (hung) -> completed"
+    assert EXPECTED["c"].attempts == ("gpu failed", "cpu cancelled")
+    assert EXPECTED["f"].attempts == ("gpu failed", "cpu completed")
 
 
-def test_a_request_down_the_ladder_expects_the_stand_in_on_the_gpu() -> None:
-    expectation, by = expect(library(), allowed=True, available=True)
+def test_while_the_other_model_is_busy_the_main_stand_in_answers() -> None:
+    expectation, by = cast(tuple[Expectation, str], ladder_plan.while_busy(found(library()), True, 1))
     assert expectation == Expectation("gpu", ("stand_in",), "completed")
     assert by == f"{MAIN} on GPU, stand-in for drill-big"
 
 
-def test_a_refused_stand_in_expects_the_big_model_on_its_cpu() -> None:
-    expectation, by = expect(library(), allowed=False, available=True)
-    assert expectation == Expectation("cpu", ("gpu_unavailable",), "completed")
-    assert by == "drill-big on CPU"
+def test_while_the_other_model_is_busy_without_a_stand_in_the_big_model_uses_its_cpu() -> None:
+    off = ladder_plan.while_busy(found(library()), False, 1)
+    assert off == (Expectation("cpu", ("gpu_unavailable",), "completed"), "drill-big on CPU")
+    small = model("small", gpu_plan=plan(40 * MiB))
+    big = model("big", stand_in="small", gpu_plan=plan(100 * MiB))
+    other = model("other", gpu_plan=plan(100 * MiB))
+    models = found(status(model(MAIN, main=True), small, big, other))
+    assert ladder_plan.while_busy(models, True, 1) == (EXPECTED["i"], "big on CPU")  # no place for "small"
+    open_case = ladder_plan.while_busy(models, True, None)
+    assert isinstance(open_case, str) and "depends on their sizes" in open_case
+    gpu_only = model("big", stand_in=MAIN, gpu_plan=plan(100 * MiB), devices=("gpu",))
+    no_rung = ladder_plan.while_busy(found(status(model(MAIN, main=True), gpu_only, other)), False, 1)
+    assert isinstance(no_rung, str) and "may not use the CPU" in no_rung
 
 
-def test_an_unavailable_stand_in_expects_the_cpu_too() -> None:
-    assert expect(library(), allowed=True, available=False)[0].route == "cpu"
-
-
-def test_a_cpu_too_slow_for_the_deadline_expects_an_approval() -> None:
-    expectation, by = expect(library(cpu_speed=0.5), allowed=False, available=True, deadline=5.0)
-    assert expectation == Expectation("approval", ("cpu_too_slow",), "awaiting_approval") and by == ""
-
-
-def test_a_request_the_stand_in_cannot_fit_goes_to_the_cpu() -> None:
-    current = library()
-    current["caps"]["n_ctx_per_seq"] = 64  # the main model's slot: smaller than prompt + max_tokens
-    assert expect(current, allowed=True, available=True)[0].route == "cpu"
+def test_the_drill_asks_no_policy_what_to_expect() -> None:
+    root = Path(__file__).resolve().parents[2] / "tray_app" / "drill"
+    for module in root.glob("*.py"):
+        text = module.read_text(encoding="utf-8")
+        assert "jobs import policy" not in text and "jobs.policy" not in text, module.name
+        assert "make_room" not in text, module.name
 
 
 # ------------------------------------------------------------------------------------ skips
 def test_eviction_is_forced_by_max_loaded_one_or_by_bytes() -> None:
-    assert ladder.eviction_skip(library(), found(library()), 1) == ""
+    assert ladder_plan.eviction_skip(library(), found(library()), 1) == ""
     tight = library(free=200 * MiB)  # 130 MiB each: both do not fit
-    assert ladder.eviction_skip(tight, found(tight), None) == ""
-    reason = ladder.eviction_skip(library(), found(library()), None)
+    assert ladder_plan.eviction_skip(tight, found(tight), None) == ""
+    reason = ladder_plan.eviction_skip(library(), found(library()), None)
     assert "fit on the GPU together" in reason and "max_loaded is unknown" in reason
-    assert "max_loaded is 3" in ladder.eviction_skip(library(), found(library()), 3)
+    assert "max_loaded is 3" in ladder_plan.eviction_skip(library(), found(library()), 3)
 
 
 def test_eviction_needs_a_second_library_model_and_a_gpu_plan() -> None:
     lonely = status(model(MAIN, main=True), model("big", stand_in=MAIN, gpu_plan=plan(MiB)))
-    assert "no second library model" in ladder.eviction_skip(lonely, found(lonely), 1)
+    assert "no second library model" in ladder_plan.eviction_skip(lonely, found(lonely), 1)
     off = status(model(MAIN, main=True), model("big", stand_in=MAIN), model("o", gpu_plan=plan(MiB)))
-    assert "has no GPU plan" in ladder.eviction_skip(off, found(off), 1)
-    assert "no library model" in ladder.eviction_skip(status(), ladder.find_models(status()), 1)
+    assert "has no GPU plan" in ladder_plan.eviction_skip(off, found(off), 1)
+    assert "no library model" in ladder_plan.eviction_skip(status(), ladder_plan.find_models(status()), 1)
 
 
 def play(key: str, current: ServiceStatus, **options: Any) -> ScenarioRecord:
@@ -290,6 +276,18 @@ def test_scenarios_skip_without_what_they_need_and_touch_no_service() -> None:
     assert "max_loaded is unknown" in play("j", library()).skipped
     cpu_only_rung = status(model(MAIN, main=True), model("big", stand_in=MAIN, devices=("gpu",)))
     assert "may not use the CPU" in play("i", cpu_only_rung).skipped
+    assert "library.stand_in is off" in play("h", library(), stand_in_enabled=False).skipped
+
+
+def test_scenarios_skip_where_this_service_leaves_the_outcome_open() -> None:
+    small = model("small", gpu_plan=plan(40 * MiB))
+    big = model("big", stand_in="small", gpu_plan=plan(100 * MiB))
+    other = model("other", gpu_plan=plan(100 * MiB))
+    tight = status(model(MAIN, main=True), small, big, other, free=200 * MiB)  # the bytes force an eviction
+    assert "depends on their sizes" in play("j", tight, max_loaded=None).skipped
+    erroring = library()
+    erroring["policy"]["stream_after_content"] = "error"
+    assert "stream_after_content is 'error'" in play("g", erroring).skipped
 
 
 # ------------------------------------------------------------------------------------ eviction facts
@@ -302,44 +300,50 @@ def job(state: str, *workers: str) -> JobTrace:
 
 
 def test_an_evicted_model_has_no_worker_process_left() -> None:
-    assert ladder.gone_problems("a", 42, {"state": "stopped", "pid": None}, alive=False) == []
-    assert ladder.gone_problems("a", 42, None, alive=False) == []
-    running = ladder.gone_problems("a", 42, {"state": "ready", "pid": 42}, alive=True)
+    assert ladder_checks.gone_problems("a", 42, {"state": "stopped", "pid": None}, alive=False) == []
+    assert ladder_checks.gone_problems("a", 42, None, alive=False) == []
+    running = ladder_checks.gone_problems("a", 42, {"state": "ready", "pid": 42}, alive=True)
     assert running == [
         "a's GPU worker is ready (pid 42), not unloaded",
         "a's GPU worker process 42 is still running",
     ]
-    assert ladder.gone_problems("a", None, None, alive=False) == ["a's GPU worker had no pid after loading"]
+    assert ladder_checks.gone_problems("a", None, None, alive=False) == [
+        "a's GPU worker had no pid after loading"
+    ]
 
 
 def test_a_kept_model_finished_its_stream_in_one_attempt_on_the_same_process() -> None:
     ready = {"state": "ready", "pid": 7}
-    assert ladder.kept_problems("b", 7, ready, job("completed", "gpu@b"), "gpu@b") == []
-    replayed = ladder.kept_problems("b", 7, ready, job("completed", "gpu@b", "cpu@b"), "gpu@b")
+    assert ladder_checks.kept_problems("b", 7, ready, job("completed", "gpu@b"), "gpu@b") == []
+    replayed = ladder_checks.kept_problems("b", 7, ready, job("completed", "gpu@b", "cpu@b"), "gpu@b")
     assert replayed == [
         "b's stream: completed, attempts gpu@b completed, cpu@b completed (expected one, on gpu@b)"
     ]
-    restarted = ladder.kept_problems("b", 7, {"state": "ready", "pid": 8}, job("completed", "gpu@b"), "gpu@b")
+    restarted = ladder_checks.kept_problems(
+        "b", 7, {"state": "ready", "pid": 8}, job("completed", "gpu@b"), "gpu@b"
+    )
     assert restarted == ["b's gpu@b worker: pid 7 before, 8 (ready) after"]
-    assert ladder.kept_problems("b", 7, ready, None, "gpu@b") == ["b's stream has no job record"]
+    assert ladder_checks.kept_problems("b", 7, ready, None, "gpu@b") == ["b's stream has no job record"]
 
 
 def test_a_stream_that_ended_before_the_other_answer_did_not_test_anything() -> None:
     stream = Answer(started_at=1.0, ended_at=10.0)
-    assert ladder.overlap_problem("the stream", stream, Answer(started_at=2.0, ended_at=5.0)) == []
-    early = ladder.overlap_problem("the stream", stream, Answer(started_at=2.0, ended_at=12.0))
+    assert ladder_checks.overlap_problem("the stream", stream, Answer(started_at=2.0, ended_at=5.0)) == []
+    early = ladder_checks.overlap_problem("the stream", stream, Answer(started_at=2.0, ended_at=12.0))
     assert len(early) == 1 and early[0].startswith("the stream ended 2.00s before")
 
 
 def test_the_job_record_names_the_same_models_as_the_answer() -> None:
     answer = {"model": MAIN, "stand_in_for": "drill-big"}
-    assert ladder.record_problems(answer, {"id": "job-1", **answer}) == []
-    silent = ladder.record_problems(answer, {"id": "job-1", "model": "drill-big", "stand_in_for": None})
+    assert ladder_checks.record_problems(answer, {"id": "job-1", **answer}) == []
+    silent = ladder_checks.record_problems(
+        answer, {"id": "job-1", "model": "drill-big", "stand_in_for": None}
+    )
     assert silent == [
         f"job job-1: model 'drill-big' in its record, '{MAIN}' in the answer",
         "job job-1: stand_in_for None in its record, 'drill-big' in the answer",
     ]
-    assert ladder.record_problems(None, {"id": "job-1"}) == []
+    assert ladder_checks.record_problems(None, {"id": "job-1"}) == []
 
 
 # ------------------------------------------------------------------------------------ verdict, report

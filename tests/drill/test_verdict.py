@@ -153,6 +153,16 @@ def test_expectations() -> None:
     assert Expectation("cpu").met_by("cpu", "anything", "completed")
 
 
+def test_the_expected_attempts_are_checked_in_order() -> None:
+    replayed = Expectation("cpu", ("oom_decode",), "completed", ("gpu failed", "cpu completed"))
+    assert replayed.attempts_problem(trace()) == ""
+    assert Expectation("cpu").attempts_problem(trace(outcomes=(("cpu", "completed"),))) == ""
+    twice = trace(outcomes=(("gpu", "failed"), ("cpu", "failed"), ("cpu", "completed")))
+    assert replayed.attempts_problem(twice) == (
+        "attempts: gpu failed, cpu failed, cpu completed, expected gpu failed, cpu completed"
+    )
+
+
 def test_scenario_selection() -> None:
     assert command.selected_scenarios(None, pressure=False) == list("abcdefghij")
     assert command.selected_scenarios(None, pressure=True) == []

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.helpers import arm, base_settings, job_state, wait_replaced, wait_until
 from tests.support.service import ServiceHandle, running_service
-from tray_app.drill.scenarios import ADD_TOOL
+from tests.support.tools import ADD_TOOL
 
 pytestmark = pytest.mark.integration
 

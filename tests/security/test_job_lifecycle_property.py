@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from tests.support.helpers import CHAT, base_settings
 from tests.support.service import ServiceHandle, running_service
+from tests.support.tools import ADD_TOOL, FORCE_ADD
 from tray_app.contract.vocabulary import UNFINISHED_JOB_STATES
-from tray_app.drill.scenarios import ADD_TOOL, FORCE_ADD
 from tray_app.jobs.registry import FINAL_STATES
 
 pytestmark = pytest.mark.integration

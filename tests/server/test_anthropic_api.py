@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import start_module_service
 from tests.support.helpers import arm, base_settings, wait_replaced
 from tests.support.service import ServiceHandle
-from tray_app.drill.scenarios import ADD_TOOL
+from tests.support.tools import ADD_TOOL
 
 pytestmark = pytest.mark.integration
 

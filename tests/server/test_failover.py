@@ -28,7 +28,7 @@ from tests.support.helpers import (
     wait_until,
 )
 from tests.support.service import ServiceHandle, running_service
-from tray_app.drill.scenarios import ADD_TOOL, FORCE_ADD
+from tests.support.tools import ADD_TOOL, FORCE_ADD
 
 pytestmark = pytest.mark.integration
 

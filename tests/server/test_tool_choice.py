@@ -13,8 +13,7 @@ import pytest
 
 from tests.support.helpers import base_settings, client_for
 from tests.support.service import ServiceHandle, running_service
-from tests.support.tools import WEATHER_TOOL
-from tray_app.drill.scenarios import ADD_TOOL
+from tests.support.tools import ADD_TOOL, WEATHER_TOOL
 
 pytestmark = pytest.mark.integration
 

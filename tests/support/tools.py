@@ -1,4 +1,4 @@
-"""Tool definitions the tests send (the drill's `add` tool lives in tray_app.drill.scenarios)."""
+"""Tool definitions the tests send: their own copies, so a change to the drill's requests changes no test."""
 
 from __future__ import annotations
 
@@ -12,3 +12,17 @@ WEATHER_TOOL: Any = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
+
+ADD_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+FORCE_ADD: Any = {"type": "function", "function": {"name": "add"}}

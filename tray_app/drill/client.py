@@ -17,6 +17,7 @@ import httpx
 from tray_app import admin_token
 from tray_app.contract.status import ServiceStatus
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
+from tray_app.host.launch import workers_ready
 
 REQUEST_TIMEOUT = 600.0
 # The drill is a patient client: it tells the service (X-Failsoft-Deadline) that it will wait this long, so a
@@ -170,8 +171,6 @@ class ServiceClient:
             await asyncio.sleep(interval)
 
     async def wait_ready(self, timeout: float = 120.0) -> ServiceStatus:
-        from tray_app.drill.launcher import workers_ready
-
         async def probe() -> ServiceStatus | None:
             status = await self.status()
             return status if workers_ready(status) else None

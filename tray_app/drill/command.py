@@ -21,11 +21,13 @@ from tray_app.cli import load_config
 from tray_app.config import Config
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import DrillError, EventLog, ServiceClient
+from tray_app.drill.context import DrillContext
+from tray_app.drill.expected import TITLES
 from tray_app.drill.launcher import LaunchError, drill_config, launched_service
 from tray_app.drill.pressure import apply_pressure
 from tray_app.drill.records import ScenarioRecord
+from tray_app.drill.registry import SCENARIOS
 from tray_app.drill.report import DrillReport, text, write
-from tray_app.drill.scenarios import SCENARIOS, TITLES, DrillContext
 
 DEFAULT_SIMULATED_VRAM = "4GiB"
 SPEED_WAIT = 90.0  # the service measures the CPU worker's speed once it is ready; the policy needs it

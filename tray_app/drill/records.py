@@ -16,11 +16,13 @@ HEAD_WORDS = 8
 
 @dataclass(frozen=True)
 class Expectation:
-    """What the service should decide. `reasons` empty: any reason; `final_state` of every job."""
+    """What the service should decide. `reasons` empty: any reason; `final_state` of every job; `attempts`
+    the job's attempts as "worker outcome", in order (empty: not checked)."""
 
     route: str  # gpu, cpu, approval, refused
     reasons: tuple[str, ...] = ()
     final_state: str = "completed"
+    attempts: tuple[str, ...] = ()
 
     def describe(self) -> str:
         reason = "|".join(self.reasons) if self.reasons else "any reason"
@@ -32,6 +34,13 @@ class Expectation:
             and (not self.reasons or reason in self.reasons)
             and final_state == self.final_state
         )
+
+    def attempts_problem(self, trace: JobTrace) -> str:
+        """What is wrong with the job's attempts; empty when they are the expected ones (or not checked)."""
+        found = trace.attempt_words()
+        if not self.attempts or found == self.attempts:
+            return ""
+        return f"attempts: {', '.join(found) or 'none'}, expected {', '.join(self.attempts)}"
 
 
 @dataclass
@@ -122,6 +131,10 @@ class JobTrace:
     @property
     def attempts(self) -> list[dict[str, Any]]:
         return list(self.record.get("attempt_log") or [])
+
+    def attempt_words(self) -> tuple[str, ...]:
+        """Each attempt as "worker outcome" ("gpu failed", "cpu completed"), in order."""
+        return tuple(f"{attempt.get('worker')} {attempt.get('outcome')}" for attempt in self.attempts)
 
     def first_failure(self) -> dict[str, Any] | None:
         return next((attempt for attempt in self.attempts if attempt.get("outcome") == "failed"), None)

@@ -1,0 +1,23 @@
+"""Which coroutine plays each scenario, a to j, in the order the drill runs them (titles: `expected`)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from tray_app.drill import eviction, ladder, scenarios
+from tray_app.drill.context import DrillContext
+from tray_app.drill.records import ScenarioRecord
+
+Scenario = Callable[[DrillContext], Awaitable[ScenarioRecord]]
+SCENARIOS: dict[str, Scenario] = {
+    "a": lambda ctx: scenarios.capacity_fallback(ctx, streamed=False),
+    "b": lambda ctx: scenarios.capacity_fallback(ctx, streamed=True),
+    "c": scenarios.cancel_during_fallback,
+    "d": scenarios.concurrent_failover,
+    "e": scenarios.agent_turn,
+    "f": lambda ctx: scenarios.mid_generation_fault(ctx, "abort", streamed=False),
+    "g": lambda ctx: scenarios.mid_generation_fault(ctx, "hang", streamed=True),
+    "h": ladder.stand_in_under_pressure,
+    "i": ladder.cpu_under_pressure,
+    "j": eviction.eviction,
+}
