@@ -10,7 +10,7 @@ import pytest
 from tray_app.engine.request_fields import ENGINE_INTERNAL, FORWARDED, engine_internal_field, forwarded
 from tray_app.jobs.registry import worker_fields
 from tray_app.server.errors import ApiError
-from tray_app.server.ollama.translate import SAMPLING_OPTIONS
+from tray_app.server.ollama.options import SAMPLING_OPTIONS
 from tray_app.server.requests import parse_request
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}

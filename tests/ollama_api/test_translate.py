@@ -12,28 +12,25 @@ from starlette.routing import Match
 from tray_app.jobs.assemble import chat_chunk, completion_chunk
 from tray_app.server.control import Control
 from tray_app.server.ollama import paths
-from tray_app.server.ollama.translate import (
-    OllamaError,
-    StreamTranslator,
+from tray_app.server.ollama.answer import (
     Timing,
-    chat_request,
     embed_answer,
-    embed_request,
     embeddings_answer,
+    load_answer,
+    ollama_tool_calls,
+    openai_result,
+)
+from tray_app.server.ollama.errors import OllamaError, openai_error
+from tray_app.server.ollama.names import managed_in_config, matches_model, model_name, require_model
+from tray_app.server.ollama.options import map_format, map_options
+from tray_app.server.ollama.request import (
+    chat_request,
+    embed_request,
     embeddings_request,
     generate_request,
     is_zero_keep_alive,
-    load_answer,
-    managed_in_config,
-    map_format,
-    map_options,
-    matches_model,
-    model_name,
-    ollama_tool_calls,
-    openai_error,
-    openai_result,
-    require_model,
 )
+from tray_app.server.ollama.stream import StreamTranslator
 from tray_app.server.origin_guard import CONTROL_PREFIX
 from tray_app.server.streaming import DONE, failsoft_chunk, sse
 
