@@ -41,7 +41,7 @@ class StandInWorker:
     async def ensure_ready(self, timeout: float) -> bool:
         return self.state == "ready"
 
-    def mark_unhealthy(self, reason: str, kind: str) -> None:
+    def mark_unhealthy(self, reason: str, kind: str, *, pid: int | None = None) -> None:
         self.unhealthy.append(kind)
 
     async def failure_of(self, pid: int, timeout: float) -> dict[str, Any] | None:

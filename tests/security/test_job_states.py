@@ -155,7 +155,7 @@ class ColdWorker:
         self.state, self.base_url = "ready", "http://127.0.0.1:9"
         return True
 
-    def mark_unhealthy(self, reason: str, kind: str) -> None:
+    def mark_unhealthy(self, reason: str, kind: str, *, pid: int | None = None) -> None:
         self.state = "unhealthy"
 
     def note_tokens(self, count: int) -> None:

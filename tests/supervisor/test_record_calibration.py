@@ -9,7 +9,8 @@ import pytest
 
 from tray_app.budget import calibration
 from tray_app.budget.llama_log import BufferSizes
-from tray_app.supervisor import WorkerProfile, supervisor
+from tray_app.supervisor import WorkerProfile
+from tray_app.supervisor import calibration as supervisor_calibration
 
 MIB = 1024**2
 BUFFERS = BufferSizes(model_bytes=92 * MIB, kv_bytes=45 * MIB, compute_bytes=16 * MIB, output_bytes=MIB)
@@ -17,8 +18,8 @@ BUFFERS = BufferSizes(model_bytes=92 * MIB, kv_bytes=45 * MIB, compute_bytes=16 
 
 def test_an_embeddings_worker_is_kept_apart_from_the_chat_worker(gpu_profile: WorkerProfile) -> None:
     embed = replace(gpu_profile, role="gpu-embed", pooling="mean")
-    supervisor.record_calibration(embed, replace(BUFFERS, compute_bytes=103 * MIB))
-    supervisor.record_calibration(gpu_profile, BUFFERS)
+    supervisor_calibration.record_calibration(embed, replace(BUFFERS, compute_bytes=103 * MIB))
+    supervisor_calibration.record_calibration(gpu_profile, BUFFERS)
     model = gpu_profile.model_path
     assert calibration.lookup_measurement(model, embed.compute_settings()) == replace(
         BUFFERS, compute_bytes=103 * MIB
@@ -31,10 +32,10 @@ def test_a_cpu_worker_is_kept_only_without_a_gpu_backend(
     cpu_profile: WorkerProfile, gpu_build: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a GPU build a CPU worker's compute buffer is not what a VRAM plan at its settings needs."""
-    monkeypatch.setattr(supervisor, "gpu_offload_build", lambda: gpu_build)
+    monkeypatch.setattr(supervisor_calibration, "gpu_offload_build", lambda: gpu_build)
     embed = replace(cpu_profile, role="cpu-embed", pooling="mean")
     for profile in (cpu_profile, embed):
-        supervisor.record_calibration(profile, BUFFERS)
+        supervisor_calibration.record_calibration(profile, BUFFERS)
     kept = [
         calibration.lookup_measurement(profile.model_path, profile.compute_settings())
         for profile in (cpu_profile, embed)

@@ -7,7 +7,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,15 +21,9 @@ from tray_app.contract.roles import CHAT_ROLES
 from tray_app.contract.status import ServiceStatus
 from tray_app.engine import WORKER_KEY_ENV
 from tray_app.paths import private_dir
+from tray_app.supervisor.ports import free_port
 
 STOP_TIMEOUT = 20.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -143,7 +143,7 @@ class EmbeddingRunner:
                 self.registry.end_attempt(job, number, "failed", f"{error.kind}: {error.message}")
             worker_fault = not error.client_error and error.kind not in policy.NOT_WORKER_FAULTS
             if worker_fault and worker.state == "ready" and worker.pid == pid:
-                worker.mark_unhealthy(error.message, error.kind)  # its supervisor restarts it
+                worker.mark_unhealthy(error.message, error.kind, pid=pid)  # its supervisor restarts it
             raise
         finally:
             self.slots.release(role, slot)

@@ -107,7 +107,7 @@ class Worker(Protocol):
 
     async def ensure_ready(self, timeout: float) -> bool: ...
 
-    def mark_unhealthy(self, reason: str, kind: str) -> None: ...
+    def mark_unhealthy(self, reason: str, kind: str, *, pid: int | None = None) -> None: ...
 
     async def failure_of(self, pid: int, timeout: float) -> dict[str, Any] | None: ...
 
@@ -298,7 +298,7 @@ class Executor:
                         )
                     if failure.client_error or role == "cpu":
                         self._name_the_crash(job, dropped)
-                        for piece in self._fail_upstream(job, failure, deliver):
+                        for piece in self._fail_upstream(job, failure, deliver, progress.worker_pid):
                             yield piece
                         return
                     decision = await self._decide_after_failure(job, failure, progress, deliver)
@@ -733,9 +733,11 @@ class Executor:
         replaced since must not be failed again on old news."""
         if worker.state != "ready" or (attempt_pid is not None and worker.pid != attempt_pid):
             return
-        worker.mark_unhealthy(failure.message, failure.kind)
+        worker.mark_unhealthy(failure.message, failure.kind, pid=attempt_pid)
 
-    def _fail_upstream(self, job: Job, failure: UpstreamError, deliver: bool) -> list[Outcome]:
+    def _fail_upstream(
+        self, job: Job, failure: UpstreamError, deliver: bool, worker_pid: int | None
+    ) -> list[Outcome]:
         if failure.client_error:
             code = (
                 (failure.body or {}).get("error", {}).get("code") if isinstance(failure.body, dict) else None
@@ -746,7 +748,7 @@ class Executor:
             cpu_role = job.worker_role("cpu")
             cpu = self.workers(cpu_role) if cpu_role else None
             if cpu is not None and failure.kind not in NOT_WORKER_FAULTS:
-                self._report(cpu, None, failure)
+                self._report(cpu, worker_pid, failure)
             reason = {"unavailable": policy.NO_CPU_WORKER, "queue_timeout": "queue_timeout"}.get(
                 failure.kind, "cpu_attempt_failed"
             )

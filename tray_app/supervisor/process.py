@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 LOG_MAX_BYTES = 5 * 1024 * 1024
 LOG_BACKUPS = 3
 TAIL_LINES = 200
@@ -174,6 +176,15 @@ class WorkerProcess:
         """What the worker printed while loading (up to llama-server's "model loaded"), nothing after it."""
         with self._tail_lock:
             return list(self._load_lines)
+
+    def dead(self) -> bool:
+        """Exited, or a zombie not reaped yet (the kernel closed its sockets before the watcher saw it)."""
+        if self.exited.done():
+            return True
+        try:
+            return psutil.Process(self.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     @property
     def loaded(self) -> bool:

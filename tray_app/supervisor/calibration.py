@@ -1,0 +1,31 @@
+"""What llama.cpp allocated for a worker's profile, kept for the planner: its compute estimate is checked
+against the measurement and replaced by it (tray_app.budget.calibration)."""
+
+from __future__ import annotations
+
+import logging
+
+from tray_app.budget import calibration
+from tray_app.budget.llama_log import BufferSizes
+from tray_app.supervisor.profile import WorkerProfile
+
+log = logging.getLogger(__name__)
+
+
+def record_calibration(profile: WorkerProfile, buffers: BufferSizes) -> None:
+    if buffers.total_bytes == 0:
+        log.warning("llama-server printed no buffer sizes: nothing to record for calibration")
+        return
+    if profile.n_gpu_layers == 0 and gpu_offload_build():
+        return  # with a GPU build a CPU worker's compute buffer is not the one a VRAM plan needs
+    try:
+        calibration.record_measurement(profile.model_path, profile.compute_settings(), buffers)
+    except OSError as error:
+        log.warning("could not record the measured buffers: %s", error)
+
+
+def gpu_offload_build() -> bool:
+    """Whether the installed llama.cpp (the binding, built with the server) has a GPU backend."""
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())

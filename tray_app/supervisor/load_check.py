@@ -1,0 +1,60 @@
+"""Is a loaded worker where its plan put it? A GPU worker on a real device must show its layers on a GPU
+(tray_app.engine.offload); one on a simulated device must fit the simulated VRAM (tray_app.engine.simulated).
+Functions over the profile and what llama.cpp printed; the owner acts on the answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tray_app.budget.llama_log import BufferSizes
+from tray_app.budget.model_info import inspect_model
+from tray_app.engine import offload, simulated
+from tray_app.engine.devices import DeviceListError, list_devices
+from tray_app.supervisor.classify import Failure
+from tray_app.supervisor.profile import WorkerProfile
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    failure: Failure
+    log_lines: tuple[str, ...]  # for the worker's log, so the reason sits beside llama.cpp's own lines
+
+
+def needs_gpu_proof(profile: WorkerProfile) -> bool:
+    simulated_device = profile.simulated_vram_bytes is not None
+    return offload.needs_gpu_proof(profile.role, simulated_device, profile.n_gpu_layers)
+
+
+def refusal_before_start(profile: WorkerProfile, engine_path: Path) -> str | None:
+    """A GPU worker on a real device is not started with a build that lists no GPU (it would run on the
+    CPU under the GPU's name)."""
+    if not needs_gpu_proof(profile):
+        return None
+    try:
+        return offload.refusal_before_start(list_devices(engine_path))
+    except DeviceListError as error:
+        return f"cannot tell whether this llama.cpp build has a GPU backend: {error}"
+
+
+def check_load(
+    profile: WorkerProfile, placement: offload.Offload | None, buffers: BufferSizes
+) -> LoadFailure | None:
+    """On a real GPU: did the layers and weights land on a GPU device? On a simulated device: does what
+    llama.cpp allocated fit the simulated VRAM?"""
+    free = profile.simulated_vram_bytes
+    if free is None:
+        if not needs_gpu_proof(profile):
+            return None
+        reason = offload.failure_after_load(
+            placement or offload.Offload(None, None, ()), profile.n_gpu_layers
+        )
+        if reason is None:
+            return None
+        return LoadFailure(Failure("bad_config", reason), (f"--- {reason}",))
+    n_layers = inspect_model(profile.model_path).n_layers  # read once per model file, then cached
+    share = simulated.device_share(buffers, profile.n_gpu_layers, n_layers)
+    lines = simulated.failure_lines(share, free)
+    if lines is None:
+        return None
+    return LoadFailure(Failure("oom_load", lines[-1]), tuple(lines))
