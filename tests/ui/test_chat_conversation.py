@@ -8,7 +8,9 @@ from pytestqt.qtbot import QtBot
 
 from tests.ui.chat_helpers import ask, open_chat, stream_answer
 from tests.ui.local_server import LocalService
-from tray_app.ui.chat import AnswerView, Badge, ChatWindow
+from tray_app.ui.answer_view import AnswerView
+from tray_app.ui.chat import ChatWindow
+from tray_app.view.answer import Badge
 
 FAILSOFT = {"worker": "gpu", "attempts": 1, "fallback_reason": None, "model": "m", "device": "gpu"}
 

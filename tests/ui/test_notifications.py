@@ -119,22 +119,3 @@ def test_a_journal_failure_is_a_critical_notice() -> None:
     assert notice.title == "Failsoft cannot store jobs" and "disk I/O error" in notice.body
     both = coalesce([fallback("job-1"), event])
     assert both is not None and both.title == "Failsoft cannot store jobs" and both.level == "critical"
-
-
-def test_every_reason_code_and_failure_kind_has_words() -> None:
-    from tray_app.contract.vocabulary import FAILURE_KINDS, Reason
-    from tray_app.ui.notifications import REASONS
-
-    missing = [code for code in (*Reason, *FAILURE_KINDS) if code not in REASONS]
-    assert not missing, f"no words in the tray for {missing}"
-
-
-# The error codes of /failsoft/models/{name}/load and /unload (until the contract names them).
-MODEL_CONTROL_CODES = ("model_does_not_fit", "model_not_found", "model_busy", "main_model")
-
-
-def test_every_model_control_error_has_words() -> None:
-    from tray_app.ui.notifications import REASONS
-
-    missing = [code for code in MODEL_CONTROL_CODES if code not in REASONS]
-    assert not missing, f"no words in the tray for {missing}"

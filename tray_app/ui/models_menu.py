@@ -10,7 +10,8 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu
 
 from tray_app.ui.icons import swatch_icon
-from tray_app.ui.notifications import REASONS, Notice, reason_text
+from tray_app.ui.notifications import Notice
+from tray_app.view.reasons import REASON_WORDS, reason_text
 from tray_app.view.state import is_loaded, library, load_block, model_details, model_line, unload_block
 
 WHERE_COLORS = {"loading": "#f0a202", "not loaded": "#adb5bd"}
@@ -30,7 +31,7 @@ def menu_text(text: str) -> str:
 def model_failure(name: str, action: str, message: str, error: dict[str, Any]) -> Notice:
     """A refused load or unload, with the error code in words when the tray has words for it."""
     code = str(error.get("code") or "")
-    body = f"{reason_text(code)}: {message}" if code in REASONS else message
+    body = f"{reason_text(code)}: {message}" if code in REASON_WORDS else message
     return Notice(f"Could not {action} {name}", body[:1].upper() + body[1:], "critical", False)
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from tray_app.view.reasons import reason_text
+
 NOTIFIED_TYPES = (
     "journal_failed",
     "approval_needed",
@@ -22,43 +24,6 @@ NOTIFIED_TYPES = (
 GATHER_MS = 800
 COOLDOWN_MS = 4_000
 STALE_AFTER_S = 60.0  # an event replayed after a reconnect is history, not news
-
-REASONS = {
-    "oom_decode": "the GPU ran out of memory while generating",
-    "oom_load": "the GPU ran out of memory loading the model",
-    "crash_abort": "the GPU worker crashed",
-    "killed": "the GPU worker was killed",
-    "hung": "the GPU worker stopped answering",
-    "exited": "the GPU worker exited",
-    "bad_config": "the GPU worker could not start with its configuration",
-    "exceeds_gpu_profile": "the request is larger than the GPU profile",
-    "gpu_unavailable": "the GPU worker is not available",
-    "approval_required": "the CPU run waits for approval",
-    "fallback_disabled": "fallback is turned off in the settings",
-    "context_length_exceeded": "the request does not fit any worker's context",
-    "cpu_too_slow": "the CPU would miss the deadline",
-    "stand_in": "a smaller model answered on the GPU",
-    "cpu_ram_insufficient": "there is not enough RAM for the CPU worker",
-    "no_cpu_worker": "no CPU worker is available",
-    "effects_delivered": "a tool call was already delivered",
-    "stream_started": "part of the answer was already sent",
-    "constrained_stream_started": "part of an answer bound to a grammar, schema or tools was already sent",
-    "approval_backlog_full": "too many jobs already wait for approval",
-    # Why loading or unloading a library model was refused (the error codes of /failsoft/models/...).
-    "model_does_not_fit": "the model does not fit in the memory free now",
-    "model_not_found": "the service has no model by that name",
-    "model_busy": "requests are running on the model",
-    "model_not_on_device": "the model has no worker on that device",
-    "model_not_ready": "the model did not become ready in time",
-    "no_worker_for_model": "the model has no worker here",
-    "main_model": "the main model is always kept loaded",
-}
-
-
-def reason_text(reason: str) -> str:
-    """A reason code in words, keeping the code itself for anyone searching the logs."""
-    words = REASONS.get(reason)
-    return f"{words} ({reason})" if words else reason or "no reason given"
 
 
 @dataclass(frozen=True)

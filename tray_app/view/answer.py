@@ -1,0 +1,118 @@
+"""What the chat says under an answer: a badge for who served it (GPU, CPU, failed over, with the reason) and
+how fast, one for the model and device that answered, and a finished job's text read back. No Qt here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from tray_app.contract.vocabulary import Reason
+from tray_app.view.reasons import reason_text, short_reason
+from tray_app.view.state import device_name, where_text
+
+MODEL_NAME_CHARS = 36  # a badge shows at most this much of a model's name; its tooltip has all of it
+
+
+class AnswerInfo(TypedDict, total=False):
+    """What the badges read of an answer's `failsoft` object, or of its job read back: any field may be
+    missing or None (a service that names no model, a job that never ran)."""
+
+    worker: str | None  # the worker's role: "gpu", "cpu", "cpu@gemma3-270m"
+    device: str | None
+    model: str | None
+    stand_in_for: str | None
+    attempts: int | None
+    fallback_reason: str | None
+
+
+@dataclass(frozen=True)
+class Badge:
+    kind: str  # gpu, cpu, failover, failed, stopped, stand_in
+    text: str
+    detail: str = ""  # the long form, shown as the badge's tooltip
+
+
+def tokens_per_second(tokens: int, seconds: float) -> float | None:
+    if tokens < 2 or seconds <= 0:
+        return None
+    return tokens / seconds
+
+
+def answered_on(info: AnswerInfo) -> str:
+    """The device that answered: the service's `device`, else the worker's role ("cpu@gemma3-270m": cpu)."""
+    return str(info.get("device") or str(info.get("worker") or "").partition("@")[0])
+
+
+def answer_badge(info: AnswerInfo, tokens: int, seconds: float, simulated: bool = False) -> Badge:
+    """Who served the answer: a replay after a GPU failure is "failed over", a request the GPU profile could
+    not take is "CPU" with its reason."""
+    worker = answered_on(info)
+    reason = str(info.get("fallback_reason") or "")
+    attempts = int(info.get("attempts") or 1)
+    rate = tokens_per_second(tokens, seconds)
+    speed = f" · {rate:.1f} tok/s" if rate is not None else ""
+    short = short_reason(reason)
+    detail = f"Reason: {reason_text(reason)}; attempts: {attempts}" if reason else f"Attempts: {attempts}"
+    if worker == "cpu" and attempts > 1:
+        return Badge("failover", f"Failed over to CPU: {short}{speed}", detail)
+    if worker == "cpu" and reason == Reason.APPROVAL_REQUIRED:
+        return Badge("cpu", f"CPU, approved by you{speed}", detail)
+    if worker == "cpu":
+        because = f": {short}" if reason else ""
+        return Badge("cpu", f"CPU{because}{speed}", detail)
+    if worker == "gpu":
+        retried = f" · {attempts} attempts" if attempts > 1 else ""
+        return Badge("gpu", f"GPU{' (simulated)' if simulated else ''}{retried}{speed}", detail)
+    return Badge("gpu" if worker else "stopped", f"{worker or 'Unknown worker'}{speed}", detail)
+
+
+def model_badge(info: AnswerInfo) -> Badge | None:
+    """ "gemma3-270m on GPU · stand-in for qwen3-8b"; None from a service that does not name the model."""
+    model = str(info.get("model") or "")
+    if not model:
+        return None
+    device = answered_on(info)
+    short = short_model_name(model)
+    text = f"{short} on {device_name(device)}" if device else short
+    detail = f"Answered by {model} {where_text(device)}" if device else f"Answered by {model}"
+    stand_in_for = str(info.get("stand_in_for") or "")
+    if stand_in_for:
+        return Badge(
+            "stand_in",
+            f"{text} · stand-in for {short_model_name(stand_in_for)}",
+            f"{detail}, standing in for {stand_in_for}, which could not answer on the GPU",
+        )
+    return Badge(device if device in ("gpu", "cpu") else "stopped", text, detail)
+
+
+def short_model_name(name: str, limit: int = MODEL_NAME_CHARS) -> str:
+    """`name` cut in the middle to `limit` characters: a GGUF file name keeps its start (the model) and its
+    end (the quantisation)."""
+    if len(name) <= limit:
+        return name
+    tail = limit // 3
+    return f"{name[: limit - tail - 1]}…{name[-tail:]}"
+
+
+def with_header_model(info: AnswerInfo, headers: Mapping[str, str]) -> AnswerInfo:
+    """The answer's `failsoft` object, with the model from the X-Failsoft-* headers when it names none (a job
+    result read back after its stream ended). The header's device only counts when nothing else says where
+    it ran: a failover after the headers moves the answer to the CPU."""
+    info = info.copy()
+    if not info.get("model") and headers.get("x-failsoft-model"):
+        info["model"] = headers["x-failsoft-model"]
+        if not answered_on(info) and headers.get("x-failsoft-device"):
+            info["device"] = headers["x-failsoft-device"]
+    return info
+
+
+def completion_text(result: Mapping[str, Any]) -> tuple[str, str]:
+    """A finished job's answer and its reasoning (a thinking model's; else ""), from its OpenAI body."""
+    choices = result.get("choices") or []
+    if not choices:
+        return "", ""
+    choice = choices[0]
+    message = choice.get("message") or {}
+    text = str(message.get("content") or choice.get("text") or "")
+    return text, str(message.get("reasoning_content") or "")

@@ -1,0 +1,63 @@
+"""Reason codes in words, one table for the tray's messages, the chat's badges and their tooltips: a code
+the service sends (a `Reason`, a failure kind, a refused load's error code) is worded once, here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tray_app.contract.vocabulary import Reason
+
+
+@dataclass(frozen=True)
+class Words:
+    long: str  # a clause for a message or a tooltip: "… continues on the CPU: <long> (<code>)."
+    short: str = ""  # a few words for a badge; "" where a badge shows the code itself
+
+
+REASON_WORDS: dict[str, Words] = {
+    # How a GPU worker failed (the failure kinds): the reason a job moved to the CPU.
+    "oom_decode": Words("the GPU ran out of memory while generating", "GPU out of memory"),
+    "oom_load": Words("the GPU ran out of memory loading the model", "GPU out of memory at load"),
+    "crash_abort": Words("the GPU worker crashed", "GPU worker crashed"),
+    "killed": Words("the GPU worker was killed", "GPU worker killed"),
+    "hung": Words("the GPU worker stopped answering", "GPU worker hung"),
+    "exited": Words("the GPU worker exited", "GPU worker exited"),
+    "bad_config": Words("the GPU worker could not start with its configuration"),
+    Reason.EXCEEDS_GPU_PROFILE: Words(
+        "the request is larger than the GPU profile", "too large for the GPU profile"
+    ),
+    Reason.GPU_UNAVAILABLE: Words("the GPU worker is not available", "GPU worker unavailable"),
+    Reason.APPROVAL_REQUIRED: Words("the CPU run waits for approval"),
+    Reason.FALLBACK_DISABLED: Words("fallback is turned off in the settings"),
+    Reason.CONTEXT_EXCEEDED: Words("the request does not fit any worker's context"),
+    Reason.CPU_TOO_SLOW: Words("the CPU would miss the deadline"),
+    Reason.STAND_IN: Words("a smaller model answered on the GPU"),
+    Reason.CPU_RAM_INSUFFICIENT: Words("there is not enough RAM for the CPU worker"),
+    Reason.NO_CPU_WORKER: Words("no CPU worker is available"),
+    Reason.EFFECTS_DELIVERED: Words("a tool call was already delivered"),
+    Reason.STREAM_STARTED: Words("part of the answer was already sent"),
+    Reason.CONSTRAINED_STREAM_STARTED: Words(
+        "part of an answer bound to a grammar, schema or tools was already sent"
+    ),
+    Reason.APPROVAL_BACKLOG_FULL: Words("too many jobs already wait for approval"),
+    # Why loading or unloading a library model was refused (the error codes of /failsoft/models/...).
+    Reason.MODEL_DOES_NOT_FIT: Words("the model does not fit in the memory free now"),
+    "model_not_found": Words("the service has no model by that name"),
+    "model_busy": Words("requests are running on the model"),
+    "model_not_on_device": Words("the model has no worker on that device"),
+    "model_not_ready": Words("the model did not become ready in time"),
+    "no_worker_for_model": Words("the model has no worker here"),
+    "main_model": Words("the main model is always kept loaded"),
+}
+
+
+def reason_text(reason: str) -> str:
+    """A reason code in words, keeping the code itself for anyone searching the logs."""
+    words = REASON_WORDS.get(reason)
+    return f"{words.long} ({reason})" if words else reason or "no reason given"
+
+
+def short_reason(reason: str) -> str:
+    """A reason code in a badge's few words, else the code itself."""
+    words = REASON_WORDS.get(reason)
+    return words.short if words and words.short else reason
