@@ -1,11 +1,13 @@
-"""The GPU check's phases that need the project (service, planner, pressure, teardown), run by
-`packaging/gpu_check.py` in the check's own environment once the CUDA engine is built and the model is there.
+"""The GPU check's phases that need the project (service, planner, pressure, teardown): a script that
+`packaging/gpu_check.py` runs in the check's own environment once the CUDA engine is built and the model is
+there. It continues the report that run left.
 
 The functions that judge (buffer comparison, the failover's verdict) are pure and tested on sample numbers.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from gpu_check import MIB, PhaseStop, Report, say, tail
+from check_report import MIB, PhaseStop, Report, say, tail
 
 from tray_app.budget.device import nvml_memory
 from tray_app.config import Config, from_dict
@@ -478,3 +480,17 @@ def service_phases(report_path: Path, deadline: float, model: Path, state: Path)
             phase_teardown(report, service, root, state / "logs")
     report.write()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the GPU check's service phases (run by gpu_check.py)")
+    parser.add_argument("--report", type=Path, required=True, help="the report the check started")
+    parser.add_argument("--deadline", type=float, required=True, help="time.time() by which all must end")
+    parser.add_argument("--model", type=Path, required=True, help="the model file to serve")
+    parser.add_argument("--state", type=Path, required=True, help="where the check builds and runs")
+    args = parser.parse_args(argv)
+    return service_phases(args.report, args.deadline, args.model, args.state)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

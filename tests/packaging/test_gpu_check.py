@@ -24,6 +24,8 @@ SCRIPT = ROOT / "packaging" / "gpu_check.py"
 sys.path.insert(0, str(ROOT / "packaging"))
 
 import gpu_check  # noqa: E402
+import gpu_check_carry  # noqa: E402
+import gpu_check_model  # noqa: E402
 import gpu_check_service  # noqa: E402
 
 MIB = 1024 * 1024
@@ -102,6 +104,17 @@ def test_run_without_a_carried_source_says_what_to_do(tmp_path: Path) -> None:
     assert "gpu_check.py pack" in host["not_prepared"]
 
 
+def test_the_service_phases_run_as_their_own_script_in_the_checks_environment() -> None:
+    """`run` starts them as `python packaging/gpu_check_service.py` (the project on PYTHONPATH)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = ROOT / "packaging" / "gpu_check_service.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert all(option in done.stdout for option in ("--report", "--deadline", "--model", "--state"))
+
+
 # ------------------------------------------------------------------------------------------ pack: source
 def _tar(path: Path, names: list[str]) -> None:
     with tarfile.open(path, "w:gz") as tar:
@@ -158,7 +171,7 @@ def test_the_source_archive_keeps_what_a_cuda_build_compiles(tmp_path: Path) -> 
     random.Random(1).shuffle(names)
     _tar(sdist, names)
     out = tmp_path / "carry" / "src.tar.gz"
-    stats = gpu_check.trim_sdist(sdist, out)
+    stats = gpu_check_carry.trim_sdist(sdist, out)
     with tarfile.open(out) as tar:
         kept = sorted(tar.getnames())
         assert tar.extractfile("top/vendor/llama.cpp/ggml/src/ggml-cuda/mmq.cu").read() == (  # type: ignore[union-attr]
@@ -173,14 +186,15 @@ def test_the_source_archive_keeps_what_a_cuda_build_compiles(tmp_path: Path) -> 
 
 
 def test_the_filter_on_single_names() -> None:
-    assert gpu_check.keep_member("llama_cpp_python-0.3.36")
-    assert gpu_check.keep_member("./llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu")
-    assert not gpu_check.keep_member("./llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-webgpu/x.cpp")
-    assert gpu_check.keep_member("llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp")
+    keep, top = gpu_check_carry.keep_member, "llama_cpp_python-0.3.36"
+    assert keep(top)
+    assert keep(f"./{top}/vendor/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu")
+    assert not keep(f"./{top}/vendor/llama.cpp/ggml/src/ggml-webgpu/x.cpp")
+    assert keep(f"{top}/vendor/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp")
 
 
 def test_requirements_leave_out_the_gui_the_engine_and_what_the_machine_has() -> None:
-    names = {gpu_check.requirement_name(req) for req in gpu_check.check_requirements()}
+    names = {gpu_check_carry.requirement_name(req) for req in gpu_check_carry.check_requirements()}
     assert {"starlette", "uvicorn", "gguf", "diskcache", "scikit-build-core", "tomli-w"} <= names
     assert not names & {"pyside6-essentials", "llama-cpp-python", "numpy", "torch"}
 
@@ -192,17 +206,17 @@ def _halves(data: bytes, stride: int, offset: int) -> set[float]:
 
 def test_generated_weights_are_small_and_finite() -> None:
     rng = random.Random(3)
-    q41 = gpu_check.generated_tensor("Q4_1", 20 * 64, rng)
+    q41 = gpu_check_model.generated_tensor("Q4_1", 20 * 64, rng)
     assert _halves(q41, 20, 0) == {struct.unpack("<e", struct.pack("<e", 0.004))[0]}
     assert _halves(q41, 20, 2) == {struct.unpack("<e", struct.pack("<e", -0.032))[0]}
-    q80 = gpu_check.generated_tensor("Q8_0", 34 * 16, rng)
+    q80 = gpu_check_model.generated_tensor("Q8_0", 34 * 16, rng)
     assert len(_halves(q80, 34, 0)) == 1
-    f16 = gpu_check.generated_tensor("F16", 2 * 4096, rng)
+    f16 = gpu_check_model.generated_tensor("F16", 2 * 4096, rng)
     values = struct.unpack(f"<{4096}e", f16)
     assert all(math.isfinite(value) and 2**-8 < abs(value) < 2**-4 for value in values)
     assert any(value < 0 for value in values) and any(value > 0 for value in values)
     with pytest.raises(ValueError):
-        gpu_check.generated_tensor("Q6_K", 210, rng)
+        gpu_check_model.generated_tensor("Q6_K", 210, rng)
 
 
 def test_the_model_skeleton_rebuilds_the_bundled_models_layout(tmp_path: Path, model_path: Path) -> None:
@@ -211,10 +225,10 @@ def test_the_model_skeleton_rebuilds_the_bundled_models_layout(tmp_path: Path, m
     from tray_app.budget.model_info import inspect_model
 
     skeleton, manifest = tmp_path / "model.gguf.gz", tmp_path / "model.json"
-    packed = gpu_check.pack_model(model_path, skeleton, manifest)
+    packed = gpu_check_model.pack_model(model_path, skeleton, manifest)
     assert packed["skeleton_bytes"] < 4 * MIB  # the 94 MiB file travels as this
     rebuilt = tmp_path / "rebuilt.gguf"
-    result = gpu_check.rebuild_model(skeleton, manifest, rebuilt)
+    result = gpu_check_model.rebuild_model(skeleton, manifest, rebuilt)
     assert result["bytes"] == model_path.stat().st_size
     original, copy = GGUFReader(str(model_path)), GGUFReader(str(rebuilt))
     assert [(t.name, t.tensor_type, t.data_offset, t.n_bytes) for t in original.tensors] == [
