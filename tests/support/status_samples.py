@@ -1,9 +1,11 @@
-"""`GET /failsoft/status` answers in the documented shape, for the tests of what the tray and the terminal
-make of them (sizes in bytes)."""
+"""`GET /failsoft/status` answers in the contract's shape (`ServiceStatus`), for the tests of what the tray
+and the terminal make of them (sizes in bytes)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from tray_app.contract.status import ServiceStatus
 
 MiB = 1024**2
 
@@ -14,10 +16,10 @@ def make_status(
     simulated: bool = True,
     pending: int = 0,
     depth: int = 0,
-) -> dict[str, Any]:
-    """An /failsoft/status answer in the documented shape, sizes in bytes."""
+) -> ServiceStatus:
+    """A /failsoft/status answer of a service with no model library, sizes in bytes."""
     total = 4096 * MiB
-    plan = {
+    plan: dict[str, Any] = {
         "verdict": "gpu",
         "reason": "all 31 layers fit with 8192 tokens of context",
         "fits": True,
@@ -38,15 +40,22 @@ def make_status(
         "device_name": "simulated GPU",
     }
     return {
+        "version": "0.0.0",
         "simulated": simulated,
+        "faults_enabled": False,
+        "model": {"id": "qwen3-0.6b", "path": "/models/qwen3-0.6b.gguf"},
+        "engine": {},
+        "journal": {"ok": True, "failure": None},
         "device": {
             "name": "simulated GPU",
             "kind": "simulated",
             "total_bytes": total,
             "simulated": simulated,
         },
+        "target": {},
         "plan": plan,
         "cpu_plan": {**plan, "verdict": "cpu"},
+        "embeddings_plan": None,
         "caps": {"n_ctx": 8192, "n_ctx_per_seq": 4096, "n_parallel": 2, "cpu_n_ctx": 8192},
         "workers": {
             "gpu": {
@@ -68,14 +77,18 @@ def make_status(
                 "slots": 4,
             },
         },
+        "models": [],
+        "library_workers": {},
+        "embedding_workers": {},
         "queue": {"depth": depth, "limit": 32},
         "approvals": {"pending": pending},
         "counters": {},
         "policy": {"fallback": "auto"},
+        "uptime_seconds": 0.0,
     }
 
 
-def make_library_status(gemma_in_flight: int = 0) -> dict[str, Any]:
+def make_library_status(gemma_in_flight: int = 0) -> ServiceStatus:
     """`make_status` with a model library: the main model on the GPU and the CPU, gemma3-270m loaded on the
     GPU with its keep-alive running, phi-4-mini not loaded."""
     status = make_status()

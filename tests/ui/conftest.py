@@ -11,6 +11,7 @@ import pytest
 from tests.support.service import ServiceHandle
 from tests.support.status_samples import make_status
 from tests.ui.local_server import LocalService
+from tray_app.contract.status import ServiceStatus
 from tray_app.ui.controller import TrayApp
 
 # Before any QApplication exists (pytest-qt creates it on first use).
@@ -18,7 +19,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
 @pytest.fixture
-def status() -> dict[str, Any]:
+def status() -> ServiceStatus:
     return make_status()
 
 

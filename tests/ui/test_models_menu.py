@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from pytestqt.qtbot import QtBot
 
 from tests.support.status_samples import make_library_status, make_status
 from tests.ui.local_server import LocalService
+from tray_app.contract.status import ServiceStatus
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.models_menu import ACTION_TIPS
 from tray_app.ui.notifications import Notice
@@ -32,7 +32,7 @@ def tray(qtbot: QtBot, local_service: LocalService) -> Iterator[TrayIcon]:
     icon.icon.hide()
 
 
-def show(tray: TrayIcon, status: dict[str, Any] | None, reachable: bool = True) -> None:
+def show(tray: TrayIcon, status: ServiceStatus | None, reachable: bool = True) -> None:
     tray.model.status = status
     tray.model.reachable = reachable
     tray.model.changed.emit()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 
 from tests.support.status_samples import make_status
+from tray_app.contract.status import ServiceStatus
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.qt_events import QtEventBridge
 from tray_app.ui.status_model import StatusModel
@@ -30,7 +30,7 @@ def tray(qtbot: QtBot) -> Iterator[TrayIcon]:
     icon.icon.hide()
 
 
-def show(tray: TrayIcon, status: dict[str, Any] | None, reachable: bool = True) -> None:
+def show(tray: TrayIcon, status: ServiceStatus | None, reachable: bool = True) -> None:
     tray.model.status = status
     tray.model.reachable = reachable
     tray.model.changed.emit()
@@ -49,7 +49,7 @@ def icon_centre_colour(tray: TrayIcon) -> QColor:
         (make_status(gpu="failed", cpu="failed"), "down"),
     ],
 )
-def test_icon_colour_follows_the_state(tray: TrayIcon, status: dict[str, Any], level: str) -> None:
+def test_icon_colour_follows_the_state(tray: TrayIcon, status: ServiceStatus, level: str) -> None:
     show(tray, status)
     assert tray.level == level
     assert icon_centre_colour(tray).name() == STATE_COLOURS[level]

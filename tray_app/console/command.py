@@ -43,7 +43,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def approvals(args: argparse.Namespace) -> int:
-    def render(body: Any, _url: str, now: float) -> str:
+    def render(body: object, _url: str, now: float) -> str:
         return render_pending(pending_jobs(body), now)
 
     return _show(args, "approvals", "/failsoft/jobs", render, {"state": "awaiting_approval"})

@@ -3,18 +3,16 @@ laid out for a terminal."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from tray_app.budget.sizes import format_size, text_bar
+from tray_app.contract.status import ServiceStatus
 from tray_app.view.budget_split import caps_text, status_segments
 from tray_app.view.pending import PendingJob
 from tray_app.view.state import format_duration, library, model_line, summarize, worker_line
 
-WORKER_GROUPS = (("workers", ""), ("library_workers", "other models"), ("embedding_workers", "embeddings"))
 COUNTERS = ("accepted", "completed", "failed", "rejected", "cancelled")
 
 
-def _device_lines(status: dict[str, Any]) -> list[str]:
+def _device_lines(status: ServiceStatus) -> list[str]:
     device = status.get("device") or {}
     engine = status.get("engine") or {}
     name = str(device.get("name") or "no GPU")
@@ -27,7 +25,7 @@ def _device_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _budget_lines(status: dict[str, Any]) -> list[str]:
+def _budget_lines(status: ServiceStatus) -> list[str]:
     plan = status.get("plan") or {}
     total = int(plan.get("total_bytes") or 0)
     if total <= 0:
@@ -41,10 +39,15 @@ def _budget_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _worker_lines(status: dict[str, Any], now: float) -> list[str]:
+def _worker_lines(status: ServiceStatus, now: float) -> list[str]:
     lines = ["Workers:"]
-    for key, group in WORKER_GROUPS:
-        for role, worker in (status.get(key) or {}).items():
+    groups = (
+        (status.get("workers"), ""),
+        (status.get("library_workers"), "other models"),
+        (status.get("embedding_workers"), "embeddings"),
+    )
+    for workers, group in groups:
+        for role, worker in (workers or {}).items():
             line = worker_line(role, worker) + (f" ({group})" if group else "")
             why = worker.get("reason")
             if worker.get("state") == "stopped" and not worker.get("warm") and worker.get("warm_reason"):
@@ -61,7 +64,7 @@ def _worker_lines(status: dict[str, Any], now: float) -> list[str]:
     return lines
 
 
-def _jobs_lines(status: dict[str, Any]) -> list[str]:
+def _jobs_lines(status: ServiceStatus) -> list[str]:
     queue = status.get("queue") or {}
     pending = int((status.get("approvals") or {}).get("pending") or 0)
     approvals = f"{pending} awaiting approval" + (" (`failsoft approvals`)" if pending else "")
@@ -81,7 +84,7 @@ def _jobs_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_status(status: dict[str, Any], url: str, now: float) -> str:
+def render_status(status: ServiceStatus, url: str, now: float) -> str:
     """The whole status, one block per part: the headline, the device, the budget, the workers, the
     models, the queue and the jobs."""
     summary = summarize(status, reachable=True)

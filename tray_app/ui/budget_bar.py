@@ -5,14 +5,21 @@ leads to. Fed with /failsoft/status dicts and `budget` events."""
 from __future__ import annotations
 
 import html
-from typing import Any
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPaintEvent, QPen
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QLayout, QSizePolicy, QVBoxLayout, QWidget
 
 from tray_app.budget.sizes import format_size
-from tray_app.view.budget_split import SEGMENTS, Segment, caps_text, segment_tip, status_segments
+from tray_app.contract.status import ServiceStatus
+from tray_app.view.budget_split import (
+    SEGMENTS,
+    Segment,
+    caps_text,
+    plan_segments,
+    segment_tip,
+    status_segments,
+)
 
 LEGEND_COLUMNS = 3
 
@@ -139,7 +146,7 @@ class BudgetBar(QWidget):
         layout.addWidget(self.caps)
         layout.addWidget(self.reason)
         self.segments: list[Segment] = []
-        self.set_status({})
+        self.set_status(None)
 
     @staticmethod
     def _legend_grid() -> QGridLayout:
@@ -148,12 +155,12 @@ class BudgetBar(QWidget):
         grid.setVerticalSpacing(3)
         return grid
 
-    def set_status(self, status: dict[str, Any]) -> None:
-        """Show the GPU plan, the other models' shares and the caps of an /failsoft/status dict."""
-        plan = status.get("plan") or {}
-        caps = status.get("caps") or {}
-        simulated = bool(status.get("simulated") or plan.get("simulated"))
-        self.segments = status_segments(status)
+    def set_status(self, status: ServiceStatus | None) -> None:
+        """Show the GPU plan, the other models' shares and the caps of a /failsoft/status (None: none yet)."""
+        plan = (status.get("plan") if status else None) or {}
+        caps = (status.get("caps") if status else None) or {}
+        simulated = bool((status.get("simulated") if status else False) or plan.get("simulated"))
+        self.segments = status_segments(status) if status else plan_segments(plan)
         self.canvas.set_segments(self.segments)
         guests = [segment for segment in self.segments if segment.key not in self.legend_labels]
         self._show_model_legend(guests)

@@ -218,7 +218,7 @@ class ChatWindow(QWidget):
         def matched(answer: object) -> None:
             for job in job_list(answer):
                 if job.get("request_id") == exchange.stream.request_id:
-                    exchange.job_id = str(job.get("id") or job.get("job_id") or "")
+                    exchange.job_id = str(job.get("id") or "")
                     if exchange.job_id == event.get("job_id"):
                         exchange.on_event(event)
 

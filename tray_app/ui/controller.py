@@ -111,7 +111,7 @@ class StatusWindow(QWidget):
 
     def refresh(self) -> None:
         self.headline.setText(self._tray.model.summary().headline)
-        self.budget.set_status(self._tray.model.status or {})
+        self.budget.set_status(self._tray.model.status)
 
 
 class TrayApp(QObject):
@@ -228,7 +228,8 @@ class TrayApp(QObject):
         self.chat.input.setFocus()
 
     def _gpu_context(self) -> int | None:
-        caps = (self.model.status or {}).get("caps") or {}
+        status = self.model.status
+        caps = (status.get("caps") if status else None) or {}
         return int(caps.get("n_ctx_per_seq") or 0) or None
 
     def show_settings(self) -> None:
@@ -252,6 +253,7 @@ class TrayApp(QObject):
     def ui_state(self) -> dict[str, Any]:
         geometry = self.tray.icon.geometry()
         summary = self.model.summary()
+        workers = (self.model.status.get("workers") if self.model.status else None) or {}
         windows = {}
         for name, window in (("approvals", self.approvals), ("chat", self.chat), ("settings", self.settings)):
             if window is not None and window.isVisible():
@@ -267,10 +269,7 @@ class TrayApp(QObject):
             "tooltip": self.tray.icon.toolTip(),
             "simulated": summary.simulated,
             "reachable": self.model.reachable,
-            "workers": {
-                role: str(((self.model.status or {}).get("workers") or {}).get(role, {}).get("state"))
-                for role in ("gpu", "cpu")
-            },
+            "workers": {role: str(workers.get(role, {}).get("state")) for role in ("gpu", "cpu")},
             "events_connected": self.events.connected,
             "menu_visible": self.tray.menu.isVisible(),
             "windows": windows,

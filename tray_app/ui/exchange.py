@@ -17,9 +17,11 @@ from tray_app.view.answer import (
     Badge,
     answer_badge,
     completion_text,
+    job_info,
     model_badge,
     with_header_model,
 )
+from tray_app.view.pending import as_job
 from tray_app.view.reasons import reason_text
 from tray_app.view.state import device_name, format_duration
 
@@ -157,8 +159,9 @@ class Exchange:
         call = self.window.client.job(self.job_id)
         call.succeeded.connect(self._job_answer)
 
-    def _job_answer(self, job: object) -> None:
-        if not isinstance(job, dict) or self.done:
+    def _job_answer(self, answer: object) -> None:
+        job = as_job(answer)
+        if job is None or self.done:
             return
         state = str(job.get("state") or "")
         if state == "running" and job.get("worker") == "cpu" and not self.on_cpu:
@@ -179,12 +182,7 @@ class Exchange:
             self.usage = dict(result.get("usage") or {})
             tokens = int(self.usage.get("completion_tokens") or 0)
             seconds = time.monotonic() - self.cpu_started if self.cpu_started else 0.0
-            read_back: AnswerInfo = {
-                "worker": job.get("worker"),
-                "attempts": job.get("attempts"),
-                "fallback_reason": job.get("fallback_reason"),
-            }
-            info = with_header_model(result.get("failsoft") or read_back, self.headers)
+            info = with_header_model(result.get("failsoft") or job_info(job), self.headers)
             self._end(answer_badge(info, tokens, seconds, self.window.simulated), model_badge(info))
         else:
             message = str((job.get("error") or {}).get("message") or state)

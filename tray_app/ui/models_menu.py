@@ -9,6 +9,7 @@ from typing import Any
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu
 
+from tray_app.contract.status import ModelStatus, ServiceStatus
 from tray_app.ui.icons import swatch_icon
 from tray_app.ui.notifications import Notice
 from tray_app.view.reasons import REASON_WORDS, reason_text
@@ -47,7 +48,7 @@ class ModelMenu(QMenu):
         self.load = self.addAction("Load", lambda: act(name, "load"))
         self.unload = self.addAction("Unload", lambda: act(name, "unload"))
 
-    def update_from(self, model: dict[str, Any], status: dict[str, Any], pending: bool) -> None:
+    def update_from(self, model: ModelStatus, status: ServiceStatus, pending: bool) -> None:
         self.setTitle(menu_text(model_line(model)))
         where = str(model.get("where") or "not loaded")
         self.setIcon(swatch_icon(LOADED_COLOR if is_loaded(model) else WHERE_COLORS.get(where, "#adb5bd")))
@@ -82,8 +83,9 @@ class ModelsMenu(QMenu):
         self.models: dict[str, ModelMenu] = {}
         self.pending: set[str] = set()  # models with a load or unload on its way
 
-    def update_from(self, status: dict[str, Any], reachable: bool) -> None:
-        models = library(status)
+    def update_from(self, status: ServiceStatus | None, reachable: bool) -> None:
+        """`status` None: the service never answered yet, so no library to show."""
+        models = library(status) if status else []
         self.menuAction().setVisible(bool(models))
         names = [str(model["name"]) for model in models]
         if names != list(self.models):
@@ -91,7 +93,8 @@ class ModelsMenu(QMenu):
         loaded = sum(1 for model in models if is_loaded(model))
         self.setTitle(f"Models ({loaded} of {len(models)} loaded)")
         for model in models:
-            self.models[str(model["name"])].update_from(model, status, str(model["name"]) in self.pending)
+            if status is not None:  # always, when there are models: they came from it
+                self.models[str(model["name"])].update_from(model, status, str(model["name"]) in self.pending)
         self.setEnabled(reachable)
 
     def _rebuild(self, names: list[str]) -> None:

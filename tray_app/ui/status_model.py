@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import Any, cast
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from tray_app.contract.status import ServiceStatus
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.qt_events import QtEventBridge
@@ -28,7 +29,7 @@ class StatusModel(QObject):
     def __init__(self, client: ServiceClient, bridge: QtEventBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.client = client
-        self.status: dict[str, Any] | None = None
+        self.status: ServiceStatus | None = None
         self.reachable = False
         self.starting = False  # the in-process service is still coming up: not reachable is expected
         self.last_error = ""
@@ -71,7 +72,7 @@ class StatusModel(QObject):
     def _on_status(self, data: object) -> None:
         self._in_flight = False
         if isinstance(data, dict):
-            self.status = data
+            self.status = cast(ServiceStatus, data)  # the service's answer, read as the contract's type
             self.reachable = True
             self.starting = False
             self.last_error = ""
@@ -90,11 +91,6 @@ class StatusModel(QObject):
             self._again = False
             self.schedule_refresh()
 
-    def set_unreachable(self, reason: str) -> None:
-        self.reachable = False
-        self.last_error = reason
-        self.changed.emit()
-
     def apply_event(self, event: dict[str, Any]) -> None:
         """Fold one event into the picture now; the debounced fetch confirms it."""
         kind = event.get("type")
@@ -103,10 +99,11 @@ class StatusModel(QObject):
             status = copy.deepcopy(self.status)
             if kind == "worker_state" and event.get("role"):
                 # Another model's worker is in "library_workers"; the reconciling fetch places a new one.
-                library_workers = status.get("library_workers") or {}
-                key = "library_workers" if event["role"] in library_workers else "workers"
-                worker = status.setdefault(key, {}).setdefault(event["role"], {})
-                worker["state"] = event.get("new")
+                workers = status.get("library_workers") or {}
+                if event["role"] not in workers:
+                    workers = status.setdefault("workers", {})
+                worker = workers.setdefault(event["role"], {})
+                worker["state"] = str(event.get("new") or "unknown")
                 if event.get("pid") is not None:
                     worker["pid"] = event["pid"]
             elif kind == "budget" and isinstance(event.get("plan"), dict):
@@ -121,7 +118,7 @@ class StatusModel(QObject):
         self.schedule_refresh()
 
     @staticmethod
-    def _apply_budget(status: dict[str, Any], plans: dict[str, Any]) -> None:
+    def _apply_budget(status: ServiceStatus, plans: dict[str, Any]) -> None:
         """A `budget` event carries the whole plan set: device, gpu and cpu plans."""
         gpu = plans.get("gpu")
         if not isinstance(gpu, dict):

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from PySide6.QtCore import QObject, QUrl, Signal
 from PySide6.QtGui import QAction, QCursor, QDesktopServices
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSystemTrayIcon, QVBoxLayout, QWidget, QWidgetAction
 
 from tray_app import paths
+from tray_app.contract.status import WorkerStatus
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.budget_bar import BudgetBar
 from tray_app.ui.icons import state_icon, state_pixmap, swatch_icon
 from tray_app.ui.models_menu import ModelsMenu, model_failure
 from tray_app.ui.notifications import Notice
 from tray_app.ui.status_model import StatusModel
-from tray_app.view.state import caps_label, device_label, worker_line, worker_state
+from tray_app.view.state import caps_label, device_label, worker_line
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class WorkerMenu(QMenu):
         self.stop = self.addAction("Stop", lambda: act(role, "stop"))
         self.start = self.addAction("Start", lambda: act(role, "start"))
 
-    def update_from(self, worker: dict[str, Any]) -> None:
+    def update_from(self, worker: WorkerStatus) -> None:
         state = str(worker.get("state") or "unknown")
         self.setTitle(worker_line(self.role, worker))
         self.setIcon(swatch_icon(WORKER_COLORS.get(state, "#adb5bd")))
@@ -151,24 +151,24 @@ class TrayIcon(QObject):
 
     def refresh(self) -> None:
         summary = self.model.summary()
-        status = self.model.status or {}
+        status = self.model.status  # None until the service first answered
         if (summary.level, summary.simulated) != (self.level, self.simulated):
             self.level, self.simulated = summary.level, summary.simulated
             self.icon.setIcon(state_icon(summary.level, summary.simulated))
         self.icon.setToolTip(summary.tooltip)
-        if self.model.reachable:
+        if self.model.reachable and status is not None:
             detail = f"{device_label(status)} · {caps_label(status)} · {self.client.base_url}"
         else:
             detail = self.model.last_error or f"No answer from {self.client.base_url}"
         self.header.show_state(summary.level, summary.simulated, summary.headline, detail)
         self.budget.set_status(status)
+        workers = status.get("workers") if status else None
         for role, worker_menu in self.workers.items():
-            worker = dict((status.get("workers") or {}).get(role) or {})
-            worker.setdefault("state", worker_state(status, role) if status else "unknown")
-            worker_menu.update_from(worker)
+            worker_menu.update_from({"state": "unknown", **((workers or {}).get(role) or {})})
             worker_menu.setEnabled(self.model.reachable)
         self.library.update_from(status, self.model.reachable)
-        pending = int((status.get("approvals") or {}).get("pending") or 0)
+        approvals = status.get("approvals") if status else None
+        pending = int((approvals or {}).get("pending") or 0)
         self.approvals_action.setText(
             f"&Approvals ({pending} waiting)…" if pending else "&Approvals (none waiting)…"
         )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from tray_app.contract.status import JobSummary
 from tray_app.contract.vocabulary import Reason
 from tray_app.view.reasons import reason_text, short_reason
 from tray_app.view.state import device_name, where_text
@@ -105,6 +106,15 @@ def with_header_model(info: AnswerInfo, headers: Mapping[str, str]) -> AnswerInf
         if not answered_on(info) and headers.get("x-failsoft-device"):
             info["device"] = headers["x-failsoft-device"]
     return info
+
+
+def job_info(job: JobSummary) -> AnswerInfo:
+    """Who answered, from a job read back whose result has no `failsoft` object of its own."""
+    return {
+        "worker": job.get("worker"),
+        "attempts": job.get("attempts"),
+        "fallback_reason": job.get("fallback_reason"),
+    }
 
 
 def completion_text(result: Mapping[str, Any]) -> tuple[str, str]:

@@ -1,13 +1,15 @@
 """The VRAM budget's split as data: the main model's weights, KV cache and compute, a share per other model
-loaded on the GPU, reserve, other processes and free, from /failsoft/status dicts. No Qt here: the tray's bar
-and `failsoft status` show the same segments."""
+loaded on the GPU, reserve, other processes and free, from `/failsoft/status`. No Qt here: the tray's bar and
+`failsoft status` show the same segments. A plan is the budget's own dict (sizes in bytes, read by key)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tray_app.budget.sizes import format_size
+from tray_app.contract.status import ServiceStatus
 from tray_app.view.state import gpu_guests
 
 
@@ -37,7 +39,7 @@ MAIN_MODEL_KEYS = ("weights", "kv", "compute")  # the other models' shares are d
 MODEL_COLORS = ("#7048e8", "#2f9e44", "#f59f00", "#ae3ec9", "#74b816")
 
 
-def plan_segments(plan: dict[str, Any]) -> list[Segment]:
+def plan_segments(plan: Mapping[str, Any]) -> list[Segment]:
     """The bar's segments from a plan dict (sizes in bytes); missing keys count as zero."""
     segments = []
     for key, label, color, plan_keys in SEGMENTS:
@@ -46,13 +48,13 @@ def plan_segments(plan: dict[str, Any]) -> list[Segment]:
     return segments
 
 
-def plan_split(plan: dict[str, Any]) -> str:
+def plan_split(plan: Mapping[str, Any]) -> str:
     """ "Weights 200.00 MiB, KV cache 60.00 MiB, Compute 40.00 MiB": a model's own share, in parts."""
     parts = [s for s in plan_segments(plan) if s.key in MAIN_MODEL_KEYS]
     return ", ".join(f"{s.label} {format_size(s.bytes)}" for s in parts)
 
 
-def model_segments(status: dict[str, Any]) -> list[Segment]:
+def model_segments(status: ServiceStatus) -> list[Segment]:
     """A segment per other model holding GPU memory, labelled with its name."""
     segments = []
     for index, model in enumerate(gpu_guests(status)):
@@ -69,7 +71,7 @@ def model_segments(status: dict[str, Any]) -> list[Segment]:
     return segments
 
 
-def status_segments(status: dict[str, Any]) -> list[Segment]:
+def status_segments(status: ServiceStatus) -> list[Segment]:
     """The GPU plan's split with the other models' shares taken out of the free part, so the bar still adds
     up to the device. When free is short of them, the rest comes out of "other processes": a worker that
     loaded after the device was measured is counted there."""
@@ -85,7 +87,7 @@ def status_segments(status: dict[str, Any]) -> list[Segment]:
     return segments[:at] + guests + segments[at:]
 
 
-def caps_text(plan: dict[str, Any], caps: dict[str, Any]) -> str:
+def caps_text(plan: Mapping[str, Any], caps: Mapping[str, int]) -> str:
     """ "Context 8,192 tokens per request · 1 parallel · 30/30 layers on GPU"."""
     n_ctx = caps.get("n_ctx", plan.get("n_ctx"))
     parallel = caps.get("n_parallel", plan.get("n_parallel")) or 1

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
+from tray_app.contract.status import JobSummary
 from tray_app.view.state import format_duration
 
 
@@ -27,31 +28,29 @@ class PendingJob:
         return f"{self.stand_in} on the GPU now, or {self.model or 'the model'} on the CPU in about {cpu}?"
 
 
-def _first(job: dict[str, Any], *names: str) -> Any:
-    for name in names:
-        if job.get(name) is not None:
-            return job[name]
-    return None
+def as_job(answer: object) -> JobSummary | None:
+    """A `/v1/jobs/{id}` answer as the contract's job summary; None for anything else. Its fields are read
+    with `.get`: a job read back from the journal lacks some."""
+    return cast(JobSummary, answer) if isinstance(answer, dict) else None
 
 
-def job_list(answer: object) -> list[dict[str, Any]]:
+def job_list(answer: object) -> list[JobSummary]:
+    """The jobs of a `/failsoft/jobs` answer ({"object": "list", "data": [...]}, or the bare list)."""
     rows = answer.get("data", []) if isinstance(answer, dict) else answer
-    return [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
+    return [job for row in rows if (job := as_job(row)) is not None] if isinstance(rows, list) else []
 
 
 def pending_jobs(answer: object) -> list[PendingJob]:
-    """The jobs of a `/failsoft/jobs?state=awaiting_approval` answer: {"object": "list", "data": [...]}."""
-    rows = job_list(answer)
-    jobs = []
-    for job in rows:
-        jobs.append(
-            PendingJob(
-                job_id=str(_first(job, "job_id", "id") or ""),
-                estimated_seconds=float(_first(job, "estimated_seconds", "estimated_cpu_seconds") or 0),
-                preview=str(_first(job, "preview", "prompt_preview") or ""),
-                created_at=float(_first(job, "created_at", "created", "queued_at") or time.time()),
-                model=str(job.get("model") or ""),
-                stand_in=job.get("stand_in_offer") or None,
-            )
+    """The jobs of a `/failsoft/jobs?state=awaiting_approval` answer, oldest first."""
+    jobs = [
+        PendingJob(
+            job_id=str(job.get("id") or ""),
+            estimated_seconds=float(job.get("estimated_seconds") or 0),
+            preview=str(job.get("preview") or ""),
+            created_at=float(job.get("created_at") or time.time()),
+            model=str(job.get("model") or ""),
+            stand_in=job.get("stand_in_offer") or None,
         )
+        for job in job_list(answer)
+    ]
     return sorted(jobs, key=lambda job: job.created_at)

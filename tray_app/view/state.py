@@ -1,12 +1,14 @@
-"""What the tray shows, worked out from a status dict: no Qt here, so it is tested as plain data."""
+"""What the tray shows, worked out from `/failsoft/status` (the contract's `ServiceStatus`): no Qt here, so it
+is tested as plain data. Every field is read with `.get`: a status folded from events, or from an older
+service, may lack some."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from tray_app.budget.sizes import format_size
+from tray_app.contract.status import ModelStatus, ServiceStatus, WorkerStatus
 
 SERVING = "serving"
 DEGRADED = "degraded"
@@ -52,26 +54,26 @@ def _plural(count: int, one: str, many: str) -> str:
     return one if count == 1 else many.format(count)
 
 
-def worker_state(status: dict[str, Any], role: str) -> str:
+def worker_state(status: ServiceStatus, role: str) -> str:
     worker = (status.get("workers") or {}).get(role) or {}
     return str(worker.get("state") or "unknown")
 
 
-def worker_line(role: str, worker: dict[str, Any]) -> str:
+def worker_line(role: str, worker: WorkerStatus) -> str:
     """ "GPU worker: ready · 1/4 slots busy · pid 4242 · 180.00 MiB"."""
     parts = [f"{role.upper()} worker: {worker.get('state') or 'unknown'}"]
     if worker.get("slots") and worker.get("state") not in IDLE_STATES:
         parts.append(f"{worker.get('in_flight') or 0}/{worker['slots']} slots busy")
     if worker.get("pid"):
         parts.append(f"pid {worker['pid']}")
-    if worker.get("rss_bytes"):
-        parts.append(format_size(worker["rss_bytes"]))
+    if rss := worker.get("rss_bytes"):
+        parts.append(format_size(rss))
     if worker.get("restarts"):
         parts.append(_plural(int(worker["restarts"]), "1 restart", "{} restarts"))
     return " · ".join(parts)
 
 
-def device_label(status: dict[str, Any]) -> str:
+def device_label(status: ServiceStatus) -> str:
     """ "simulated 4.00 GiB" or the GPU's name and size."""
     device = status.get("device") or {}
     plan = status.get("plan") or {}
@@ -83,7 +85,7 @@ def device_label(status: dict[str, Any]) -> str:
     return f"{name} {size}".strip()
 
 
-def caps_label(status: dict[str, Any]) -> str:
+def caps_label(status: ServiceStatus) -> str:
     caps = status.get("caps") or {}
     n_ctx = caps.get("n_ctx")
     parallel = caps.get("n_parallel")
@@ -95,7 +97,7 @@ def caps_label(status: dict[str, Any]) -> str:
     return f"context {per_seq:,}"
 
 
-def _level_and_headline(status: dict[str, Any], active_fallbacks: int) -> tuple[str, str]:
+def _level_and_headline(status: ServiceStatus, active_fallbacks: int) -> tuple[str, str]:
     gpu = worker_state(status, "gpu")
     cpu = worker_state(status, "cpu")
     if gpu == "ready":
@@ -114,7 +116,7 @@ def _level_and_headline(status: dict[str, Any], active_fallbacks: int) -> tuple[
 
 
 def summarize(
-    status: dict[str, Any] | None, reachable: bool, active_fallbacks: int = 0, starting: bool = False
+    status: ServiceStatus | None, reachable: bool, active_fallbacks: int = 0, starting: bool = False
 ) -> TraySummary:
     """The tray's level, headline and tooltip from the last /failsoft/status (None: never reached)."""
     if starting and (not reachable or status is None):
@@ -133,8 +135,8 @@ def summarize(
     return TraySummary(level, headline, tooltip, bool(status.get("simulated")))
 
 
-# The model library (`status["models"]`, main model first). Until the contract's ModelStatus lands the dicts
-# are read by key; a service without a library has no "models" and the tray shows none.
+# The model library (`status["models"]`, main model first); a service without a library has no "models" and
+# the tray shows none.
 
 
 def device_name(device: str) -> str:
@@ -146,15 +148,15 @@ def where_text(where: str) -> str:
     return WHERE_WORDS.get(where, where or "unknown")
 
 
-def library(status: dict[str, Any]) -> list[dict[str, Any]]:
+def library(status: ServiceStatus) -> list[ModelStatus]:
     return [m for m in status.get("models") or [] if isinstance(m, dict) and m.get("name")]
 
 
-def is_loaded(model: dict[str, Any]) -> bool:
+def is_loaded(model: ModelStatus) -> bool:
     return str(model.get("where") or "not loaded") not in ("not loaded", "loading")
 
 
-def model_line(model: dict[str, Any]) -> str:
+def model_line(model: ModelStatus) -> str:
     """ "gemma3-270m · on the GPU · 300.00 MiB VRAM · unloads in 42 s"."""
     parts = [str(model["name"])]
     if model.get("main"):
@@ -172,16 +174,16 @@ def model_line(model: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def model_worker(status: dict[str, Any], role: str) -> dict[str, Any]:
+def model_worker(status: ServiceStatus, role: str) -> WorkerStatus:
     """A model's worker by role: the main model's are in "workers", the others' in "library_workers"."""
-    for key in ("library_workers", "workers"):
-        worker = (status.get(key) or {}).get(role)
+    for workers in (status.get("library_workers"), status.get("workers")):
+        worker = (workers or {}).get(role)
         if isinstance(worker, dict):
             return worker
     return {}
 
 
-def model_details(model: dict[str, Any], status: dict[str, Any]) -> list[str]:
+def model_details(model: ModelStatus, status: ServiceStatus) -> list[str]:
     """The lines of a model's submenu above its actions."""
     lines = []
     if model.get("aliases"):
@@ -205,13 +207,13 @@ def model_details(model: dict[str, Any], status: dict[str, Any]) -> list[str]:
             line = f"{device_name(str(device))} worker {role}: {worker.get('state') or 'not running'}"
             if worker.get("pid"):
                 line += f" · pid {worker['pid']}"
-            if worker.get("rss_bytes"):
-                line += f" · {format_size(worker['rss_bytes'])}"
+            if rss := worker.get("rss_bytes"):
+                line += f" · {format_size(rss)}"
             lines.append(line)
     return lines
 
 
-def load_block(model: dict[str, Any]) -> str:
+def load_block(model: ModelStatus) -> str:
     """Why "Load" is off for a model, in words; "" when it can be loaded."""
     where = str(model.get("where") or "not loaded")
     if model.get("main"):
@@ -223,7 +225,7 @@ def load_block(model: dict[str, Any]) -> str:
     return ""
 
 
-def unload_block(model: dict[str, Any]) -> str:
+def unload_block(model: ModelStatus) -> str:
     """Why "Unload" is off for a model, in words; "" when it can be unloaded."""
     in_flight = int(model.get("in_flight") or 0)
     if model.get("main"):
@@ -236,6 +238,6 @@ def unload_block(model: dict[str, Any]) -> str:
     return ""
 
 
-def gpu_guests(status: dict[str, Any]) -> list[dict[str, Any]]:
+def gpu_guests(status: ServiceStatus) -> list[ModelStatus]:
     """The other models holding GPU memory now: each is a share of the device beside the main model's."""
     return [m for m in library(status) if not m.get("main") and int(m.get("vram_bytes") or 0) > 0]
