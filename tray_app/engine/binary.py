@@ -1,9 +1,10 @@
 """Find the `llama-server` binary and check that it is one Failsoft can drive.
 
 By default it is the one built into the installed llama-cpp-python wheel (`llama_cpp/bin/llama-server`, see
-packaging/build_engine.py), so the server and the binding are the same llama.cpp commit. `[engine]
-llama_server` names a user's own build instead (e.g. a CUDA build); either way its `--version` and `--help`
-are read once per binary and a binary that lacks a flag Failsoft passes is refused, naming the flag.
+`failsoft engine build`), so the server and the binding are the same llama.cpp commit. `[engine]
+llama_server` names a user's own build instead (`failsoft engine use PATH`, e.g. a CUDA build); either way its
+`--version` and `--help` are read once per binary and a binary that lacks a flag Failsoft passes is refused,
+naming the flag.
 """
 
 from __future__ import annotations
@@ -81,9 +82,14 @@ def locate(configured: str) -> Path:
         return path
     bundled = bundled_server()
     if bundled is None:
+        what = (
+            "the engine is not installed"
+            if importlib.util.find_spec("llama_cpp") is None
+            else "llama-cpp-python was installed without llama-server"
+        )
         raise EngineError(
-            "llama-cpp-python was installed without llama-server: run `make run` (or "
-            "`python3 packaging/build_engine.py --venv .venv`), or set engine.llama_server to your own build"
+            f"{what}: run `failsoft engine build` (one compile for this machine's GPU, then cached), "
+            "or `failsoft engine use PATH` for your own llama-server"
         )
     return bundled
 
