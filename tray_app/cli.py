@@ -32,6 +32,8 @@ HANDLERS = {
     "hog": "tray_app.device.hog:run",
     "engine": "tray_app.engine_build.command:run",
     "models": "tray_app.library.models_command:run",
+    "install": "tray_app.install.command:install",
+    "uninstall": "tray_app.install.command:uninstall",
 }
 # Commands that serve the main model: with none to serve, they say what to do instead of starting.
 SERVING = (None, "serve")
@@ -157,12 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_install_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The engine and the models already on this machine (their own modules define their arguments)."""
+    """The engine, the models already on this machine, install and uninstall (their modules define their
+    arguments)."""
     from tray_app.engine_build import command as engine_command
+    from tray_app.install import command as install_command
     from tray_app.library import models_command
 
     engine_command.add_parser(sub)
     models_command.add_parser(sub)
+    install_command.add_parsers(sub)
 
 
 SERVICE_URL_HELP = "the service's address (default: the config's); its key: $FAILSOFT_API_KEY or the config"

@@ -128,6 +128,11 @@ def test_the_wheel_installs_and_serves_outside_the_checkout(tmp_path: Path, mode
     doctor = run([failsoft, "doctor", "--port", "0"], env, work)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert f"[ok] {'model':<13} {blob}" in doctor.stdout
+    # The menu entry, the user unit and the icon come from the wheel's package data.
+    user = run([failsoft, "install", "--user"], env, work)
+    assert user.returncode == 0, user.stderr
+    assert (work / "home/.local/share/icons/hicolor/scalable/apps/failsoft.svg").is_file()
+    assert (work / "home/.config/systemd/user/failsoft.service").is_file()
 
     port = free_port()
     log_path = tmp_path / "serve.log"
