@@ -17,6 +17,7 @@ import tomli_w
 
 from tray_app import paths
 from tray_app.budget.sizes import parse_size
+from tray_app.origins import normalize_origin
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
 FallbackPolicy = Literal["auto", "approval", "never"]
@@ -319,8 +320,6 @@ def _check_relations(config: Config) -> None:
 
 
 def _check_allow_lists(config: Config) -> None:
-    from tray_app.server.origin_guard import normalize_origin  # no import cycle at module load
-
     source, server = config.source, config.server
     for key in ("allowed_hosts", "allowed_origins"):
         if "*" in getattr(server, key) and not server.api_key:

@@ -15,10 +15,13 @@ from starlette.testclient import TestClient
 
 from tray_app import admin_token, config, paths
 from tray_app.contract.events import EventBus
+from tray_app.jobs import policy
+from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.library.catalog import Catalog, ModelEntry
-from tray_app.server.app import create_app
+from tray_app.server.routes import create_app
 
 BASE_URL = "http://127.0.0.1:8750"
 ADMIN_TOKEN = "admin-token-of-the-test"
@@ -26,10 +29,23 @@ JOB_BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Hello"}], 
 
 
 class StandInExecutor:
-    def __init__(self, registry: JobRegistry) -> None:
+    """The executor's effects the intake uses: nothing runs; `drain` records the job it was asked to run."""
+
+    def __init__(self, registry: JobRegistry, spawned: list[str]) -> None:
         self.registry = registry
+        self.spawned = spawned
         self.approved: list[str] = []
-        self.settings = SimpleNamespace(policy=None)
+        self.settings = SimpleNamespace(policy=policy.Settings())
+
+    def dispatch(self, job: Job) -> None:
+        return None
+
+    async def drain(self, job: Job, held_slot: float | None = None) -> None:
+        self.spawned.append(job.id)
+
+    def request_approval(self, job: Job, decision: Any, stand_in_offer: str | None = None) -> None:
+        self.registry.set_route(job, "cpu")
+        self.registry.await_approval(job, decision.estimated_seconds, decision.reason, stand_in_offer)
 
     def approve(self, job: Job) -> bool:
         if job.state != "awaiting_approval":
@@ -56,7 +72,7 @@ class StandInService:
 
     def __post_init__(self) -> None:
         self.registry = JobRegistry(self.journal, self.bus)
-        self.executor = StandInExecutor(self.registry)
+        self.executor = StandInExecutor(self.registry, self.spawned)
         self.workers = {"gpu": SimpleNamespace(state="ready"), "cpu": SimpleNamespace(state="ready")}
         self.plan_set = SimpleNamespace(
             gpu=SimpleNamespace(n_ctx_per_seq=2048), device=SimpleNamespace(simulated=True)
@@ -68,18 +84,48 @@ class StandInService:
             roles=lambda entry: {"gpu": "gpu", "cpu": "cpu"},
             touch=lambda name, keep_alive=None: None,
         )
+        self.slots = SlotPool({"gpu": 4, "cpu": 4}, 8)
+        self.jobs = Jobs(
+            self,  # type: ignore[arg-type]
+            self.registry,
+            self.executor,  # type: ignore[arg-type]
+            self.slots,
+            self.journal,
+            self.bus,
+            self.workers.get,  # type: ignore[arg-type]
+            lambda: self.cfg,
+        )
+
+    # What the intake asks of the models (jobs.intake.Models).
+    def find(self, name: str | None) -> ModelEntry | None:
+        return self.catalog.find(name)
+
+    def stand_in_for(self, entry: ModelEntry) -> ModelEntry | None:
+        return None  # one model: no stand-in
+
+    def roles(self, entry: ModelEntry) -> dict[str, str]:
+        return {"gpu": "gpu", "cpu": "cpu"}
+
+    def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int:
+        return 2048
+
+    def cpu_plan(self, role: str | None) -> Any:
+        return SimpleNamespace(n_ctx_per_seq=8192, weights_bytes=1, kv_bytes=1, compute_bytes=1)
+
+    def grammar_error(self, grammar: str) -> str | None:
+        return None
+
+    def touch(self, name: str, keep_alive: float | None) -> None:
+        return None
+
+    async def load(self, entry: ModelEntry, device: str, wait: float) -> bool:
+        return False
 
     def tool_call_opener_for(self, model: str) -> str:
         return self.tool_call_opener
 
     def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int:
         return 5
-
-    async def stand_in(self, job: Job) -> None:
-        return None  # one model: no stand-in
-
-    def spawn(self, job: Job, held_slot: float | None = None) -> None:
-        self.spawned.append(job.id)
 
     def status(self) -> dict[str, Any]:
         return {"stand_in": True}

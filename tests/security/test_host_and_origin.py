@@ -13,8 +13,10 @@ from starlette.testclient import TestClient
 
 from tests.security.conftest import StandInService, client_for
 from tray_app import config
-from tray_app.server.app import AuthAndErrors, create_app
-from tray_app.server.origin_guard import HOST_VERDICTS, PASS, OriginGuard, normalize_origin, split_host
+from tray_app.origins import normalize_origin, split_host
+from tray_app.server.http import AuthAndErrors
+from tray_app.server.origin_guard import HOST_VERDICTS, PASS, OriginGuard
+from tray_app.server.routes import create_app
 
 EVIL = "http://evil.example"
 

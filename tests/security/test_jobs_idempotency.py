@@ -10,7 +10,7 @@ from starlette.testclient import TestClient
 
 from tests.security.conftest import JOB_BODY, StandInService, client_for
 from tray_app.jobs.registry import Job
-from tray_app.server.app import create_app
+from tray_app.server.routes import create_app
 
 
 def post_job(client: TestClient, key: str | None, body: dict[str, Any] = JOB_BODY) -> Any:

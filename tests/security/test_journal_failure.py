@@ -13,7 +13,7 @@ from tests.security.conftest import JOB_BODY, StandInService, client_for
 from tray_app import paths
 from tray_app.contract.events import JournalFailed
 from tray_app.jobs.journal import Journal
-from tray_app.server.app import create_app
+from tray_app.server.routes import create_app
 
 
 def test_a_failed_write_makes_flush_false_and_is_reported_once(isolated_dirs: Path) -> None:

@@ -9,10 +9,14 @@ from typing import Any
 import pytest
 
 from tray_app.jobs.assemble import chat_chunk
+from tray_app.server.anthropic.paths import DIALECT as ANTHROPIC
 from tray_app.server.anthropic.stream import MessagesStream
 from tray_app.server.anthropic.translate import chat_request, error_message, message_of
-from tray_app.server.app import api_of, error_response
+from tray_app.server.dialect import dialect_for
 from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.http import error_response
+from tray_app.server.ollama.paths import DIALECT as OLLAMA
+from tray_app.server.routes import DIALECTS
 from tray_app.server.streaming import DONE, failsoft_chunk, sse
 
 FAILSOFT = {"worker": "gpu", "attempts": 1}
@@ -292,7 +296,8 @@ def test_a_prompt_too_long_says_so_in_the_words_clients_look_for() -> None:
 
 def test_errors_of_every_layer_come_in_the_callers_shape() -> None:
     assert [
-        api_of(path) for path in ("/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/v1/models")
+        dialect_for(path, DIALECTS).name
+        for path in ("/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/v1/models")
     ] == [
         "anthropic",
         "anthropic",
@@ -300,14 +305,14 @@ def test_errors_of_every_layer_come_in_the_callers_shape() -> None:
         "openai",
     ]
     error = bad_request("'x' is wrong", "x")
-    anthropic = json.loads(error_response(error, api="anthropic").body)
+    anthropic = json.loads(error_response(error, api=ANTHROPIC).body)
     assert anthropic == {
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "'x' is wrong"},
     }
-    assert json.loads(error_response(error, api="ollama").body) == {"error": "'x' is wrong"}
+    assert json.loads(error_response(error, api=OLLAMA).body) == {"error": "'x' is wrong"}
     assert json.loads(error_response(error).body)["error"]["param"] == "x"
-    overloaded = json.loads(error_response(ApiError(503, "busy"), api="anthropic").body)
+    overloaded = json.loads(error_response(ApiError(503, "busy"), api=ANTHROPIC).body)
     assert overloaded["error"]["type"] == "overloaded_error"
 
 

@@ -69,6 +69,7 @@ SAMPLING_EXTENSIONS = frozenset(
         "dry_sequence_breakers",
         "top_n_sigma",
         "ignore_eos",
+        "reasoning_budget_tokens",  # a thinking model's reasoning, cut after this many tokens
         "grammar",
         "logit_bias_type",
         "cache_prompt",

@@ -21,6 +21,7 @@ from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.jobs.admission import TokenCounter
 from tray_app.jobs.registry import JobRegistry
 from tray_app.library.catalog import Catalog, ModelEntry
+from tray_app.library.errors import LoadRefused
 from tray_app.library.eviction import Loaded, make_room
 from tray_app.library.keep_alive import FOREVER
 
@@ -40,14 +41,6 @@ class LibraryWorker(Protocol):
     async def ensure_ready(self, timeout: float) -> bool: ...
 
     async def stop(self) -> None: ...
-
-
-class LoadRefused(Exception):
-    """A model cannot be loaded on the GPU now; the message says why (a reason code in `code`)."""
-
-    def __init__(self, message: str, code: str = "model_does_not_fit") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Library:

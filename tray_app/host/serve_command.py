@@ -18,7 +18,7 @@ from tray_app.host.bind import listening_socket
 from tray_app.host.service import Service
 from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
 from tray_app.jobs.journal_owner import JournalInUse
-from tray_app.server.app import create_app
+from tray_app.server.routes import create_app
 
 
 def is_loopback(host: str) -> bool:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from tray_app import __version__, admin_token, paths
 from tray_app import config as config_module
@@ -23,22 +20,22 @@ from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
 from tray_app.host import sd_notify
-from tray_app.host.library import Library, LoadRefused
+from tray_app.host.library import Library
 from tray_app.host.metrics import Metrics
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool, TokenCounter
 from tray_app.jobs.embeddings import EmbeddingRunner
-from tray_app.jobs.engine import Executor, ExecutorSettings, StandIn, Worker
+from tray_app.jobs.engine import Executor, ExecutorSettings, Worker
+from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.path_timing import PathTimings
-from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.jobs.registry import JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
-from tray_app.library.catalog import catalog_from_config
+from tray_app.library.catalog import ModelEntry, catalog_from_config
 from tray_app.supervisor.profile import WorkerProfile, library_profiles
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
-BACKGROUND_DEADLINE = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -93,10 +90,22 @@ class Service:
             self.relay,
             self.registry,
             self.bus,
-            self.cpu_state,
+            lambda *args: self.jobs.cpu_state(*args),
             lambda model: self.library.tokens(model),  # the library may be replaced
             lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
-            self.stand_in,
+            lambda job, **kw: self.jobs.stand_in(job, **kw),
+        )
+        self.jobs = Jobs(
+            self,
+            self.registry,
+            self.executor,
+            self.slots,
+            self.journal,
+            self.bus,
+            self.worker,
+            lambda: self.cfg,
+            lambda: self._speed_task,
+            lambda route, outcome: self.metrics.requests.labels(route=route, outcome=outcome).inc(),
         )
         self.embeddings = EmbeddingRunner(
             self._executor_settings(), self.worker, self.slots, self.relay, self.registry, self.bus
@@ -209,7 +218,7 @@ class Service:
         self._tasks.append(self._speed_task)
         for task in self._tasks:
             task.add_done_callback(_log_failure)
-        self.resume_unfinished()
+        self.jobs.resume_unfinished()
 
     async def _tell_systemd(self) -> None:
         """Under a Type=notify unit: READY once the warm workers answered, then watchdog pings."""
@@ -239,45 +248,30 @@ class Service:
         self.journal.flush()
         self.journal.close()
 
-    # --------------------------------------------------------------------------------- jobs
-    def spawn(self, job: Job, held_slot: float | None = None) -> None:
-        """Run a job that no client streams, as its own task."""
-        job.task = asyncio.create_task(self.executor.drain(job, held_slot), name=f"job-{job.id}")
+    # ------------------------------------------------------------- what the intake asks (jobs.intake.Models)
+    def find(self, name: str | None) -> ModelEntry | None:
+        return self.catalog.find(name)
 
-    def resume_unfinished(self) -> None:
-        """Jobs the journal holds as unfinished were accepted by an earlier run: carry them through now."""
-        for stored in self.journal.unfinished():
-            job = Job(
-                id=stored.id,
-                request_id=stored.request_id,
-                kind=stored.kind,
-                body=stored.body,
-                stream=stored.stream,
-                background=True,
-                body_hash=stored.body_hash,
-                idempotency_key=stored.idempotency_key,
-                prompt_tokens=self.count_prompt(stored.kind, stored.body),
-                max_tokens=int(
-                    stored.body.get("max_tokens") or stored.body.get("max_completion_tokens") or 256
-                ),
-                deadline=time.monotonic() + BACKGROUND_DEADLINE,
-                created_at=stored.created_at,
-                state=stored.state,
-                attempts=stored.attempts,
-                estimated_seconds=stored.estimated_seconds,
-                fallback_reason=stored.fallback_reason,
-            )
-            self.registry.add(job, journaled=True)
-            if job.state == "awaiting_approval":
-                continue  # still the user's call
-            if job.stream and job.state == "running":
-                # Its client's stream ended with the old process; part of it may have been delivered.
-                self.registry.fail(
-                    job, "failed", {"message": "the service restarted during the stream"}, "service_restarted"
-                )
-                continue
-            self.registry.set_route(job, "gpu")
-            self.spawn(job)
+    def stand_in_for(self, entry: ModelEntry) -> ModelEntry | None:
+        return self.catalog.stand_in_for(entry)
+
+    def roles(self, entry: ModelEntry) -> dict[str, str]:
+        return self.library.roles(entry)
+
+    def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int:
+        """The context per slot of `entry`'s worker on `device` (0: it has none there)."""
+        if entry.main:
+            return (self.plan_set.gpu if device == "gpu" else self.plan_set.cpu).n_ctx_per_seq
+        return self.library.n_ctx_per_seq(entry, device)
+
+    def grammar_error(self, grammar: str) -> str | None:
+        return self.tokens.grammar_error(grammar)
+
+    def touch(self, name: str, keep_alive: float | None) -> None:
+        self.library.touch(name, keep_alive)
+
+    async def load(self, entry: ModelEntry, device: str, wait: float) -> bool:
+        return await self.library.load(entry, device, wait)
 
     def tool_call_opener_for(self, model: str) -> str:
         """How model `model`'s workers open a tool call ("" when the router does not know it)."""
@@ -296,67 +290,7 @@ class Service:
             )
         return profiles
 
-    async def stand_in(self, job: Job, *, offer: bool = False, chosen: bool = False) -> StandIn | None:
-        """The job's stand-in on the GPU, ready to answer now: only for a job still on its own model, when
-        the request allows it, the stand-in fits the request and its GPU worker is ready (or, for a library
-        model, could be loaded). Which question: may it answer on its own (library.stand_in "auto"), may
-        the approval window offer it (`offer`, "ask": checked, not loaded), or the user picked it
-        (`chosen`: loaded now)."""
-        mode = self.cfg.library.stand_in
-        wanted = "ask" if offer or chosen else "auto"
-        if job.stand_in_for or not job.may_stand_in or mode != wanted:
-            return None
-        asked = self.catalog.find(job.asked_model)
-        stand = self.catalog.stand_in_for(asked) if asked is not None else None
-        role = self.library.roles(stand).get("gpu") if stand is not None else None
-        if stand is None or role is None:
-            return None
-        n_ctx = self.plan_set.gpu.n_ctx_per_seq if stand.main else self.library.n_ctx_per_seq(stand, "gpu")
-        prompt_tokens = self.count_prompt(job.kind, job.body, stand.name)
-        if prompt_tokens + job.max_tokens > n_ctx:
-            return None
-        wait = min(max(job.time_left(), 0.0), self.cfg.supervisor.start_timeout)
-        if chosen:
-            wait = self.cfg.supervisor.start_timeout  # the user is waiting for exactly this
-        if stand.main or offer:
-            if stand.main and self.workers[role].state != "ready":
-                return None
-        else:
-            try:
-                if not await self.library.load(stand, "gpu", wait):
-                    return None
-            except LoadRefused:
-                return None
-        return StandIn(stand.name, role, prompt_tokens, n_ctx)
-
-    # ----------------------------------------------------------------------------- policy inputs
-    def cpu_tokens_per_second(self) -> float:
-        fixed = self.cfg.failover.cpu_tokens_per_second
-        return fixed if fixed > 0 else self.executor.cpu_speed.tokens_per_second
-
-    async def cpu_state(self, time_left: float, role: str | None = "cpu") -> policy.CpuState:
-        """The CPU worker `role` (the main model's, or a library model's "cpu@name") as the policy sees it."""
-        worker = self.workers.get(role) if role else None
-        plan = self._cpu_plan(role)
-        if worker is None or plan is None:
-            return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq if plan else 0)
-        ready = worker.state == "ready"
-        speed = self._speed_task
-        if self.cpu_tokens_per_second() <= 0 and speed is not None and not speed.done():
-            # The first measurement is still running (just after start): its answer beats no answer.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(speed), min(max(time_left, 0.0), 15.0))
-        if not ready and worker.state in ("starting", "restarting", "unhealthy"):
-            ready = await worker.ensure_ready(min(max(time_left, 0.0), 10.0))
-        ram_ok = (
-            ready
-            or psutil.virtual_memory().available >= plan.weights_bytes + plan.kv_bytes + plan.compute_bytes
-        )
-        if not ready and ram_ok and worker.state == "stopped":
-            ready = await worker.ensure_ready(min(max(time_left, 0.0), self.cfg.supervisor.start_timeout))
-        return policy.CpuState(True, ready, ram_ok, self.cpu_tokens_per_second(), plan.n_ctx_per_seq)
-
-    def _cpu_plan(self, role: str | None) -> Plan | None:
+    def cpu_plan(self, role: str | None) -> Plan | None:
         if role == "cpu":
             return self.plan_set.cpu
         entry = self.catalog.find(role.partition("@")[2]) if role else None
@@ -446,7 +380,7 @@ class Service:
                 "stream_after_content": failover.stream_after_content,
                 "auto_approve_seconds": failover.auto_approve_seconds,
                 "deadline": failover.deadline,
-                "cpu_tokens_per_second": round(self.cpu_tokens_per_second(), 2),
+                "cpu_tokens_per_second": round(self.jobs.cpu_tokens_per_second(), 2),
             },
             "uptime_seconds": round(time.time() - self.started_at, 1),
         }

@@ -12,7 +12,7 @@ from tray_app.host import event_loop
 from tray_app.host.bind import listening_socket
 from tray_app.host.serve_command import check_bind, uvicorn_config
 from tray_app.host.service import Service
-from tray_app.server.app import create_app
+from tray_app.server.routes import create_app
 
 
 class ServiceThread:

@@ -20,10 +20,17 @@ class JobError:
     type: str = "service_unavailable"
     retry_after: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    param: str | None = None  # the request field at fault, when one is
 
     def public(self) -> dict[str, Any]:
         """OpenAI's error object: message, type, param, code, and the details."""
-        return {"message": self.message, "type": self.type, "param": None, "code": self.code, **self.details}
+        return {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
+            **self.details,
+        }
 
     def record(self) -> dict[str, Any]:
         """What the job keeps (`job.error`): the public object and the status."""
@@ -37,8 +44,8 @@ class JobError:
         message = str(fields.pop("message", ""))
         code = str(fields.pop("code", "") or "no_answer")
         kind = str(fields.pop("type", "service_unavailable") or "service_unavailable")
-        fields.pop("param", None)
-        return cls(status, code, message, type=kind, details=fields)
+        param = fields.pop("param", None)
+        return cls(status, code, message, type=kind, details=fields, param=param)
 
 
 class JobFailed(Exception):

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -21,13 +22,11 @@ from tray_app.budget.sizes import parse_size
 from tray_app.contract.events import Event
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.engine.faults import FAULT_KINDS
-from tray_app.host.library import LoadRefused
-from tray_app.host.metrics import CONTENT_TYPE_LATEST
-from tray_app.host.service import Service
 from tray_app.jobs.registry import STATES
+from tray_app.library.errors import LoadRefused
 from tray_app.server.errors import ApiError
 from tray_app.server.origin_guard import CONTROL_MAX_BODY
-from tray_app.supervisor.supervisor import SupervisorError
+from tray_app.server.ports import ServiceView
 
 KEEPALIVE_SECONDS = 15.0
 # /failsoft/events: at most this many streams at once (the tray needs one; more is a leak or abuse): 503.
@@ -71,7 +70,7 @@ def event_frame(event: Event) -> bytes:
 
 
 class Control:
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceView) -> None:
         self.svc = service
         self.subscribers = 0  # open /failsoft/events streams
 
@@ -264,25 +263,17 @@ class Control:
             return _error(409, f"job {job_id} is {job.state}, not awaiting approval", "not_awaiting_approval")
         if action == "stand-in":
             # The user picked the smaller model on the GPU now over the big one on the CPU later.
-            stand_in = await self.svc.stand_in(job, chosen=True) if job.stand_in_offer else None
-            if stand_in is None or not self.svc.executor.run_stand_in(job, stand_in):
+            if not await self.svc.jobs.pick_stand_in(job):
                 return _error(409, f"job {job_id} has no stand-in that can answer now", "no_stand_in")
         elif action == "approve":
-            self.svc.executor.approve(job)
+            self.svc.jobs.approve(job)
         else:
-            self.svc.registry.fail(
-                job,
-                "rejected",
-                {"message": "the CPU run was rejected by the user", "code": "rejected"},
-                "rejected",
-            )
+            self.svc.jobs.reject(job)
         return JSONResponse({"object": "job", **job.summary()})
 
     async def approve_all(self, request: Request) -> Response:
         approved = [
-            job.id
-            for job in self.svc.registry.by_state("awaiting_approval")
-            if self.svc.executor.approve(job)
+            job.id for job in self.svc.registry.by_state("awaiting_approval") if self.svc.jobs.approve(job)
         ]
         return JSONResponse({"approved": approved})
 
@@ -403,7 +394,7 @@ class Control:
             return JSONResponse({"role": role, "kind": kind, "pid": pid})
         try:
             await worker.arm_fault(kind, after)
-        except SupervisorError as error:
+        except RuntimeError as error:  # the worker cannot take it now (its supervisor says why)
             return _error(409, str(error), "worker_not_ready")
         return JSONResponse({"role": role, "kind": kind, "after_tokens": after, "pid": worker.pid})
 

@@ -58,5 +58,11 @@ def from_job_error(error: JobError) -> ApiError:
     """The engine's reason a job ended, as the answer a client gets."""
     headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else {}
     return ApiError(
-        error.status, error.message, type=error.type, code=error.code, headers=headers, extra=error.details
+        error.status,
+        error.message,
+        type=error.type,
+        code=error.code,
+        param=error.param,
+        headers=headers,
+        extra=error.details,
     )

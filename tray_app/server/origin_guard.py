@@ -12,16 +12,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from starlette.types import Scope
 
 from tray_app.budget.sizes import parse_size
 from tray_app.config import ServerConfig
+from tray_app.origins import DEFAULT_PORTS, normalize_origin, split_host
 from tray_app.server.errors import ApiError
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-DEFAULT_PORTS = {"http": 80, "https": 443}
 # Control request bodies are a few small JSON fields; nothing needs more.
 # Failsoft's own control API: a prefix of its own, since `/api/` is Ollama's (its routes grow over time).
 CONTROL_PREFIX = "/failsoft/"
@@ -33,52 +32,6 @@ EXPOSE_HEADERS = (
     "X-Request-Id, X-Failsoft-Job, X-Failsoft-Worker, X-Failsoft-Attempts, Retry-After, Idempotent-Replayed"
 )
 PREFLIGHT_MAX_AGE = "600"
-
-
-def split_host(value: str) -> tuple[str, int | None] | None:
-    """`name[:port]`, `[v6][:port]` -> (lower-case name without brackets or trailing dot, port or None)."""
-    value = value.strip().lower()
-    port_text = ""
-    if value.startswith("["):
-        end = value.find("]")
-        if end < 0:
-            return None
-        name, rest = value[1:end], value[end + 1 :]
-        if rest:
-            if not rest.startswith(":"):
-                return None
-            port_text = rest[1:]
-    elif value.count(":") == 1:
-        name, _, port_text = value.partition(":")
-    elif ":" in value:
-        name = value  # a bare IPv6 address (not valid in Host, but unambiguous)
-    else:
-        name = value
-    name = name.rstrip(".")
-    if not name:
-        return None
-    if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            return None
-        return name, int(port_text)
-    return name, None
-
-
-def normalize_origin(origin: str) -> tuple[str, str, int] | None:
-    """`scheme://host[:port]` -> (scheme, host, port with the scheme's default); None when not an origin."""
-    try:
-        parts = urlsplit(origin.strip())
-        port = parts.port
-    except ValueError:
-        return None
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS or not parts.hostname or parts.path not in ("", "/"):
-        return None
-    if parts.query or parts.fragment or parts.username or parts.password:
-        return None
-    if any(char.isspace() or char in "/\\@" for char in parts.hostname):
-        return None
-    return scheme, parts.hostname.lower().rstrip("."), port or DEFAULT_PORTS[scheme]
 
 
 def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -1,10 +1,12 @@
 """The paths of Anthropic's Messages API this service answers, and the shape of its errors. Kept apart from
-the routes so the outermost layer (app.AuthAndErrors) can answer in Anthropic's words without importing the
+the routes so the outermost layer (http.AuthAndErrors) can answer in Anthropic's words without importing the
 router."""
 
 from __future__ import annotations
 
 import json
+
+from tray_app.server.dialect import Dialect
 
 MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
@@ -35,3 +37,10 @@ def error_body(status: int, message: str) -> bytes:
     """An error as Anthropic's API and SDKs have it: `{"type": "error", "error": {"type", "message"}}`."""
     error = {"type": ERROR_TYPES.get(status, "api_error"), "message": message}
     return json.dumps({"type": "error", "error": error}).encode()
+
+
+def _error_body(status: int, message: str, openai_body: bytes) -> bytes:
+    return error_body(status, message)
+
+
+DIALECT = Dialect("anthropic", is_anthropic_path, _error_body)

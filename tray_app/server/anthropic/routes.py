@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp
 
-from tray_app.server.anthropic.paths import error_body
+from tray_app.server.anthropic.paths import DIALECT, error_body
 from tray_app.server.anthropic.stream import MessagesStream
 from tray_app.server.anthropic.translate import (
     chat_request,
@@ -20,8 +20,9 @@ from tray_app.server.anthropic.translate import (
     message_id,
     message_of,
 )
-from tray_app.server.app import Router, error_response, read_translated
 from tray_app.server.errors import ApiError
+from tray_app.server.http import error_response, read_translated
+from tray_app.server.openai import Router
 from tray_app.server.rewrite import Headers, RewrittenAnswer, header
 
 
@@ -33,7 +34,7 @@ class MessagesRoutes:
         try:
             body, raw = await read_translated(request, self.router.max_body, chat_request)
         except ApiError as error:
-            return error_response(error, api="anthropic")
+            return error_response(error, api=DIALECT)
         answer = await self.router.generate(request, "chat", raw, fit_budget=True)
         return MessagesAnswer(answer, body)
 
@@ -42,7 +43,7 @@ class MessagesRoutes:
             _, raw = await read_translated(request, self.router.max_body, counted_request)
             tokens = self.router.count_chat(raw)
         except ApiError as error:
-            return error_response(error, api="anthropic")
+            return error_response(error, api=DIALECT)
         return JSONResponse({"input_tokens": tokens})
 
 

@@ -7,6 +7,8 @@ Failsoft's own control routes live under `/failsoft/` (origin_guard.CONTROL_PREF
 
 from __future__ import annotations
 
+from tray_app.server.dialect import Dialect, plain_error_body
+
 CHAT = "/api/chat"
 GENERATE = "/api/generate"
 # Answered with Ollama's error shape: models are managed in Failsoft's config file.
@@ -30,3 +32,6 @@ BLOBS_PREFIX = "/api/blobs/"  # Ollama's upload of model files for /api/create: 
 
 def is_ollama_path(path: str) -> bool:
     return path in OLLAMA_PATHS or path.startswith(BLOBS_PREFIX)
+
+
+DIALECT = Dialect("ollama", is_ollama_path, plain_error_body)

@@ -12,8 +12,9 @@ from starlette.types import ASGIApp
 
 from tray_app.jobs.journal import StoredJob
 from tray_app.jobs.registry import Job
-from tray_app.server.app import Router, error_response, read_translated
 from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.http import error_response, read_translated
+from tray_app.server.openai import Router
 from tray_app.server.responses.stream import ResponsesStream
 from tray_app.server.responses.translate import (
     chat_request,

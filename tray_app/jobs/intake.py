@@ -1,0 +1,708 @@
+"""One home for a request's life before and around its run: making the job, routing it (GPU, stand-in, CPU,
+approval, refusal), admission to a worker slot, the task that runs it, idempotent replay, background jobs,
+cancel, and resuming what an earlier run accepted.
+
+`Jobs` is the facade the HTTP layer talks to (llama-swap's split: the scheduler decides, its effects are a
+narrow table). It speaks plain data: a `JobRequest` in, a `Job` and an `Admission` out, `Refused` (a
+`JobError`) when a request cannot be served. What it needs of the rest of the service, the models and their
+workers, is the `Models` protocol below; the host implements it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
+
+from tray_app.budget.planner import Plan
+from tray_app.config import Config
+from tray_app.contract.events import EventBus, RouteDecided
+from tray_app.engine.tools import worker_tool_choice
+from tray_app.jobs import idempotency, policy
+from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, requested_tokens
+from tray_app.jobs.engine import Executor, StandIn, Worker
+from tray_app.jobs.ids import new_request_id, random_seed
+from tray_app.jobs.journal import Journal, StoredJob
+from tray_app.jobs.outcomes import JobError
+from tray_app.jobs.path_timing import FirstTokenPath
+from tray_app.jobs.registry import Job, JobRegistry, new_id, stored_summary
+from tray_app.library.catalog import ModelEntry
+from tray_app.library.errors import LoadRefused
+
+BACKGROUND_DEADLINE = 24 * 3600.0  # a background job's client collects it later: a day to finish
+RESUMED_MAX_TOKENS = 256  # a resumed job whose body names no budget (it was counted at its first start)
+
+
+class Refused(Exception):
+    """The request cannot be served (now): `error` says why, in the words a client gets."""
+
+    def __init__(self, error: JobError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _refused(status: int, code: str, message: str, **kw: Any) -> Refused:
+    return Refused(JobError(status, code, message, **kw))
+
+
+class Models(Protocol):
+    """What the intake needs to know of the models and their workers (the host implements it)."""
+
+    @property
+    def model_names(self) -> set[str]: ...
+
+    def find(self, name: str | None) -> ModelEntry | None: ...
+
+    def stand_in_for(self, entry: ModelEntry) -> ModelEntry | None: ...
+
+    def roles(self, entry: ModelEntry) -> dict[str, str]: ...
+
+    def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int: ...
+
+    def cpu_plan(self, role: str | None) -> Plan | None: ...
+
+    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int: ...
+
+    def tool_call_opener_for(self, model: str) -> str: ...
+
+    def grammar_error(self, grammar: str) -> str | None: ...
+
+    def touch(self, name: str, keep_alive: float | None) -> None: ...
+
+    async def load(self, entry: ModelEntry, device: str, wait: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A checked request, as the HTTP layer hands it over (its own checks of shape and types done)."""
+
+    kind: str  # chat | completion
+    body: dict[str, Any]  # without the router's own options (keep_alive, stand_in)
+    stream: bool
+    max_tokens: int | None  # as the client asked (None: not said)
+    body_hash: str  # of the raw body, compared under an Idempotency-Key only
+    idempotency_key: str | None
+    request_id: str | None
+    deadline: float  # seconds the client waits
+    keep_alive: float | None = None
+    may_stand_in: bool = True
+    received_at: float | None = None  # when the request reached the application (a stream's first token)
+    fit_budget: bool = False  # max_tokens is an upper bound (Anthropic's clients send their output limit)
+
+    @property
+    def model(self) -> str | None:
+        value = self.body.get("model")
+        return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How an accepted job goes on: with a worker slot taken (`held`), or waiting for the user's approval."""
+
+    held: float | None = None
+    approval: str = ""  # the reason the user is asked, when the job waits for approval
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A background job's answer to `POST /v1/jobs`: its summary, 202 (accepted, or still running) or 200
+    (an earlier request's, completed); `job` is set when this request made it."""
+
+    summary: dict[str, Any]
+    status: int
+    job_id: str
+    request_id: str
+    job: Job | None = None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What an Idempotency-Key says about a request: answer with a stored result, or it is new."""
+
+    job_id: str
+    result: dict[str, Any]
+
+
+class Jobs:
+    """The request lifecycle's facade; the only writer of `job.task` (every job's task starts here)."""
+
+    def __init__(
+        self,
+        models: Models,
+        registry: JobRegistry,
+        executor: Executor,
+        slots: SlotPool,
+        journal: Journal,
+        bus: EventBus,
+        workers: Callable[[str], Worker | None],
+        config: Callable[[], Config],
+        cpu_speed_ready: Callable[[], asyncio.Task[None] | None] = lambda: None,
+        count: Callable[[str, str], None] = lambda route, outcome: None,
+    ) -> None:
+        self.models = models
+        self.registry = registry
+        self.executor = executor
+        self.slots = slots
+        self.journal = journal
+        self.bus = bus
+        self.workers = workers
+        self.config = config
+        self.cpu_speed_ready = cpu_speed_ready  # the first CPU speed measurement, while it runs
+        self.count = count  # requests by route and outcome (the service's metrics)
+
+    # ------------------------------------------------------------------------------ making the job
+    def model(self, name: str | None) -> ModelEntry:
+        """The model a request names (none: the main model); 404 listing what exists otherwise."""
+        entry = self.models.find(name)
+        if entry is None:
+            raise model_not_found(name, self.models.model_names)
+        return entry
+
+    def as_workers_take(self, kind: str, body: dict[str, Any], entry: ModelEntry) -> dict[str, Any]:
+        """A chat's messages and tool choice as the workers' template and llama-server take them."""
+        if kind != "chat":
+            return body
+        body = {**body, "messages": [_worker_compatible(message) for message in body["messages"]]}
+        return worker_tool_choice(body, self.models.tool_call_opener_for(entry.name))
+
+    def count_prompt(self, kind: str, body: dict[str, Any], model: str | None) -> int:
+        """A request's prompt tokens on the model it names, counted as admission counts them."""
+        entry = self.model(model)
+        return self.models.count_prompt(kind, self.as_workers_take(kind, body, entry), entry.name)
+
+    def make(self, request: JobRequest, *, background: bool = False) -> Job:
+        """The job for this request, checked and counted, not registered yet."""
+        entry = self.model(request.model)
+        body = self.as_workers_take(request.kind, dict(request.body), entry)
+        body["model"] = entry.name  # otherwise llama.cpp names the model by its file path in every chunk
+        if body.get("seed") is None:
+            # Pinned before the first attempt, so a replay on the same weights samples the same way.
+            body["seed"] = random_seed()
+        if body.get("logprobs") is True and body.get("top_logprobs") == 0:
+            # llama-server gives no log probabilities at all for 0 alternatives; one is the nearest it does.
+            body["top_logprobs"] = 1
+        grammar = body.get("grammar")
+        if grammar and (problem := self.models.grammar_error(grammar)) is not None:
+            # Refused with the parser's own words before any worker sees it (tray_app.jobs.grammar_check).
+            raise _refused(
+                400,
+                "invalid_grammar",
+                f"'grammar' is not valid GBNF: {problem}",
+                type="invalid_request_error",
+                param="grammar",
+            )
+        prompt_tokens = self.models.count_prompt(request.kind, body, entry.name)
+        if prompt_tokens == 0:
+            # Nothing to continue from: this model adds no start token to an empty prompt.
+            raise _refused(
+                400, "empty_prompt", "the prompt is empty", type="invalid_request_error", param="prompt"
+            )
+        roles = self.models.roles(entry)
+        if not roles:
+            devices = ", ".join(entry.devices)
+            raise _refused(
+                503,
+                "no_worker_for_model",
+                f"{entry.name} has no worker here (devices: {devices})",
+                retry_after=30,
+            )
+        n_ctx = self.context_per_slot(entry)
+        max_tokens = requested_tokens(prompt_tokens, request.max_tokens, n_ctx)
+        if request.fit_budget:
+            max_tokens = self._fitted_budget(entry, prompt_tokens, max_tokens)
+        if max_tokens != request.max_tokens:
+            body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
+        stream = request.stream and not background
+        key = request.idempotency_key
+        job = Job(
+            id=new_id("job"),
+            request_id=request.request_id or new_request_id(),
+            kind=request.kind,
+            body=body,
+            stream=stream,
+            background=background,
+            body_hash=request.body_hash if key else "",  # compared under an Idempotency-Key only
+            idempotency_key=key,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            deadline=time.monotonic() + request.deadline,
+            path=FirstTokenPath(request.received_at) if stream and request.received_at is not None else None,
+            asked_model=entry.name,
+            models=dict.fromkeys(roles, entry.name),
+            roles=roles,
+            may_stand_in=request.may_stand_in,
+        )
+        self.models.touch(entry.name, request.keep_alive)
+        return job
+
+    def _fitted_budget(self, entry: ModelEntry, prompt_tokens: int, max_tokens: int) -> int:
+        """`max_tokens` as an upper bound: at most what the slot that can read the prompt leaves, a GPU
+        slot's if the prompt fits one, else the CPU's (where admission then sends it)."""
+        for n_ctx in (self.context_per_slot(entry), self.models.n_ctx_per_seq(entry, "cpu")):
+            if prompt_tokens < n_ctx:
+                return min(max_tokens, n_ctx - prompt_tokens)
+        return max_tokens  # no slot reads this prompt: admission refuses it, naming the prompt
+
+    def context_per_slot(self, entry: ModelEntry) -> int:
+        """The context one request may use: the GPU plan's per slot (the CPU's for a CPU-only model)."""
+        if entry.main:
+            return self.models.n_ctx_per_seq(entry, "gpu")
+        return self.models.n_ctx_per_seq(entry, "gpu") or self.models.n_ctx_per_seq(entry, "cpu")
+
+    # ------------------------------------------------------------------------------ admission
+    async def admit(self, job: Job, deadline: float) -> Admission:
+        """Route and admit a made job, registering it: a slot held, or the job waiting for approval.
+        Refused (the job failed with the reason) when it cannot be served."""
+        entry = self.model(job.asked_model)
+        held = self._start_at_once(job, entry, deadline)
+        if held is not None:
+            # The worker starts on it first; the job's journal entry and events follow in this same turn
+            # of the event loop (nothing can look the job up in between), off the token's path.
+            self.executor.dispatch(job)
+            self.registry.add(job)
+            self.bus.publish(RouteDecided(job_id=job.id, route="gpu", reason=""))
+            return Admission(held=held)
+        self.registry.add(job)  # registers its Idempotency-Key too
+        decision = await self.route(job, deadline)
+        if decision.refused:
+            raise self.refusal(job, decision)
+        if decision.action == "approval":
+            self.registry.name_fallback(job, decision.reason)
+            await self.ask_approval(job, decision)
+            return Admission(approval=decision.reason)
+        self.registry.set_route(job, decision.action, decision.reason or None)
+        held = await self._slot(job, job.worker_role(job.route) or job.route)
+        self.executor.dispatch(job)  # the worker starts on it while the job's task is being set up
+        return Admission(held=held)
+
+    async def ask_approval(self, job: Job, decision: policy.Decision) -> None:
+        offer = await self.stand_in(job, offer=True)
+        backlog_full = self.executor.request_approval(job, decision, offer.model if offer else None)
+        if backlog_full is not None:
+            raise self.refusal(job, backlog_full)
+
+    async def route(self, job: Job, deadline: float) -> policy.Decision:
+        entry = self.model(job.asked_model)
+        n_ctx = self.context_per_slot(entry)
+        request = policy.RouteRequest(
+            job.prompt_tokens, job.max_tokens, n_ctx, await self._gpu_available(job, entry, n_ctx), deadline
+        )
+        decision = policy.route_on_gpu(request)
+        if decision is None:
+            decision = await self._stand_in_route(job)
+        if decision is None:
+            cpu = await self.cpu_state(deadline, job.worker_role("cpu"))
+            decision = policy.decide_route(request, cpu, self.executor.settings.policy)
+        route = "refused" if decision.refused else decision.action
+        self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason))
+        return decision
+
+    async def _gpu_available(self, job: Job, entry: ModelEntry, n_ctx: int) -> bool:
+        """Whether the job's model can answer on the GPU: the main model's worker is up; another model's
+        is loaded now if the request fits it (making room by unloading idle models, see host.library)."""
+        if entry.main:
+            return self._gpu_worker_up(job)
+        role = job.worker_role("gpu")
+        if role is None or self.workers(role) is None:
+            return False
+        if job.prompt_tokens + job.max_tokens > n_ctx:
+            return False
+        wait = min(max(job.time_left(), 0.0), self.config().supervisor.start_timeout)
+        try:
+            return await self.models.load(entry, "gpu", wait)
+        except LoadRefused as refused:
+            self.registry.name_fallback(job, refused.code)
+            return False
+
+    def _gpu_worker_up(self, job: Job) -> bool:
+        role = job.worker_role("gpu")
+        worker = self.workers(role) if role else None
+        return worker is not None and worker.state not in ("failed", "stopped")
+
+    def _start_at_once(self, job: Job, entry: ModelEntry, deadline: float) -> float | None:
+        """The GPU slot, taken, when the route is plain and free: the main model, its GPU worker up, the
+        request within the GPU's context, a slot free now. None: the full route and admission decide."""
+        if not entry.main:
+            return None
+        gpu = policy.RouteRequest(
+            job.prompt_tokens,
+            job.max_tokens,
+            self.context_per_slot(entry),
+            self._gpu_worker_up(job),
+            deadline,
+        )
+        if policy.route_on_gpu(gpu) is None:
+            return None
+        return self.slots.try_acquire(job.worker_role("gpu") or "gpu")
+
+    async def _stand_in_route(self, job: Job) -> policy.Decision | None:
+        """The ladder's middle rung at admission: the asked model cannot use the GPU, its stand-in can."""
+        stand_in = await self.stand_in(job)
+        if stand_in is None:
+            return None
+        fits = stand_in.prompt_tokens + job.max_tokens <= stand_in.n_ctx_per_seq
+        if not policy.stand_in_first(policy.StandInCase(allowed=True, available=True, fits=fits)):
+            return None
+        self.registry.substitute(
+            job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
+        )
+        return policy.Decision("gpu", policy.STAND_IN)
+
+    def refusal(self, job: Job, decision: policy.Decision) -> Refused:
+        """The job ends, failed with the decision's reason; the refusal a client gets."""
+        if decision.reason == policy.CONTEXT_EXCEEDED:
+            error = JobError(
+                400,
+                policy.CONTEXT_EXCEEDED,
+                f"This request is too long for this service: {decision.detail}",
+                type="invalid_request_error",
+                param="messages" if job.kind == "chat" else "prompt",
+            )
+        else:
+            error = JobError(
+                503,
+                decision.reason,
+                f"cannot run this request: {decision.reason} ({decision.detail})",
+                retry_after=5,
+                details={"job_id": job.id, "reason": decision.reason},
+            )
+        self.registry.fail(job, "failed", error.record(), decision.reason)
+        self.count("refused", decision.reason)
+        return Refused(error)
+
+    async def _slot(self, job: Job, role: str) -> float:
+        wait = min(self.config().server.queue_timeout, max(job.time_left(), 0.0))
+        try:
+            return await self.slots.acquire(role, job.id, wait)
+        except QueueFull as full:
+            error = JobError(
+                429,
+                "queue_full",
+                f"too many requests waiting ({full.depth}); try again later",
+                type="rate_limit_error",
+                retry_after=full.retry_after,
+            )
+        except QueueTimeout as timeout:
+            error = JobError(
+                429,
+                "queue_timeout",
+                f"no free worker slot in time: {timeout}",
+                type="rate_limit_error",
+                retry_after=timeout.retry_after,
+            )
+        self.registry.fail(job, "failed", error.record(), error.code)
+        self.count(role, error.code)
+        raise Refused(error)
+
+    # ------------------------------------------------------------------------------ stand-in and CPU
+    async def stand_in(self, job: Job, *, offer: bool = False, chosen: bool = False) -> StandIn | None:
+        """The job's stand-in on the GPU, ready to answer now: only for a job still on its own model, when
+        the request allows it, the stand-in fits the request and its GPU worker is ready (or, for a library
+        model, could be loaded). Which question: may it answer on its own (library.stand_in "auto"), may
+        the approval window offer it (`offer`, "ask": checked, not loaded), or the user picked it
+        (`chosen`: loaded now)."""
+        cfg = self.config()
+        wanted = "ask" if offer or chosen else "auto"
+        if job.stand_in_for or not job.may_stand_in or cfg.library.stand_in != wanted:
+            return None
+        asked = self.models.find(job.asked_model)
+        stand = self.models.stand_in_for(asked) if asked is not None else None
+        role = self.models.roles(stand).get("gpu") if stand is not None else None
+        if stand is None or role is None:
+            return None
+        n_ctx = self.models.n_ctx_per_seq(stand, "gpu")
+        prompt_tokens = self.models.count_prompt(job.kind, job.body, stand.name)
+        if prompt_tokens + job.max_tokens > n_ctx:
+            return None
+        wait = min(max(job.time_left(), 0.0), cfg.supervisor.start_timeout)
+        if chosen:
+            wait = cfg.supervisor.start_timeout  # the user is waiting for exactly this
+        if stand.main or offer:
+            worker = self.workers(role)
+            if stand.main and (worker is None or worker.state != "ready"):
+                return None
+        else:
+            try:
+                if not await self.models.load(stand, "gpu", wait):
+                    return None
+            except LoadRefused:
+                return None
+        return StandIn(stand.name, role, prompt_tokens, n_ctx)
+
+    def cpu_tokens_per_second(self) -> float:
+        fixed = self.config().failover.cpu_tokens_per_second
+        return fixed if fixed > 0 else self.executor.cpu_speed.tokens_per_second
+
+    async def cpu_state(self, time_left: float, role: str | None = "cpu") -> policy.CpuState:
+        """The CPU worker `role` (the main model's, or a library model's "cpu@name") as the policy sees it."""
+        worker = self.workers(role) if role else None
+        plan = self.models.cpu_plan(role)
+        if worker is None or plan is None:
+            return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq if plan else 0)
+        ready = worker.state == "ready"
+        speed = self.cpu_speed_ready()
+        if self.cpu_tokens_per_second() <= 0 and speed is not None and not speed.done():
+            # The first measurement is still running (just after start): its answer beats no answer.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(speed), min(max(time_left, 0.0), 15.0))
+        if not ready and worker.state in ("starting", "restarting", "unhealthy"):
+            ready = await worker.ensure_ready(min(max(time_left, 0.0), 10.0))
+        ram_ok = (
+            ready
+            or psutil.virtual_memory().available >= plan.weights_bytes + plan.kv_bytes + plan.compute_bytes
+        )
+        if not ready and ram_ok and worker.state == "stopped":
+            start = self.config().supervisor.start_timeout
+            ready = await worker.ensure_ready(min(max(time_left, 0.0), start))
+        return policy.CpuState(True, ready, ram_ok, self.cpu_tokens_per_second(), plan.n_ctx_per_seq)
+
+    # ------------------------------------------------------------------------------ running
+    def run_task(self, job: Job, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Start the task that runs `job` (the only place `job.task` is written)."""
+        job.task = asyncio.create_task(work, name=name)
+        return job.task
+
+    def start(self, job: Job, held_slot: float | None = None) -> asyncio.Task[Any]:
+        """Run a job that no client streams, as its own task."""
+        return self.run_task(job, self.executor.drain(job, held_slot), f"job-{job.id}")
+
+    def wait_for_approval(self, job: Job, reason: str) -> asyncio.Task[Any]:
+        """A plain (non-streamed) client waits for a job in the user's hands."""
+
+        async def wait() -> None:
+            async for _ in self.executor.wait_for_final(job, False, reason):
+                pass
+
+        return self.run_task(job, wait(), f"approval-wait-{job.id}")
+
+    def stop(self, job: Job) -> bool:
+        """Stop the task running `job` (its client went away); True if one was running."""
+        if job.task is not None and not job.task.done():
+            job.task.cancel()
+            return True
+        return False
+
+    def cancel(self, job_id: str) -> Job | None:
+        """`DELETE /v1/jobs/{id}`: end a live job as cancelled; None when no live job has this id."""
+        job = self.registry.get(job_id)
+        if job is None:
+            return None
+        if not job.final:
+            self.registry.fail(
+                job,
+                "cancelled",
+                {"message": "cancelled by request", "code": "cancelled"},
+                "cancelled_by_request",
+            )
+            self.stop(job)
+        return job
+
+    # ------------------------------------------------------------------------------ the user's decisions
+    def approve(self, job: Job) -> bool:
+        """The user accepts the slow CPU run of a job awaiting approval (False: it no longer waits)."""
+        return self.executor.approve(job)
+
+    def reject(self, job: Job) -> bool:
+        return self.registry.fail(
+            job,
+            "rejected",
+            {"message": "the CPU run was rejected by the user", "code": "rejected"},
+            "rejected",
+        )
+
+    async def pick_stand_in(self, job: Job) -> bool:
+        """The user picked the smaller model on the GPU now over the big one on the CPU later."""
+        stand_in = await self.stand_in(job, chosen=True) if job.stand_in_offer else None
+        return stand_in is not None and self.executor.run_stand_in(job, stand_in)
+
+    # ------------------------------------------------------------------------------ idempotency
+    def made_under(self, key: str) -> tuple[Job | None, StoredJob | None]:
+        """The latest job made under this Idempotency-Key: live, or else from the journal (24 h)."""
+        live = self.registry.by_key(key)
+        if live is not None:
+            return live, None
+        return None, self.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
+
+    def replay(self, key: str, body_hash: str) -> Replay | None:
+        """The stored answer for a repeated request, None when it is new under its key; Refused (409, 422)
+        when the key is taken by another body, a running job, or a job whose tool call was delivered."""
+        live, stored = self.made_under(key)
+        previous = live or stored
+        record = idempotency.record_of(previous) if previous is not None else None
+        verdict = idempotency.decide(record, body_hash, time.time())
+        if verdict == "new" or record is None:
+            return None
+        self._refuse_reuse(key, verdict, record.job_id, background=None)
+        result = previous.result if previous is not None else None
+        return Replay(record.job_id, result) if result is not None else None
+
+    def _refuse_reuse(self, key: str, verdict: str, job_id: str, background: bool | None) -> None:
+        if verdict == "effects_delivered":
+            raise _refused(
+                409,
+                "idempotency_key_effects_delivered",
+                f"the request with Idempotency-Key {key!r} (job {job_id}) failed after its tool call reached "
+                "the client, so the tool's action may have run; it is not run again under this key. Send a "
+                "new Idempotency-Key to run it again.",
+                type="invalid_request_error",
+                param="Idempotency-Key",
+            )
+        if verdict == "mismatch" or background is False:
+            raise _refused(
+                422,
+                "idempotency_key_reused",
+                f"Idempotency-Key {key!r} was used with a different request"
+                + (" body" if background is None else "" if background else " (not a background job)"),
+                type="invalid_request_error",
+                param="Idempotency-Key",
+            )
+        if verdict == "in_progress" and background is None:
+            raise _refused(
+                409,
+                "idempotency_key_in_progress",
+                f"a request with Idempotency-Key {key!r} is still running (job {job_id})",
+                type="invalid_request_error",
+                param="Idempotency-Key",
+                retry_after=1,
+            )
+
+    # ------------------------------------------------------------------------------ background jobs
+    async def submit_background(self, request: JobRequest) -> Accepted:
+        """`POST /v1/jobs`: a job made, routed and started, or the one made earlier under the request's
+        Idempotency-Key (its summary and 202/200). Refused when it cannot be accepted."""
+        if self.journal.failure is not None:
+            raise journal_unavailable(self.journal.failure)
+        key = request.idempotency_key
+        if key:
+            existing = self._existing_background(key, request.body_hash)
+            if existing is not None:
+                return existing
+        limit = self.config().server.jobs_max
+        if self.registry.background_pending() >= limit:
+            raise _refused(
+                429,
+                "too_many_jobs",
+                f"{limit} background jobs are already waiting or running (server.jobs_max); try again later",
+                type="rate_limit_error",
+                retry_after=30,
+            )
+        # No await between the key check and registration: a second request with the same key finds this job.
+        job = self.make(request, background=True)
+        self.registry.add(job)
+        decision = await self.route(job, BACKGROUND_DEADLINE)
+        if decision.refused:
+            raise self.refusal(job, decision)
+        if decision.action == "approval":
+            await self.ask_approval(job, decision)
+        else:
+            self.registry.set_route(job, decision.action)
+            self.start(job)
+        # Accepted work is durable before the client hears it was accepted; if it cannot be, it is not.
+        if not await asyncio.to_thread(self.journal.flush):
+            self.registry.fail(
+                job, "failed", {"message": "the journal could not store it", "code": "journal_failed"}, ""
+            )
+            self.stop(job)
+            raise journal_unavailable(self.journal.failure)
+        return Accepted(dict(job.summary()), 202, job.id, job.request_id, job)
+
+    def _existing_background(self, key: str, body_hash: str) -> Accepted | None:
+        """The rules chat uses (idempotency.decide): the same key and body give the job already made under
+        it (202 while it is unfinished, 200 once completed; never a second job), another body is 422; a
+        key whose job ended without an answer may make a new one."""
+        live, stored = self.made_under(key)
+        previous = live or stored
+        record = idempotency.record_of(previous) if previous is not None else None
+        verdict = idempotency.decide(record, body_hash, time.time())
+        if verdict == "new" or record is None or previous is None:
+            return None
+        self._refuse_reuse(key, verdict, record.job_id, background=previous.background)
+        if live is not None:
+            summary: dict[str, Any] = dict(live.summary())
+        else:
+            summary = stored_summary(stored, self.journal.attempts(record.job_id)) if stored else {}
+        status = 202 if verdict == "in_progress" else 200
+        return Accepted(summary, status, record.job_id, str(summary.get("request_id") or ""))
+
+    async def summary(self, job_id: str) -> dict[str, Any] | None:
+        """A job as `GET /v1/jobs/{id}` shows it, live or from the journal, with its attempts."""
+        job = self.registry.get(job_id)
+        await asyncio.to_thread(self.journal.flush)
+        attempts = self.journal.attempts(job_id)
+        if job is not None:
+            return {**job.summary(), "attempt_log": attempts}
+        stored = self.journal.job(job_id)
+        return stored_summary(stored, attempts) if stored is not None else None
+
+    # ------------------------------------------------------------------------------ restart
+    def resume_unfinished(self) -> None:
+        """Jobs the journal holds as unfinished were accepted by an earlier run: carry them through now."""
+        for stored in self.journal.unfinished():
+            job = Job(
+                id=stored.id,
+                request_id=stored.request_id,
+                kind=stored.kind,
+                body=stored.body,
+                stream=stored.stream,
+                background=True,
+                body_hash=stored.body_hash,
+                idempotency_key=stored.idempotency_key,
+                prompt_tokens=self.models.count_prompt(stored.kind, stored.body),
+                max_tokens=int(
+                    stored.body.get("max_tokens")
+                    or stored.body.get("max_completion_tokens")
+                    or RESUMED_MAX_TOKENS
+                ),
+                deadline=time.monotonic() + BACKGROUND_DEADLINE,
+                created_at=stored.created_at,
+                state=stored.state,
+                attempts=stored.attempts,
+                estimated_seconds=stored.estimated_seconds,
+                fallback_reason=stored.fallback_reason,
+            )
+            self.registry.add(job, journaled=True)
+            if job.state == "awaiting_approval":
+                continue  # still the user's call
+            if job.stream and job.state == "running":
+                # Its client's stream ended with the old process; part of it may have been delivered.
+                self.registry.fail(
+                    job, "failed", {"message": "the service restarted during the stream"}, "service_restarted"
+                )
+                continue
+            self.registry.set_route(job, "gpu")
+            self.start(job)
+
+
+def model_not_found(name: str | None, known: set[str]) -> Refused:
+    public = sorted(model for model in known if "/" not in model and "\\" not in model)
+    return _refused(
+        404,
+        "model_not_found",
+        f"The model '{name}' does not exist; this service serves {', '.join(public)}",
+        type="invalid_request_error",
+        param="model",
+    )
+
+
+def journal_unavailable(failure: str | None) -> Refused:
+    reason = failure or "the journal did not confirm the write in time"
+    return _refused(503, "journal_unavailable", f"background jobs are not taken: {reason}", retry_after=60)
+
+
+def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as the model's chat template takes it: content is a string
+    (OpenAI clients send null next to tool calls, and arrays of text parts), and `developer` (OpenAI's newer
+    name for the system role) is `system`, the role chat templates know."""
+    content = message.get("content")
+    if content is None and message.get("role") == "assistant":
+        message = {**message, "content": ""}
+    elif isinstance(content, list):
+        message = {**message, "content": "\n".join(part.get("text", "") for part in content)}
+    if message.get("role") == "developer":
+        message = {**message, "role": "system"}
+    return message
