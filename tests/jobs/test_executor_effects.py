@@ -18,11 +18,12 @@ from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.embeddings import EmbeddingRunner
-from tray_app.jobs.engine import Executor, ExecutorSettings
+from tray_app.jobs.engine import Executor
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.outcomes import Ended, Finished, JobError, JobFailed, Outcome, Piece
 from tray_app.jobs.registry import Job, JobRegistry, new_id
 from tray_app.jobs.relay import Chunk, UpstreamError
+from tray_app.jobs.worker_port import ExecutorSettings
 from tray_app.server.streaming import outcome_bytes
 
 Step = dict[str, Any] | Exception
@@ -305,16 +306,16 @@ async def test_the_approval_backlog_is_bounded(make_executor: Factory) -> None:
     executor, registry, _ = make_executor(ScriptedRelay(), CPU_SLOW, max_pending_approvals=2)
     decision = policy.Decision("approval", policy.CPU_TOO_SLOW, 120.0)
     first, second, third = (new_job(registry, stream=False) for _ in range(3))
-    assert executor.request_approval(first, decision) is None
-    assert executor.request_approval(second, decision) is None
-    refused = executor.request_approval(third, decision)
+    assert executor.desk.request_approval(first, decision) is None
+    assert executor.desk.request_approval(second, decision) is None
+    refused = executor.desk.request_approval(third, decision)
     assert refused is not None and refused.reason == policy.APPROVAL_BACKLOG_FULL
     assert third.state == "queued"  # untouched: the caller refuses it with the reason
-    assert executor.approve(first)  # approved but still in line for the CPU: it still takes a place
-    assert executor.request_approval(third, decision) is not None
+    assert executor.desk.approve(first)  # approved but still in line for the CPU: it still takes a place
+    assert executor.desk.request_approval(third, decision) is not None
     registry.fail(second, "rejected", {"message": "rejected by the user", "code": "rejected"})
-    assert executor.request_approval(third, decision) is None
-    assert registry.count("awaiting_approval") == 1 and executor.approval_backlog() == 2
+    assert executor.desk.request_approval(third, decision) is None
+    assert registry.count("awaiting_approval") == 1 and executor.desk.approval_backlog() == 2
 
 
 async def test_a_failure_that_needs_approval_beyond_the_backlog_is_refused_with_the_reason(
@@ -323,7 +324,10 @@ async def test_a_failure_that_needs_approval_beyond_the_backlog_is_refused_with_
     crash = UpstreamError("exited", "connection dropped")
     executor, registry, _ = make_executor(ScriptedRelay([crash]), CPU_SLOW, max_pending_approvals=1)
     waiting = new_job(registry, stream=False)
-    assert executor.request_approval(waiting, policy.Decision("approval", policy.CPU_TOO_SLOW, 99.0)) is None
+    assert (
+        executor.desk.request_approval(waiting, policy.Decision("approval", policy.CPU_TOO_SLOW, 99.0))
+        is None
+    )
     job = new_job(registry, stream=False)
     job.deadline = 0.0  # the client cannot wait: the CPU run would need approval
     await executor.drain(job)

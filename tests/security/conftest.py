@@ -36,6 +36,7 @@ class StandInExecutor:
         self.spawned = spawned
         self.approved: list[str] = []
         self.settings = SimpleNamespace(policy=policy.Settings())
+        self.desk = self  # the approval desk's part, here in one stand-in
 
     def dispatch(self, job: Job) -> None:
         return None

@@ -15,10 +15,11 @@ from tray_app.contract.events import ApprovalNeeded, Event, EventBus, JobStateCh
 from tray_app.jobs import policy
 from tray_app.jobs import registry as jobs_registry
 from tray_app.jobs.admission import SlotPool
-from tray_app.jobs.engine import Executor, ExecutorSettings
+from tray_app.jobs.engine import Executor
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import FINAL_STATES, STATES, TRANSITIONS, Job, JobRegistry, can_move, new_id
 from tray_app.jobs.relay import Chunk
+from tray_app.jobs.worker_port import ExecutorSettings
 
 
 def make_job(**overrides: Any) -> Job:
@@ -214,12 +215,12 @@ def make_executor(
 async def test_a_job_cancelled_during_a_cold_cpu_start_never_runs(registry: JobRegistry) -> None:
     worker, relay = ColdWorker(), CountingRelay()
     executor = make_executor(registry, worker, relay, SlotPool({"gpu": 1, "cpu": 1}, 8))
-    runner = asyncio.create_task(executor.run_approved())
+    runner = asyncio.create_task(executor.desk.run_approved())
     try:
         job = make_job(route="cpu")
         registry.add(job)
         registry.await_approval(job, 30.0, "cpu_too_slow")
-        assert executor.approve(job)
+        assert executor.desk.approve(job)
         await asyncio.wait_for(worker.waiting.wait(), 5)  # the approved run waits for the cold CPU worker
         assert registry.fail(job, "cancelled", {"message": "cancelled by request"}, "cancelled_by_request")
         worker.loaded.set()
@@ -235,7 +236,7 @@ async def test_a_job_cancelled_during_a_cold_cpu_start_never_runs(registry: JobR
         second = make_job(route="cpu")
         registry.add(second)
         registry.await_approval(second, 30.0, "cpu_too_slow")
-        executor.approve(second)
+        executor.desk.approve(second)
         await asyncio.wait_for(second.finished.wait(), 5)
         assert second.state == "completed"
         assert relay.calls == 1
@@ -253,8 +254,8 @@ async def test_a_job_cancelled_while_it_waits_for_a_cpu_slot_never_runs(registry
     job = make_job(route="cpu")
     registry.add(job)
     registry.await_approval(job, 30.0, "cpu_too_slow")
-    executor.approve(job)
-    runner = asyncio.create_task(executor.run_approved())
+    executor.desk.approve(job)
+    runner = asyncio.create_task(executor.desk.run_approved())
     try:
         for _ in range(10):
             await asyncio.sleep(0.01)

@@ -25,12 +25,13 @@ from tray_app.host.metrics import Metrics
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool, TokenCounter
 from tray_app.jobs.embeddings import EmbeddingRunner
-from tray_app.jobs.engine import Executor, ExecutorSettings, Worker
+from tray_app.jobs.engine import Executor
 from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.path_timing import PathTimings
 from tray_app.jobs.registry import JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.jobs.worker_port import ExecutorSettings, Worker
 from tray_app.library.catalog import ModelEntry, catalog_from_config
 from tray_app.supervisor.profile import WorkerProfile, library_profiles
 
@@ -211,7 +212,7 @@ class Service:
             if worker.profile.warm:
                 # Not awaited: the API answers (status "starting") while the workers load.
                 self._tasks.append(asyncio.create_task(worker.start(), name=f"start-{worker.role}"))
-        self._tasks.append(asyncio.create_task(self.executor.run_approved(), name="approved-jobs"))
+        self._tasks.append(asyncio.create_task(self.executor.desk.run_approved(), name="approved-jobs"))
         self._tasks.append(asyncio.create_task(self.library.reap(), name="keep-alive"))
         self._tasks.append(asyncio.create_task(self._tell_systemd(), name="systemd-notify"))
         self._speed_task = asyncio.create_task(self._measure_cpu_speed(), name="cpu-speed")

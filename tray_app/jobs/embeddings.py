@@ -16,10 +16,11 @@ from tray_app.contract.events import EventBus, FallbackCompleted, FallbackStarte
 from tray_app.contract.roles import EMBED_ROLES
 from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
-from tray_app.jobs.engine import CAUSE_WAIT_SECONDS, ExecutorSettings, Worker
+from tray_app.jobs.engine import CAUSE_WAIT_SECONDS
 from tray_app.jobs.outcomes import JobError, JobFailed, cannot_serve
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.jobs.worker_port import ExecutorSettings, Worker
 
 ORDER = (("gpu", EMBED_ROLES["gpu"]), ("cpu", EMBED_ROLES["cpu"]))  # (device, worker role), in order
 ANSWER_SECONDS = 120.0  # one batch of inputs; more is a hung worker

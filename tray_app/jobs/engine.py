@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from tray_app.contract.events import (
     EventBus,
@@ -27,11 +26,20 @@ from tray_app.contract.events import (
 )
 from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueTimeout, SlotPool
+from tray_app.jobs.approvals import ApprovalDesk
 from tray_app.jobs.assemble import Assembler, chat_chunk
 from tray_app.jobs.continuation import EchoedPrefix, continuation_messages
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece, cannot_serve
+from tray_app.jobs.progress import Progress, constrained_output, continues_chat, shape_survives_resume
 from tray_app.jobs.registry import Job, JobRegistry, upstream_stream, worker_fields
 from tray_app.jobs.relay import Relay, Sent, UpstreamError
+from tray_app.jobs.worker_port import (
+    CpuSpeed,
+    ExecutorSettings,
+    Prompts,
+    StandIn,
+    Worker,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,88 +58,7 @@ _SAMPLING_FIELDS = (
 )
 
 
-def constrained_output(body: dict[str, Any]) -> bool:
-    """Whether the answer has a shape a continuation on the CPU (a plain completion of the text so far)
-    could not keep: a grammar, a JSON schema or format, tools, or log probabilities for every token."""
-    response_format = body.get("response_format")
-    shaped = isinstance(response_format, dict) and response_format.get("type", "text") != "text"
-    asked = body.get("grammar") or body.get("json_schema") or body.get("tools") or body.get("logprobs")
-    return bool(asked or shaped)
-
-
-def continues_chat(job: Job, progress: Progress) -> bool:
-    """Whether a resumed stream of this job is a chat continuation (jobs.continuation): a thinking model's,
-    whose reasoning reached the client. Not after an assistant prefill of the request's own: llama-server
-    continues one trailing assistant message, not two."""
-    messages = job.body.get("messages") or [{}]
-    prefilled = messages[-1].get("role") == "assistant"
-    return job.kind == "chat" and bool(progress.delivered_reasoning) and not prefilled
-
-
-def shape_survives_resume(job: Job, progress: Progress) -> bool:
-    """A chat continuation that has sent only reasoning keeps the request's tools and response format: they
-    shape the answer still to come, none of which reached the client. A raw grammar (from the first token)
-    or log probabilities it cannot promise."""
-    only_reasoning = not progress.delivered_text and not progress.tool_call_delivered
-    unkept = job.body.get("grammar") or job.body.get("logprobs")
-    return continues_chat(job, progress) and only_reasoning and not unkept
-
-
 CAUSE_WAIT_SECONDS = 1.0  # how long a failed attempt waits for its worker's supervisor to name the cause
-
-
-def retry_after_seconds(estimate: float | None) -> int:
-    """A Retry-After for a job waiting on a CPU run of `estimate` seconds (unknown: a minute)."""
-    if estimate is None or not math.isfinite(estimate):
-        return 60
-    return max(int(estimate), 1)
-
-
-class Worker(Protocol):
-    """What the executor needs of a supervisor."""
-
-    @property
-    def state(self) -> str: ...
-
-    @property
-    def base_url(self) -> str | None: ...
-
-    @property
-    def pid(self) -> int | None: ...
-
-    @property
-    def last_failure(self) -> dict[str, Any] | None: ...
-
-    @property
-    def request_headers(self) -> dict[str, str]: ...
-
-    async def ensure_ready(self, timeout: float) -> bool: ...
-
-    def mark_unhealthy(self, reason: str, kind: str, *, pid: int | None = None) -> None: ...
-
-    async def failure_of(self, pid: int, timeout: float) -> dict[str, Any] | None: ...
-
-    def note_tokens(self, count: int) -> None: ...
-
-
-class Prompts(Protocol):
-    """What the executor needs of a model's tokenizer and its workers' chat template (a resumed answer's
-    prompt and the tokens the client already has): admission.TokenCounter."""
-
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]: ...
-
-    def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int: ...
-
-
-@dataclass(frozen=True)
-class StandIn:
-    """A stand-in that can answer a job on the GPU now: its name, its GPU worker, the prompt in its
-    tokens and its context per slot."""
-
-    model: str
-    gpu_role: str
-    prompt_tokens: int
-    n_ctx_per_seq: int
 
 
 @dataclass(frozen=True)
@@ -144,42 +71,6 @@ class _Dropped:
     message: str
 
 
-@dataclass
-class ExecutorSettings:
-    policy: policy.Settings
-    stall_seconds: float  # no chunk for this long: the worker is hung
-    queue_timeout: float
-    cpu_tokens_per_second: float  # fixed estimate from the config; 0: measured
-    worker_ready_wait: float = 30.0
-    model_id: str = ""  # the name clients know the model by (workers report their file path instead)
-    max_pending_approvals: int = 32  # awaiting the user's approval, or approved and waiting for the CPU
-
-
-@dataclass
-class Progress:
-    """What one job produced so far, across attempts."""
-
-    assembler: Assembler
-    delivered_text: str = ""  # streamed: text that reached the client
-    delivered_reasoning: str = ""  # streamed: a thinking model's reasoning that reached the client
-    delivered_tokens: int = 0
-    tool_call_delivered: bool = False
-    role_sent: bool = False
-    worker_pid: int | None = None  # the process the current attempt talks to
-    chunk_id: str = ""
-    created: int = 0
-    model: str = ""
-
-    @property
-    def output_delivered(self) -> bool:
-        """The client has generated text: the answer's, or its reasoning's."""
-        return bool(self.delivered_text or self.delivered_reasoning)
-
-    def reset_undelivered(self, kind: str) -> None:
-        """A non-streamed replay starts from nothing: the failed attempt's output never left the router."""
-        self.assembler = Assembler(kind)
-
-
 @dataclass(frozen=True)
 class _Dispatched:
     """A job's first request, written to its worker by the handler that admitted it (Executor.dispatch)."""
@@ -187,29 +78,6 @@ class _Dispatched:
     worker_role: str
     url: str
     sent: Sent
-
-
-@dataclass
-class CpuSpeed:
-    """Measured CPU generation speed (tokens per second), a moving average over successful CPU attempts."""
-
-    tokens_per_second: float = 0.0
-    samples: int = 0
-
-    def record(self, tokens: int, seconds: float) -> None:
-        if tokens < 4 or seconds <= 0:
-            return
-        measured = tokens / seconds
-        self.samples += 1
-        weight = 1.0 if self.samples == 1 else 0.3
-        self.tokens_per_second = (1 - weight) * self.tokens_per_second + weight * measured
-
-
-@dataclass
-class Approvals:
-    """Jobs approved for a CPU run, in the order they were approved."""
-
-    queue: asyncio.Queue[Job] = field(default_factory=asyncio.Queue)
 
 
 class Executor:
@@ -236,11 +104,10 @@ class Executor:
         # async (job, offer=False): the job's stand-in on the GPU now, if the config lets it answer on its
         # own; with offer=True, one the approval window may offer instead ("ask").
         self._stand_in = stand_in
-        self._stand_in_runs: set[asyncio.Task[None]] = set()
         self._prompts = prompts
         self._on_fallback = on_fallback
         self.cpu_speed = CpuSpeed()
-        self.approvals = Approvals()
+        self.desk = ApprovalDesk(registry, lambda: self.settings, self.drain)  # the user's decisions
         self.shutting_down = False
         self._dispatched: dict[str, _Dispatched] = {}  # job id -> its first request, not yet taken up
 
@@ -316,12 +183,14 @@ class Executor:
                     self.registry.name_fallback(job, failure.kind)
                     if decision.action == "approval":
                         offer = await self._stand_in(job, offer=True) if self._stand_in else None
-                        refused = self.request_approval(job, decision, offer.model if offer else None)
+                        refused = self.desk.request_approval(job, decision, offer.model if offer else None)
                         if refused is not None:
                             for piece in self._refuse(job, refused, deliver):
                                 yield piece
                             return
-                        async with aclosing(self.wait_for_final(job, deliver, decision.reason)) as waiting:
+                        async with aclosing(
+                            self.desk.wait_for_final(job, deliver, decision.reason)
+                        ) as waiting:
                             async for piece in waiting:
                                 yield piece
                         return
@@ -620,84 +489,6 @@ class Executor:
         route = {"cpu": "cpu", "approval": "approval"}.get(decision.action, "refused")
         self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason or failure.kind))
         return decision
-
-    def approval_backlog(self) -> int:
-        """Jobs in the user's hands, plus approved ones still in line for the CPU."""
-        return self.registry.count("awaiting_approval") + self.approvals.queue.qsize()
-
-    def request_approval(
-        self, job: Job, decision: policy.Decision, stand_in_offer: str | None = None
-    ) -> policy.Decision | None:
-        """Put `job` in the user's hands (with a stand-in they may pick instead); a refusal instead when the
-        backlog is full (checked and taken in one step, with no await between, so two requests cannot both
-        take the last place)."""
-        limit = self.settings.max_pending_approvals
-        if self.approval_backlog() >= limit:
-            detail = f"{limit} jobs already wait for approval or for the CPU (failover.max_pending_approvals)"
-            return policy.Decision("refuse", policy.APPROVAL_BACKLOG_FULL, decision.estimated_seconds, detail)
-        self.registry.set_route(job, "cpu")
-        self.registry.await_approval(job, decision.estimated_seconds, decision.reason, stand_in_offer)
-        return None
-
-    def approve(self, job: Job) -> bool:
-        if job.state != "awaiting_approval":
-            return False
-        self.registry.set_state(job, "queued", "approved")
-        self.approvals.queue.put_nowait(job)
-        return True
-
-    def run_stand_in(self, job: Job, stand_in: StandIn) -> bool:
-        """The user picked the stand-in for a job awaiting approval: it runs on the GPU now (the client still
-        waiting gets its answer; a background job keeps it)."""
-        if job.state != "awaiting_approval":
-            return False
-        self.registry.substitute(
-            job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
-        )
-        self.registry.set_state(job, "queued", "stand-in chosen")
-        task = asyncio.get_running_loop().create_task(self.drain(job), name=f"stand-in-{job.id}")
-        self._stand_in_runs.add(task)
-        task.add_done_callback(self._stand_in_runs.discard)
-        return True
-
-    async def run_approved(self) -> None:
-        """Runs approved jobs on the CPU one after another, storing their answers (the approval runner)."""
-        while True:
-            job = await self.approvals.queue.get()
-            if job.final:
-                continue
-            self.registry.set_route(job, "cpu")
-            self.registry.extend_deadline(job, 24 * 3600)  # approved: the user accepted the wait
-            try:
-                await self.drain(job)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # one broken job must not stop the runner; it is failed with the reason
-                log.exception("approved job %s failed", job.id)
-                self.registry.fail(job, "failed", {"message": "internal error", "code": "internal_error"})
-
-    async def wait_for_final(self, job: Job, deliver: bool, reason: str) -> AsyncGenerator[Outcome, None]:
-        """A client waits (up to its deadline) for a job that someone else now runs (approval)."""
-        try:
-            await asyncio.wait_for(job.finished.wait(), max(job.time_left(), 0.0))
-        except TimeoutError:
-            error = cannot_serve(
-                f"job {job.id} is waiting for approval to run on the CPU; "
-                f"collect it later from /v1/jobs/{job.id}",
-                reason,
-                retry_after=retry_after_seconds(job.estimated_seconds),
-                job_id=job.id,
-                reason=reason,
-            )
-            self.registry.client_stopped_waiting(job, error.record())
-            if deliver:
-                yield Ended(error)
-            return
-        if deliver:
-            if job.result is not None:
-                yield Finished(job.result, replayed=True)
-            else:
-                yield Ended(JobError.from_record(job.error))
 
     def _refuse(self, job: Job, decision: policy.Decision, deliver: bool) -> list[Outcome]:
         self._on_fallback("refused")

@@ -5,76 +5,34 @@ cancel, and resuming what an earlier run accepted.
 `Jobs` is the facade the HTTP layer talks to (llama-swap's split: the scheduler decides, its effects are a
 narrow table). It speaks plain data: a `JobRequest` in, a `Job` and an `Admission` out, `Refused` (a
 `JobError`) when a request cannot be served. What it needs of the rest of the service, the models and their
-workers, is the `Models` protocol below; the host implements it.
+workers, is the `Models` protocol (jobs.routing); the host implements it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-import psutil
-
-from tray_app.budget.planner import Plan
 from tray_app.config import Config
 from tray_app.contract.events import EventBus, RouteDecided
 from tray_app.engine.tools import worker_tool_choice
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, requested_tokens
-from tray_app.jobs.engine import Executor, StandIn, Worker
+from tray_app.jobs.engine import Executor
 from tray_app.jobs.ids import new_request_id, random_seed
 from tray_app.jobs.journal import Journal, StoredJob
 from tray_app.jobs.outcomes import JobError
 from tray_app.jobs.path_timing import FirstTokenPath
 from tray_app.jobs.registry import Job, JobRegistry, new_id, stored_summary
+from tray_app.jobs.routing import Models, Refused, Routing, refused
+from tray_app.jobs.worker_port import Worker
 from tray_app.library.catalog import ModelEntry
-from tray_app.library.errors import LoadRefused
 
 BACKGROUND_DEADLINE = 24 * 3600.0  # a background job's client collects it later: a day to finish
 RESUMED_MAX_TOKENS = 256  # a resumed job whose body names no budget (it was counted at its first start)
-
-
-class Refused(Exception):
-    """The request cannot be served (now): `error` says why, in the words a client gets."""
-
-    def __init__(self, error: JobError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def _refused(status: int, code: str, message: str, **kw: Any) -> Refused:
-    return Refused(JobError(status, code, message, **kw))
-
-
-class Models(Protocol):
-    """What the intake needs to know of the models and their workers (the host implements it)."""
-
-    @property
-    def model_names(self) -> set[str]: ...
-
-    def find(self, name: str | None) -> ModelEntry | None: ...
-
-    def stand_in_for(self, entry: ModelEntry) -> ModelEntry | None: ...
-
-    def roles(self, entry: ModelEntry) -> dict[str, str]: ...
-
-    def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int: ...
-
-    def cpu_plan(self, role: str | None) -> Plan | None: ...
-
-    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int: ...
-
-    def tool_call_opener_for(self, model: str) -> str: ...
-
-    def grammar_error(self, grammar: str) -> str | None: ...
-
-    def touch(self, name: str, keep_alive: float | None) -> None: ...
-
-    async def load(self, entry: ModelEntry, device: str, wait: float) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -152,17 +110,20 @@ class Jobs:
         self.bus = bus
         self.workers = workers
         self.config = config
-        self.cpu_speed_ready = cpu_speed_ready  # the first CPU speed measurement, while it runs
         self.count = count  # requests by route and outcome (the service's metrics)
+        self.routing = Routing(
+            models, registry, executor, slots, bus, workers, config, cpu_speed_ready, count
+        )
+        # Where a job goes, asked of the routing by the facade and by the host.
+        self.model = self.routing.model
+        self.context_per_slot = self.routing.context_per_slot
+        self.route = self.routing.route
+        self.refusal = self.routing.refusal
+        self.stand_in = self.routing.stand_in
+        self.cpu_state = self.routing.cpu_state
+        self.cpu_tokens_per_second = self.routing.cpu_tokens_per_second
 
     # ------------------------------------------------------------------------------ making the job
-    def model(self, name: str | None) -> ModelEntry:
-        """The model a request names (none: the main model); 404 listing what exists otherwise."""
-        entry = self.models.find(name)
-        if entry is None:
-            raise model_not_found(name, self.models.model_names)
-        return entry
-
     def as_workers_take(self, kind: str, body: dict[str, Any], entry: ModelEntry) -> dict[str, Any]:
         """A chat's messages and tool choice as the workers' template and llama-server take them."""
         if kind != "chat":
@@ -189,7 +150,7 @@ class Jobs:
         grammar = body.get("grammar")
         if grammar and (problem := self.models.grammar_error(grammar)) is not None:
             # Refused with the parser's own words before any worker sees it (tray_app.jobs.grammar_check).
-            raise _refused(
+            raise refused(
                 400,
                 "invalid_grammar",
                 f"'grammar' is not valid GBNF: {problem}",
@@ -199,13 +160,13 @@ class Jobs:
         prompt_tokens = self.models.count_prompt(request.kind, body, entry.name)
         if prompt_tokens == 0:
             # Nothing to continue from: this model adds no start token to an empty prompt.
-            raise _refused(
+            raise refused(
                 400, "empty_prompt", "the prompt is empty", type="invalid_request_error", param="prompt"
             )
         roles = self.models.roles(entry)
         if not roles:
             devices = ", ".join(entry.devices)
-            raise _refused(
+            raise refused(
                 503,
                 "no_worker_for_model",
                 f"{entry.name} has no worker here (devices: {devices})",
@@ -248,18 +209,12 @@ class Jobs:
                 return min(max_tokens, n_ctx - prompt_tokens)
         return max_tokens  # no slot reads this prompt: admission refuses it, naming the prompt
 
-    def context_per_slot(self, entry: ModelEntry) -> int:
-        """The context one request may use: the GPU plan's per slot (the CPU's for a CPU-only model)."""
-        if entry.main:
-            return self.models.n_ctx_per_seq(entry, "gpu")
-        return self.models.n_ctx_per_seq(entry, "gpu") or self.models.n_ctx_per_seq(entry, "cpu")
-
     # ------------------------------------------------------------------------------ admission
     async def admit(self, job: Job, deadline: float) -> Admission:
         """Route and admit a made job, registering it: a slot held, or the job waiting for approval.
         Refused (the job failed with the reason) when it cannot be served."""
         entry = self.model(job.asked_model)
-        held = self._start_at_once(job, entry, deadline)
+        held = self.routing.start_at_once(job, entry, deadline)
         if held is not None:
             # The worker starts on it first; the job's journal entry and events follow in this same turn
             # of the event loop (nothing can look the job up in between), off the token's path.
@@ -282,98 +237,9 @@ class Jobs:
 
     async def ask_approval(self, job: Job, decision: policy.Decision) -> None:
         offer = await self.stand_in(job, offer=True)
-        backlog_full = self.executor.request_approval(job, decision, offer.model if offer else None)
+        backlog_full = self.executor.desk.request_approval(job, decision, offer.model if offer else None)
         if backlog_full is not None:
             raise self.refusal(job, backlog_full)
-
-    async def route(self, job: Job, deadline: float) -> policy.Decision:
-        entry = self.model(job.asked_model)
-        n_ctx = self.context_per_slot(entry)
-        request = policy.RouteRequest(
-            job.prompt_tokens, job.max_tokens, n_ctx, await self._gpu_available(job, entry, n_ctx), deadline
-        )
-        decision = policy.route_on_gpu(request)
-        if decision is None:
-            decision = await self._stand_in_route(job)
-        if decision is None:
-            cpu = await self.cpu_state(deadline, job.worker_role("cpu"))
-            decision = policy.decide_route(request, cpu, self.executor.settings.policy)
-        route = "refused" if decision.refused else decision.action
-        self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason))
-        return decision
-
-    async def _gpu_available(self, job: Job, entry: ModelEntry, n_ctx: int) -> bool:
-        """Whether the job's model can answer on the GPU: the main model's worker is up; another model's
-        is loaded now if the request fits it (making room by unloading idle models, see host.library)."""
-        if entry.main:
-            return self._gpu_worker_up(job)
-        role = job.worker_role("gpu")
-        if role is None or self.workers(role) is None:
-            return False
-        if job.prompt_tokens + job.max_tokens > n_ctx:
-            return False
-        wait = min(max(job.time_left(), 0.0), self.config().supervisor.start_timeout)
-        try:
-            return await self.models.load(entry, "gpu", wait)
-        except LoadRefused as refused:
-            self.registry.name_fallback(job, refused.code)
-            return False
-
-    def _gpu_worker_up(self, job: Job) -> bool:
-        role = job.worker_role("gpu")
-        worker = self.workers(role) if role else None
-        return worker is not None and worker.state not in ("failed", "stopped")
-
-    def _start_at_once(self, job: Job, entry: ModelEntry, deadline: float) -> float | None:
-        """The GPU slot, taken, when the route is plain and free: the main model, its GPU worker up, the
-        request within the GPU's context, a slot free now. None: the full route and admission decide."""
-        if not entry.main:
-            return None
-        gpu = policy.RouteRequest(
-            job.prompt_tokens,
-            job.max_tokens,
-            self.context_per_slot(entry),
-            self._gpu_worker_up(job),
-            deadline,
-        )
-        if policy.route_on_gpu(gpu) is None:
-            return None
-        return self.slots.try_acquire(job.worker_role("gpu") or "gpu")
-
-    async def _stand_in_route(self, job: Job) -> policy.Decision | None:
-        """The ladder's middle rung at admission: the asked model cannot use the GPU, its stand-in can."""
-        stand_in = await self.stand_in(job)
-        if stand_in is None:
-            return None
-        fits = stand_in.prompt_tokens + job.max_tokens <= stand_in.n_ctx_per_seq
-        if not policy.stand_in_first(policy.StandInCase(allowed=True, available=True, fits=fits)):
-            return None
-        self.registry.substitute(
-            job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
-        )
-        return policy.Decision("gpu", policy.STAND_IN)
-
-    def refusal(self, job: Job, decision: policy.Decision) -> Refused:
-        """The job ends, failed with the decision's reason; the refusal a client gets."""
-        if decision.reason == policy.CONTEXT_EXCEEDED:
-            error = JobError(
-                400,
-                policy.CONTEXT_EXCEEDED,
-                f"This request is too long for this service: {decision.detail}",
-                type="invalid_request_error",
-                param="messages" if job.kind == "chat" else "prompt",
-            )
-        else:
-            error = JobError(
-                503,
-                decision.reason,
-                f"cannot run this request: {decision.reason} ({decision.detail})",
-                retry_after=5,
-                details={"job_id": job.id, "reason": decision.reason},
-            )
-        self.registry.fail(job, "failed", error.record(), decision.reason)
-        self.count("refused", decision.reason)
-        return Refused(error)
 
     async def _slot(self, job: Job, role: str) -> float:
         wait = min(self.config().server.queue_timeout, max(job.time_left(), 0.0))
@@ -400,67 +266,6 @@ class Jobs:
         raise Refused(error)
 
     # ------------------------------------------------------------------------------ stand-in and CPU
-    async def stand_in(self, job: Job, *, offer: bool = False, chosen: bool = False) -> StandIn | None:
-        """The job's stand-in on the GPU, ready to answer now: only for a job still on its own model, when
-        the request allows it, the stand-in fits the request and its GPU worker is ready (or, for a library
-        model, could be loaded). Which question: may it answer on its own (library.stand_in "auto"), may
-        the approval window offer it (`offer`, "ask": checked, not loaded), or the user picked it
-        (`chosen`: loaded now)."""
-        cfg = self.config()
-        wanted = "ask" if offer or chosen else "auto"
-        if job.stand_in_for or not job.may_stand_in or cfg.library.stand_in != wanted:
-            return None
-        asked = self.models.find(job.asked_model)
-        stand = self.models.stand_in_for(asked) if asked is not None else None
-        role = self.models.roles(stand).get("gpu") if stand is not None else None
-        if stand is None or role is None:
-            return None
-        n_ctx = self.models.n_ctx_per_seq(stand, "gpu")
-        prompt_tokens = self.models.count_prompt(job.kind, job.body, stand.name)
-        if prompt_tokens + job.max_tokens > n_ctx:
-            return None
-        wait = min(max(job.time_left(), 0.0), cfg.supervisor.start_timeout)
-        if chosen:
-            wait = cfg.supervisor.start_timeout  # the user is waiting for exactly this
-        if stand.main or offer:
-            worker = self.workers(role)
-            if stand.main and (worker is None or worker.state != "ready"):
-                return None
-        else:
-            try:
-                if not await self.models.load(stand, "gpu", wait):
-                    return None
-            except LoadRefused:
-                return None
-        return StandIn(stand.name, role, prompt_tokens, n_ctx)
-
-    def cpu_tokens_per_second(self) -> float:
-        fixed = self.config().failover.cpu_tokens_per_second
-        return fixed if fixed > 0 else self.executor.cpu_speed.tokens_per_second
-
-    async def cpu_state(self, time_left: float, role: str | None = "cpu") -> policy.CpuState:
-        """The CPU worker `role` (the main model's, or a library model's "cpu@name") as the policy sees it."""
-        worker = self.workers(role) if role else None
-        plan = self.models.cpu_plan(role)
-        if worker is None or plan is None:
-            return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq if plan else 0)
-        ready = worker.state == "ready"
-        speed = self.cpu_speed_ready()
-        if self.cpu_tokens_per_second() <= 0 and speed is not None and not speed.done():
-            # The first measurement is still running (just after start): its answer beats no answer.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(speed), min(max(time_left, 0.0), 15.0))
-        if not ready and worker.state in ("starting", "restarting", "unhealthy"):
-            ready = await worker.ensure_ready(min(max(time_left, 0.0), 10.0))
-        ram_ok = (
-            ready
-            or psutil.virtual_memory().available >= plan.weights_bytes + plan.kv_bytes + plan.compute_bytes
-        )
-        if not ready and ram_ok and worker.state == "stopped":
-            start = self.config().supervisor.start_timeout
-            ready = await worker.ensure_ready(min(max(time_left, 0.0), start))
-        return policy.CpuState(True, ready, ram_ok, self.cpu_tokens_per_second(), plan.n_ctx_per_seq)
-
     # ------------------------------------------------------------------------------ running
     def run_task(self, job: Job, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Start the task that runs `job` (the only place `job.task` is written)."""
@@ -475,7 +280,7 @@ class Jobs:
         """A plain (non-streamed) client waits for a job in the user's hands."""
 
         async def wait() -> None:
-            async for _ in self.executor.wait_for_final(job, False, reason):
+            async for _ in self.executor.desk.wait_for_final(job, False, reason):
                 pass
 
         return self.run_task(job, wait(), f"approval-wait-{job.id}")
@@ -505,7 +310,7 @@ class Jobs:
     # ------------------------------------------------------------------------------ the user's decisions
     def approve(self, job: Job) -> bool:
         """The user accepts the slow CPU run of a job awaiting approval (False: it no longer waits)."""
-        return self.executor.approve(job)
+        return self.executor.desk.approve(job)
 
     def reject(self, job: Job) -> bool:
         return self.registry.fail(
@@ -518,7 +323,7 @@ class Jobs:
     async def pick_stand_in(self, job: Job) -> bool:
         """The user picked the smaller model on the GPU now over the big one on the CPU later."""
         stand_in = await self.stand_in(job, chosen=True) if job.stand_in_offer else None
-        return stand_in is not None and self.executor.run_stand_in(job, stand_in)
+        return stand_in is not None and self.executor.desk.run_stand_in(job, stand_in)
 
     # ------------------------------------------------------------------------------ idempotency
     def made_under(self, key: str) -> tuple[Job | None, StoredJob | None]:
@@ -543,7 +348,7 @@ class Jobs:
 
     def _refuse_reuse(self, key: str, verdict: str, job_id: str, background: bool | None) -> None:
         if verdict == "effects_delivered":
-            raise _refused(
+            raise refused(
                 409,
                 "idempotency_key_effects_delivered",
                 f"the request with Idempotency-Key {key!r} (job {job_id}) failed after its tool call reached "
@@ -553,7 +358,7 @@ class Jobs:
                 param="Idempotency-Key",
             )
         if verdict == "mismatch" or background is False:
-            raise _refused(
+            raise refused(
                 422,
                 "idempotency_key_reused",
                 f"Idempotency-Key {key!r} was used with a different request"
@@ -562,7 +367,7 @@ class Jobs:
                 param="Idempotency-Key",
             )
         if verdict == "in_progress" and background is None:
-            raise _refused(
+            raise refused(
                 409,
                 "idempotency_key_in_progress",
                 f"a request with Idempotency-Key {key!r} is still running (job {job_id})",
@@ -584,7 +389,7 @@ class Jobs:
                 return existing
         limit = self.config().server.jobs_max
         if self.registry.background_pending() >= limit:
-            raise _refused(
+            raise refused(
                 429,
                 "too_many_jobs",
                 f"{limit} background jobs are already waiting or running (server.jobs_max); try again later",
@@ -678,20 +483,9 @@ class Jobs:
             self.start(job)
 
 
-def model_not_found(name: str | None, known: set[str]) -> Refused:
-    public = sorted(model for model in known if "/" not in model and "\\" not in model)
-    return _refused(
-        404,
-        "model_not_found",
-        f"The model '{name}' does not exist; this service serves {', '.join(public)}",
-        type="invalid_request_error",
-        param="model",
-    )
-
-
 def journal_unavailable(failure: str | None) -> Refused:
     reason = failure or "the journal did not confirm the write in time"
-    return _refused(503, "journal_unavailable", f"background jobs are not taken: {reason}", retry_after=60)
+    return refused(503, "journal_unavailable", f"background jobs are not taken: {reason}", retry_after=60)
 
 
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:

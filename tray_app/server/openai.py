@@ -19,11 +19,11 @@ from starlette.types import ASGIApp
 
 from tray_app.budget.sizes import parse_size
 from tray_app.contract.roles import CHAT_ROLES
-from tray_app.jobs.engine import retry_after_seconds
 from tray_app.jobs.ids import new_request_id
 from tray_app.jobs.intake import BACKGROUND_DEADLINE, Admission, JobRequest, Refused
 from tray_app.jobs.outcomes import JobFailed, Piece
 from tray_app.jobs.registry import Job, new_id
+from tray_app.jobs.worker_port import retry_after_seconds
 from tray_app.server.embedding_requests import parse_embedding_request
 from tray_app.server.errors import ApiError, from_job_error
 from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Writer
@@ -194,7 +194,7 @@ class Router:
             timed = job.path is None  # the first output's way is recorded once
             try:
                 source = (
-                    executor.wait_for_final(job, True, approval)
+                    executor.desk.wait_for_final(job, True, approval)
                     if approval
                     else executor.run(job, deliver=True, held_slot=held)
                 )

@@ -1,0 +1,263 @@
+"""Where a job goes: the GPU, its model's stand-in, the CPU, the user's approval, or a refusal. The decisions
+are the policy's (jobs.policy, pure); this gathers what they need, the models' contexts, the workers' states,
+the CPU's speed and RAM, a library model loaded on demand, and applies them through the registry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import psutil
+
+from tray_app.budget.planner import Plan
+from tray_app.config import Config
+from tray_app.contract.events import EventBus, RouteDecided
+from tray_app.jobs import policy
+from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.engine import Executor
+from tray_app.jobs.outcomes import JobError
+from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.jobs.worker_port import StandIn, Worker
+from tray_app.library.catalog import ModelEntry
+from tray_app.library.errors import LoadRefused
+
+
+class Refused(Exception):
+    """The request cannot be served (now): `error` says why, in the words a client gets."""
+
+    def __init__(self, error: JobError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def refused(status: int, code: str, message: str, **kw: Any) -> Refused:
+    return Refused(JobError(status, code, message, **kw))
+
+
+class Models(Protocol):
+    """What the intake needs to know of the models and their workers (the host implements it)."""
+
+    @property
+    def model_names(self) -> set[str]: ...
+
+    def find(self, name: str | None) -> ModelEntry | None: ...
+
+    def stand_in_for(self, entry: ModelEntry) -> ModelEntry | None: ...
+
+    def roles(self, entry: ModelEntry) -> dict[str, str]: ...
+
+    def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int: ...
+
+    def cpu_plan(self, role: str | None) -> Plan | None: ...
+
+    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int: ...
+
+    def tool_call_opener_for(self, model: str) -> str: ...
+
+    def grammar_error(self, grammar: str) -> str | None: ...
+
+    def touch(self, name: str, keep_alive: float | None) -> None: ...
+
+    async def load(self, entry: ModelEntry, device: str, wait: float) -> bool: ...
+
+
+class Routing:
+    """Route decisions for the jobs facade (jobs.intake.Jobs), over the same collaborators."""
+
+    def __init__(
+        self,
+        models: Models,
+        registry: JobRegistry,
+        executor: Executor,
+        slots: SlotPool,
+        bus: EventBus,
+        workers: Callable[[str], Worker | None],
+        config: Callable[[], Config],
+        cpu_speed_ready: Callable[[], asyncio.Task[None] | None],
+        count: Callable[[str, str], None],
+    ) -> None:
+        self.models = models
+        self.registry = registry
+        self.executor = executor
+        self.slots = slots
+        self.bus = bus
+        self.workers = workers
+        self.config = config
+        self.cpu_speed_ready = cpu_speed_ready  # the first CPU speed measurement, while it runs
+        self.count = count  # requests by route and outcome (the service's metrics)
+
+    def model(self, name: str | None) -> ModelEntry:
+        """The model a request names (none: the main model); 404 listing what exists otherwise."""
+        entry = self.models.find(name)
+        if entry is None:
+            raise model_not_found(name, self.models.model_names)
+        return entry
+
+    def context_per_slot(self, entry: ModelEntry) -> int:
+        """The context one request may use: the GPU plan's per slot (the CPU's for a CPU-only model)."""
+        if entry.main:
+            return self.models.n_ctx_per_seq(entry, "gpu")
+        return self.models.n_ctx_per_seq(entry, "gpu") or self.models.n_ctx_per_seq(entry, "cpu")
+
+    async def route(self, job: Job, deadline: float) -> policy.Decision:
+        entry = self.model(job.asked_model)
+        n_ctx = self.context_per_slot(entry)
+        request = policy.RouteRequest(
+            job.prompt_tokens, job.max_tokens, n_ctx, await self._gpu_available(job, entry, n_ctx), deadline
+        )
+        decision = policy.route_on_gpu(request)
+        if decision is None:
+            decision = await self._stand_in_route(job)
+        if decision is None:
+            cpu = await self.cpu_state(deadline, job.worker_role("cpu"))
+            decision = policy.decide_route(request, cpu, self.executor.settings.policy)
+        route = "refused" if decision.refused else decision.action
+        self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason))
+        return decision
+
+    async def _gpu_available(self, job: Job, entry: ModelEntry, n_ctx: int) -> bool:
+        """Whether the job's model can answer on the GPU: the main model's worker is up; another model's
+        is loaded now if the request fits it (making room by unloading idle models, see host.library)."""
+        if entry.main:
+            return self._gpu_worker_up(job)
+        role = job.worker_role("gpu")
+        if role is None or self.workers(role) is None:
+            return False
+        if job.prompt_tokens + job.max_tokens > n_ctx:
+            return False
+        wait = min(max(job.time_left(), 0.0), self.config().supervisor.start_timeout)
+        try:
+            return await self.models.load(entry, "gpu", wait)
+        except LoadRefused as refused:
+            self.registry.name_fallback(job, refused.code)
+            return False
+
+    def _gpu_worker_up(self, job: Job) -> bool:
+        role = job.worker_role("gpu")
+        worker = self.workers(role) if role else None
+        return worker is not None and worker.state not in ("failed", "stopped")
+
+    def start_at_once(self, job: Job, entry: ModelEntry, deadline: float) -> float | None:
+        """The GPU slot, taken, when the route is plain and free: the main model, its GPU worker up, the
+        request within the GPU's context, a slot free now. None: the full route and admission decide."""
+        if not entry.main:
+            return None
+        gpu = policy.RouteRequest(
+            job.prompt_tokens,
+            job.max_tokens,
+            self.context_per_slot(entry),
+            self._gpu_worker_up(job),
+            deadline,
+        )
+        if policy.route_on_gpu(gpu) is None:
+            return None
+        return self.slots.try_acquire(job.worker_role("gpu") or "gpu")
+
+    async def _stand_in_route(self, job: Job) -> policy.Decision | None:
+        """The ladder's middle rung at admission: the asked model cannot use the GPU, its stand-in can."""
+        stand_in = await self.stand_in(job)
+        if stand_in is None:
+            return None
+        fits = stand_in.prompt_tokens + job.max_tokens <= stand_in.n_ctx_per_seq
+        if not policy.stand_in_first(policy.StandInCase(allowed=True, available=True, fits=fits)):
+            return None
+        self.registry.substitute(
+            job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
+        )
+        return policy.Decision("gpu", policy.STAND_IN)
+
+    def refusal(self, job: Job, decision: policy.Decision) -> Refused:
+        """The job ends, failed with the decision's reason; the refusal a client gets."""
+        if decision.reason == policy.CONTEXT_EXCEEDED:
+            error = JobError(
+                400,
+                policy.CONTEXT_EXCEEDED,
+                f"This request is too long for this service: {decision.detail}",
+                type="invalid_request_error",
+                param="messages" if job.kind == "chat" else "prompt",
+            )
+        else:
+            error = JobError(
+                503,
+                decision.reason,
+                f"cannot run this request: {decision.reason} ({decision.detail})",
+                retry_after=5,
+                details={"job_id": job.id, "reason": decision.reason},
+            )
+        self.registry.fail(job, "failed", error.record(), decision.reason)
+        self.count("refused", decision.reason)
+        return Refused(error)
+
+    async def stand_in(self, job: Job, *, offer: bool = False, chosen: bool = False) -> StandIn | None:
+        """The job's stand-in on the GPU, ready to answer now: only for a job still on its own model, when
+        the request allows it, the stand-in fits the request and its GPU worker is ready (or, for a library
+        model, could be loaded). Which question: may it answer on its own (library.stand_in "auto"), may
+        the approval window offer it (`offer`, "ask": checked, not loaded), or the user picked it
+        (`chosen`: loaded now)."""
+        cfg = self.config()
+        wanted = "ask" if offer or chosen else "auto"
+        if job.stand_in_for or not job.may_stand_in or cfg.library.stand_in != wanted:
+            return None
+        asked = self.models.find(job.asked_model)
+        stand = self.models.stand_in_for(asked) if asked is not None else None
+        role = self.models.roles(stand).get("gpu") if stand is not None else None
+        if stand is None or role is None:
+            return None
+        n_ctx = self.models.n_ctx_per_seq(stand, "gpu")
+        prompt_tokens = self.models.count_prompt(job.kind, job.body, stand.name)
+        if prompt_tokens + job.max_tokens > n_ctx:
+            return None
+        wait = min(max(job.time_left(), 0.0), cfg.supervisor.start_timeout)
+        if chosen:
+            wait = cfg.supervisor.start_timeout  # the user is waiting for exactly this
+        if stand.main or offer:
+            worker = self.workers(role)
+            if stand.main and (worker is None or worker.state != "ready"):
+                return None
+        else:
+            try:
+                if not await self.models.load(stand, "gpu", wait):
+                    return None
+            except LoadRefused:
+                return None
+        return StandIn(stand.name, role, prompt_tokens, n_ctx)
+
+    def cpu_tokens_per_second(self) -> float:
+        fixed = self.config().failover.cpu_tokens_per_second
+        return fixed if fixed > 0 else self.executor.cpu_speed.tokens_per_second
+
+    async def cpu_state(self, time_left: float, role: str | None = "cpu") -> policy.CpuState:
+        """The CPU worker `role` (the main model's, or a library model's "cpu@name") as the policy sees it."""
+        worker = self.workers(role) if role else None
+        plan = self.models.cpu_plan(role)
+        if worker is None or plan is None:
+            return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq if plan else 0)
+        ready = worker.state == "ready"
+        speed = self.cpu_speed_ready()
+        if self.cpu_tokens_per_second() <= 0 and speed is not None and not speed.done():
+            # The first measurement is still running (just after start): its answer beats no answer.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(speed), min(max(time_left, 0.0), 15.0))
+        if not ready and worker.state in ("starting", "restarting", "unhealthy"):
+            ready = await worker.ensure_ready(min(max(time_left, 0.0), 10.0))
+        ram_ok = (
+            ready
+            or psutil.virtual_memory().available >= plan.weights_bytes + plan.kv_bytes + plan.compute_bytes
+        )
+        if not ready and ram_ok and worker.state == "stopped":
+            start = self.config().supervisor.start_timeout
+            ready = await worker.ensure_ready(min(max(time_left, 0.0), start))
+        return policy.CpuState(True, ready, ram_ok, self.cpu_tokens_per_second(), plan.n_ctx_per_seq)
+
+
+def model_not_found(name: str | None, known: set[str]) -> Refused:
+    public = sorted(model for model in known if "/" not in model and "\\" not in model)
+    return refused(
+        404,
+        "model_not_found",
+        f"The model '{name}' does not exist; this service serves {', '.join(public)}",
+        type="invalid_request_error",
+        param="model",
+    )
