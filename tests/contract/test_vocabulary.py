@@ -27,3 +27,25 @@ def test_codes_are_the_strings_on_the_wire() -> None:
     assert JobState.AWAITING_APPROVAL == "awaiting_approval" and f"{JobState.QUEUED}" == "queued"
     assert policy.CPU_TOO_SLOW == Reason.CPU_TOO_SLOW == "cpu_too_slow"
     assert classify.FAILURE_KINDS is FAILURE_KINDS and STATES is WORKER_STATES
+
+
+def test_every_reason_a_job_ends_with_in_the_source_is_a_code_of_the_contract() -> None:
+    """A job's end reason travels to clients, the journal and the tray: a bare string passed to the registry
+    must be a `Reason` (or a failure kind, the supervisor's words for how a worker failed)."""
+    import re
+    from pathlib import Path
+
+    import tray_app
+    from tray_app.contract.vocabulary import FAILURE_KINDS, Reason
+
+    known = {reason.value for reason in Reason} | set(FAILURE_KINDS)
+    # registry.fail(job, "state", {error} or error.record(), "reason"), on one line or several
+    bare = re.compile(r'\.fail\(\s*\w+,\s*"\w+",\s*(?:\{[^{}]*\}|[\w.]+\(\)),\s*"(\w*)",?\s*\)')
+    package = Path(tray_app.__file__).parent
+    strangers = [
+        f"{path.relative_to(package)}: {code!r}"
+        for path in package.rglob("*.py")
+        for code in bare.findall(path.read_text())
+        if code and code not in known
+    ]
+    assert strangers == []

@@ -21,6 +21,8 @@ FINAL_JOB_STATES: frozenset[str] = frozenset(
     {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.REJECTED}
 )
 UNFINISHED_JOB_STATES: tuple[str, ...] = (JobState.QUEUED, JobState.RUNNING, JobState.AWAITING_APPROVAL)
+# The final states of a job that ended without an answer (it may be asked again under its Idempotency-Key).
+ENDED_WITHOUT_ANSWER: frozenset[str] = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.REJECTED})
 JOB_STATES: tuple[str, ...] = tuple(JobState)
 
 # A worker process's life, as its supervisor owns it.
@@ -50,7 +52,7 @@ FAILURE_KINDS: tuple[FailureKind, ...] = (
 
 class Reason(StrEnum):
     """Why a request went where it went, or why it could not be served: clients, events, the journal and
-    the tray all use these codes (the tray has words for each: tray_app.ui.notifications)."""
+    the tray all use these codes (each has words: tray_app.view.reasons)."""
 
     EXCEEDS_GPU_PROFILE = "exceeds_gpu_profile"
     GPU_UNAVAILABLE = "gpu_unavailable"
@@ -66,3 +68,15 @@ class Reason(StrEnum):
     APPROVAL_BACKLOG_FULL = "approval_backlog_full"
     STAND_IN = "stand_in"  # the asked model could not use the GPU; its smaller stand-in answered there
     MODEL_DOES_NOT_FIT = "model_does_not_fit"  # no room on the GPU even after unloading idle models
+    # Why a job ended without an answer, besides the policy's decisions above.
+    QUEUE_FULL = "queue_full"  # too many requests already wait for a worker slot
+    QUEUE_TIMEOUT = "queue_timeout"  # no worker slot came free within the client's deadline
+    TOO_MANY_JOBS = "too_many_jobs"  # server.jobs_max background jobs are unfinished
+    JOURNAL_FAILED = "journal_failed"  # the journal could not store accepted work
+    INTERNAL_ERROR = "internal_error"  # a fault in the router itself
+    CLIENT_DISCONNECTED = "client_disconnected"  # the client left (or stopped reading and was dropped)
+    CANCELLED_BY_REQUEST = "cancelled_by_request"  # DELETE /v1/jobs/{id}
+    REJECTED = "rejected"  # the user rejected the slow CPU run
+    SERVICE_RESTARTED = "service_restarted"  # the service restarted while the job's stream ran
+    CPU_ATTEMPT_FAILED = "cpu_attempt_failed"  # the CPU worker failed the job too
+    NO_WORKER_FOR_MODEL = "no_worker_for_model"  # the model has no worker on this machine

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
+from tray_app.contract.vocabulary import Reason
 from tray_app.jobs import policy
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, cannot_serve
 from tray_app.jobs.registry import Job, JobRegistry
@@ -82,7 +83,12 @@ class ApprovalDesk:
                 raise
             except Exception:  # one broken job must not stop the runner; it is failed with the reason
                 log.exception("approved job %s failed", job.id)
-                self.registry.fail(job, "failed", {"message": "internal error", "code": "internal_error"})
+                self.registry.fail(
+                    job,
+                    "failed",
+                    {"message": "internal error", "code": "internal_error"},
+                    Reason.INTERNAL_ERROR,
+                )
 
     async def wait_for_final(self, job: Job, deliver: bool, reason: str) -> AsyncGenerator[Outcome, None]:
         """A client waits (up to its deadline) for a job that someone else now runs (approval)."""

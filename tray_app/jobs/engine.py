@@ -24,6 +24,7 @@ from tray_app.contract.events import (
     FallbackStarted,
     RouteDecided,
 )
+from tray_app.contract.vocabulary import Reason
 from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.approvals import ApprovalDesk
@@ -223,7 +224,7 @@ class Executor:
                     job,
                     "cancelled",
                     {"message": "the client went away", "code": "cancelled"},
-                    "client_disconnected",
+                    Reason.CLIENT_DISCONNECTED,
                 )
             raise
         except Exception as error:
@@ -231,11 +232,11 @@ class Executor:
             log.exception("job %s: internal error", job.id)
             internal = JobError(
                 500,
-                "internal_error",
+                Reason.INTERNAL_ERROR,
                 f"internal error in the router ({type(error).__name__}); the job was stopped",
                 type="server_error",
             )
-            self.registry.fail(job, "failed", internal.record(), "internal_error")
+            self.registry.fail(job, "failed", internal.record(), Reason.INTERNAL_ERROR)
             if deliver:
                 yield Ended(internal)
         finally:
@@ -541,7 +542,7 @@ class Executor:
             if cpu is not None and failure.kind not in NOT_WORKER_FAULTS:
                 self._report(cpu, worker_pid, failure)
             reason = {"unavailable": policy.NO_CPU_WORKER, "queue_timeout": "queue_timeout"}.get(
-                failure.kind, "cpu_attempt_failed"
+                failure.kind, Reason.CPU_ATTEMPT_FAILED
             )
             error = cannot_serve(
                 f"the CPU attempt failed: {failure.message}", reason, 5, job_id=job.id, reason=reason

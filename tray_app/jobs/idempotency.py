@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from tray_app.contract.vocabulary import FINAL_JOB_STATES
+from tray_app.contract.vocabulary import ENDED_WITHOUT_ANSWER, FINAL_JOB_STATES
 
 RETENTION_SECONDS = 24 * 3600
 
@@ -56,7 +56,7 @@ def decide(
         return "mismatch"
     if record.state not in FINAL_JOB_STATES:
         return "in_progress"
-    if record.state in ("failed", "cancelled", "rejected"):
+    if record.state in ENDED_WITHOUT_ANSWER:
         # A request that ended without an answer may be tried again under the same key, unless its tool
         # call already reached the client: running it again could repeat the tool's action.
         return "effects_delivered" if record.effects_delivered else "new"

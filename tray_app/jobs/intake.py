@@ -18,6 +18,7 @@ from typing import Any
 
 from tray_app.config import Config
 from tray_app.contract.events import EventBus, RouteDecided
+from tray_app.contract.vocabulary import JobState, Reason
 from tray_app.engine.tools import worker_tool_choice
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, requested_tokens
@@ -302,7 +303,7 @@ class Jobs:
                 job,
                 "cancelled",
                 {"message": "cancelled by request", "code": "cancelled"},
-                "cancelled_by_request",
+                Reason.CANCELLED_BY_REQUEST,
             )
             self.stop(job)
         return job
@@ -317,7 +318,7 @@ class Jobs:
             job,
             "rejected",
             {"message": "the CPU run was rejected by the user", "code": "rejected"},
-            "rejected",
+            Reason.REJECTED,
         )
 
     async def pick_stand_in(self, job: Job) -> bool:
@@ -410,7 +411,10 @@ class Jobs:
         # Accepted work is durable before the client hears it was accepted; if it cannot be, it is not.
         if not await asyncio.to_thread(self.journal.flush):
             self.registry.fail(
-                job, "failed", {"message": "the journal could not store it", "code": "journal_failed"}, ""
+                job,
+                "failed",
+                {"message": "the journal could not store it", "code": "journal_failed"},
+                Reason.JOURNAL_FAILED,
             )
             self.stop(job)
             raise journal_unavailable(self.journal.failure)
@@ -465,7 +469,7 @@ class Jobs:
                 ),
                 deadline=time.monotonic() + BACKGROUND_DEADLINE,
                 created_at=stored.created_at,
-                state=stored.state,
+                state=JobState(stored.state),
                 attempts=stored.attempts,
                 estimated_seconds=stored.estimated_seconds,
                 fallback_reason=stored.fallback_reason,
@@ -476,7 +480,10 @@ class Jobs:
             if job.stream and job.state == "running":
                 # Its client's stream ended with the old process; part of it may have been delivered.
                 self.registry.fail(
-                    job, "failed", {"message": "the service restarted during the stream"}, "service_restarted"
+                    job,
+                    "failed",
+                    {"message": "the service restarted during the stream"},
+                    Reason.SERVICE_RESTARTED,
                 )
                 continue
             self.registry.set_route(job, "gpu")

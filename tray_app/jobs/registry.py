@@ -14,7 +14,7 @@ from typing import Any
 
 from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
 from tray_app.contract.status import JobSummary
-from tray_app.contract.vocabulary import FINAL_JOB_STATES, JOB_STATES
+from tray_app.contract.vocabulary import ENDED_WITHOUT_ANSWER, FINAL_JOB_STATES, JOB_STATES, JobState
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.engine.request_fields import forwarded
 from tray_app.jobs.ids import random_hex
@@ -23,14 +23,15 @@ from tray_app.jobs.path_timing import FirstTokenPath
 
 FINAL_STATES = FINAL_JOB_STATES
 STATES = JOB_STATES
-_ENDED = frozenset({"failed", "cancelled", "rejected"})
+_ENDED = ENDED_WITHOUT_ANSWER
 # The only moves a job's state can make. Final states have none: the first final transition wins, and a late
 # start, answer or approval of a job that already ended (cancelled while it waited) is refused.
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "queued": frozenset({"running", "awaiting_approval", *_ENDED}),
-    "running": frozenset({"running", "awaiting_approval", "completed", *_ENDED}),
-    "awaiting_approval": frozenset({"queued", *_ENDED}),  # approved (queued for the CPU), or ended
-    **{state: frozenset() for state in FINAL_STATES},
+TRANSITIONS: dict[JobState, frozenset[str]] = {
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.AWAITING_APPROVAL, *_ENDED}),
+    JobState.RUNNING: frozenset({JobState.RUNNING, JobState.AWAITING_APPROVAL, JobState.COMPLETED, *_ENDED}),
+    # Approved (queued for the CPU), or ended.
+    JobState.AWAITING_APPROVAL: frozenset({JobState.QUEUED, *_ENDED}),
+    **{JobState(state): frozenset() for state in FINAL_STATES},
 }
 KEEP_FINISHED = 2000  # finished jobs kept in memory; older ones are read from the journal
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 
 def can_move(current: str, new: str) -> bool:
     """Whether a job in state `current` may move to `new` (see TRANSITIONS)."""
-    return new in TRANSITIONS.get(current, frozenset())
+    return current in JOB_STATES and new in TRANSITIONS[JobState(current)]
 
 
 def upstream_stream(prompt_tokens: int) -> dict[str, bool]:
@@ -83,7 +84,7 @@ class Job:
     created_at: float = field(default_factory=time.time)
     # A stream's way to its first token: made with the job, stamped by its first attempt (jobs.path_timing).
     path: FirstTokenPath | None = None
-    state: str = "queued"
+    state: JobState = JobState.QUEUED
     route: str = "gpu"
     worker: str | None = None
     attempts: int = 0
@@ -272,7 +273,7 @@ class JobRegistry:
         """Move a live job to `state`; False (nothing changes) when the move is not allowed or no move."""
         if job.state == state or state in FINAL_STATES or not self._allowed(job, state):
             return False
-        job.state = state
+        job.state = JobState(state)
         self.journal.update_job(job.id, state=state, route=job.route)
         self.bus.publish(JobStateChanged(job_id=job.id, state=state, worker=job.worker, reason=reason))
         return True
@@ -287,7 +288,7 @@ class JobRegistry:
         self.journal.start_attempt(job.id, job.attempts, worker, time.time())
         self.journal.update_job(job.id, attempts=job.attempts, worker=worker, state="running")
         if job.state != "running":
-            job.state = "running"
+            job.state = JobState.RUNNING
             self.bus.publish(JobStateChanged(job_id=job.id, state="running", worker=worker))
         return job.attempts
 
@@ -399,7 +400,7 @@ class JobRegistry:
         error: str | None = None,
         reason: str | None = None,
     ) -> None:
-        job.state = state
+        job.state = JobState(state)
         self.counters[state] += 1
         self.journal.update_job(
             job.id,

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 
 from tray_app.budget.sizes import parse_size
 from tray_app.contract.roles import CHAT_ROLES
+from tray_app.contract.vocabulary import Reason
 from tray_app.jobs.ids import new_request_id
 from tray_app.jobs.intake import BACKGROUND_DEADLINE, Admission, JobRequest, Refused
 from tray_app.jobs.outcomes import JobFailed, Piece
@@ -232,7 +233,7 @@ class Router:
                 job,
                 "cancelled",
                 {"message": f"the client stopped reading for {stall:.0f} s", "code": "client_stalled"},
-                "client_disconnected",  # dropped by the router: the slot is free again
+                Reason.CLIENT_DISCONNECTED,  # dropped by the router: the slot is free again
             )
             stop_job()
 

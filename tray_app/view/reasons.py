@@ -40,13 +40,23 @@ REASON_WORDS: dict[str, Words] = {
         "part of an answer bound to a grammar, schema or tools was already sent"
     ),
     Reason.APPROVAL_BACKLOG_FULL: Words("too many jobs already wait for approval"),
+    Reason.QUEUE_FULL: Words("too many requests already wait for a worker", "queue full"),
+    Reason.QUEUE_TIMEOUT: Words("no worker came free in time", "no free worker in time"),
+    Reason.TOO_MANY_JOBS: Words("too many background jobs are already unfinished"),
+    Reason.JOURNAL_FAILED: Words("the job journal could not store it"),
+    Reason.INTERNAL_ERROR: Words("the router failed on it (see the service log)", "router error"),
+    Reason.CLIENT_DISCONNECTED: Words("the client went away or stopped reading", "client left"),
+    Reason.CANCELLED_BY_REQUEST: Words("it was cancelled by request", "cancelled"),
+    Reason.REJECTED: Words("the CPU run was rejected", "rejected"),
+    Reason.SERVICE_RESTARTED: Words("the service restarted during its stream"),
+    Reason.CPU_ATTEMPT_FAILED: Words("the CPU worker failed it too", "CPU failed too"),
+    Reason.NO_WORKER_FOR_MODEL: Words("the model has no worker here"),
     # Why loading or unloading a library model was refused (the error codes of /failsoft/models/...).
     Reason.MODEL_DOES_NOT_FIT: Words("the model does not fit in the memory free now"),
     "model_not_found": Words("the service has no model by that name"),
     "model_busy": Words("requests are running on the model"),
     "model_not_on_device": Words("the model has no worker on that device"),
     "model_not_ready": Words("the model did not become ready in time"),
-    "no_worker_for_model": Words("the model has no worker here"),
     "main_model": Words("the main model is always kept loaded"),
 }
 
