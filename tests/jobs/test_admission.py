@@ -156,3 +156,31 @@ def test_a_tool_list_is_counted_as_the_workers_template_renders_it(model_path: P
     # A response format is a grammar for the worker, not prompt text.
     json_object = {"messages": messages, "response_format": {"type": "json_object"}}
     assert counter.count_chat(json_object) == counter.count_chat({"messages": messages})
+
+
+async def test_a_worker_restarted_with_fewer_slots_gets_no_more_requests_than_it_has() -> None:
+    """Review N4: the router kept the old slot count after a worker restarted with a new `--parallel`, so
+    ordinary load sent it more requests than it had slots; one waited silently and the worker was killed
+    as hung."""
+    pool = SlotPool({"gpu": 2}, 8)
+    first, second = pool.try_acquire("gpu"), pool.try_acquire("gpu")
+    assert first is not None and second is not None
+    waiting = asyncio.create_task(pool.acquire("gpu", "job-3", 5.0))
+    await asyncio.sleep(0)
+    pool.resize("gpu", 1)
+    pool.release("gpu", first)  # two in flight on a worker of one slot: this frees none for the waiter
+    await asyncio.sleep(0)
+    assert not waiting.done() and pool.in_flight("gpu") == 1
+    pool.release("gpu", second)
+    await asyncio.wait_for(waiting, 1)
+    assert pool.in_flight("gpu") == 1 and pool.capacity("gpu") == 1
+
+
+async def test_more_slots_go_to_those_waiting_at_once() -> None:
+    pool = SlotPool({"gpu": 1}, 8)
+    assert pool.try_acquire("gpu") is not None
+    waiting = asyncio.create_task(pool.acquire("gpu", "job-2", 5.0))
+    await asyncio.sleep(0)
+    pool.resize("gpu", 2)
+    await asyncio.wait_for(waiting, 1)
+    assert pool.in_flight("gpu") == 2 and pool.depth == 0

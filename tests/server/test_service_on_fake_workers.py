@@ -188,3 +188,20 @@ def test_programs_files_and_exposure_are_set_in_the_file_only(
     assert (error["code"], error["param"]) == ("file_only_setting", named)
     assert named in error["message"]
     assert svc.config_path.read_bytes() == before
+
+
+def test_the_routers_slots_follow_a_new_concurrency_after_restart(tmp_path: Path) -> None:
+    """Review N4: `PATCH {"budget": {"n_parallel": 1}, "restart": true}` (the tray's "Restart workers now")
+    restarted the workers with `--parallel 1` while the router kept 4 slots for them."""
+    for handle in fake_service(tmp_path / "service"):
+        assert handle.status()["workers"]["gpu"]["slots"] == 4
+        changed = httpx.patch(
+            handle.base_url + "/failsoft/config",
+            json={"changes": {"budget": {"n_parallel": 1}}, "restart": True},
+            headers=handle.headers(),
+            timeout=120,
+        )
+        assert changed.status_code == 200 and changed.json()["restarted"], changed.text
+        status = handle.wait_workers_ready()
+        assert status["plan"]["n_parallel"] == 1
+        assert status["workers"]["gpu"]["slots"] == 1 == status["workers"]["gpu"]["profile"]["n_parallel"]

@@ -15,7 +15,14 @@ from tray_app.budget.device import SimulatedDevice, probe_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.budget.planner import Plan
 from tray_app.config import Config, ConfigError
-from tray_app.contract.events import BudgetUpdated, EventBus, JournalFailed, QueueChanged
+from tray_app.contract.events import (
+    BudgetUpdated,
+    Event,
+    EventBus,
+    JournalFailed,
+    QueueChanged,
+    WorkerStateChanged,
+)
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
@@ -71,6 +78,7 @@ class Service:
         self.admin_token = admin_token.ensure()  # the control API's credential (tray_app.admin_token)
         self.metrics = Metrics()
         self.bus.add_listener(self.metrics.on_event)
+        self.bus.add_listener(self._slots_follow_workers)
         self.workers: dict[str, Any] = {}
         self.started_at = time.time()
         self.tokens = TokenCounter(self.model_path, cfg.model.chat_format)
@@ -386,6 +394,14 @@ class Service:
             "uptime_seconds": round(time.time() - self.started_at, 1),
         }
 
+    def _slots_follow_workers(self, event: Event) -> None:
+        """The router's slots for a worker are the slots its running process has: set again each time one
+        becomes ready (a restart may bring another plan's `--parallel`)."""
+        if isinstance(event, WorkerStateChanged) and event.new == "ready":
+            worker = self.workers.get(event.role)
+            if worker is not None:
+                self.slots.resize(event.role, worker.profile.n_parallel)
+
     def replan(self) -> PlanSet:
         """Plan again against the device as it is now (e.g. after drill pressure) and tell the tray.
 
@@ -402,6 +418,10 @@ class Service:
         for role, worker in self.workers.items():
             if role in by_role:
                 worker.update_profile(by_role[role])
+                # Fewer slots at once (the running worker may still have more, never the other way
+                # round); more only once a worker started with them is ready (_slots_follow_workers).
+                if role in self.slots.roles:
+                    self.slots.resize(role, min(self.slots.capacity(role), by_role[role].n_parallel))
         return self.plan_set
 
     async def reconfigure(self, fresh: Config, reason: str) -> None:

@@ -201,6 +201,10 @@ class SlotPool:
     def capacity(self, role: str) -> int:
         return self._workers[role].capacity
 
+    @property
+    def roles(self) -> frozenset[str]:
+        return frozenset(self._workers)
+
     def position(self, job_id: str) -> int | None:
         """1-based place in its worker's line, or None when not waiting."""
         for worker in self._workers.values():
@@ -249,12 +253,26 @@ class SlotPool:
             raise
         return time.monotonic()
 
+    def resize(self, role: str, capacity: int) -> None:
+        """The worker `role` now serves `capacity` requests at once (it restarted with another plan): more
+        room goes to those waiting at once; less takes effect as requests in flight finish."""
+        worker = self._workers.get(role)
+        if worker is None:
+            return
+        worker.capacity = max(capacity, 1)
+        while worker.in_flight < worker.capacity and worker.waiters:
+            waiter = worker.waiters.popleft()
+            if not waiter.future.done():
+                worker.in_flight += 1
+                waiter.future.set_result(None)
+        self._changed()
+
     def release(self, role: str, acquired_at: float, *, record: bool = True) -> None:
         worker = self._workers[role]
         if record:
             elapsed = time.monotonic() - acquired_at
             worker.seconds_per_job = 0.8 * worker.seconds_per_job + 0.2 * elapsed
-        while worker.waiters:
+        while worker.waiters and worker.in_flight <= worker.capacity:
             waiter = worker.waiters.popleft()
             if not waiter.future.done():
                 waiter.future.set_result(None)  # the slot passes straight to the next in line
