@@ -24,6 +24,24 @@ REPLAY_CASES = [
     # (name, failure, cpu, settings, expected action, expected reason, resume)
     ("nothing sent, fast CPU: replay", NOTHING_SENT, FAST_CPU, AUTO, "cpu", "", False),
     (
+        "a stand-in's streamed text is not continued by the asked model (review N6)",
+        replace(NOTHING_SENT, streaming=True, content_delivered=True, stand_in_answering=True),
+        FAST_CPU,
+        AUTO,
+        "refuse",
+        policy.STREAM_STARTED,
+        False,
+    ),
+    (
+        "a stand-in's answer nobody saw yet is replayed whole by the asked model",
+        replace(NOTHING_SENT, stand_in_answering=True),
+        FAST_CPU,
+        AUTO,
+        "cpu",
+        "",
+        False,
+    ),
+    (
         "tool call delivered: never again",
         replace(NOTHING_SENT, tool_call_delivered=True, streaming=True, content_delivered=True),
         FAST_CPU,

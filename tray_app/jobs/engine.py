@@ -460,6 +460,7 @@ class Executor:
             remaining_tokens=max(job.max_tokens - self._delivered_tokens(job, progress), 1),
             time_left=job.time_left(),
             constrained=constrained_output(job.body) and not shape_survives_resume(job, progress),
+            stand_in_answering=job.stand_in_for is not None,
         )
         worker_fault = failure.kind not in NOT_WORKER_FAULTS
         stand_in = await self._stand_in(job) if self._stand_in is not None and worker_fault else None

@@ -450,8 +450,11 @@ class Jobs:
 
     # ------------------------------------------------------------------------------ restart
     def resume_unfinished(self) -> None:
-        """Jobs the journal holds as unfinished were accepted by an earlier run: carry them through now."""
+        """Jobs the journal holds as unfinished were accepted by an earlier run: carry them through now, on
+        the model they asked for (their body names it) and routed again, as a new request would be."""
         for stored in self.journal.unfinished():
+            entry = self.models.find(stored.body.get("model"))
+            roles = self.models.roles(entry) if entry is not None else {}
             job = Job(
                 id=stored.id,
                 request_id=stored.request_id,
@@ -461,7 +464,7 @@ class Jobs:
                 background=True,
                 body_hash=stored.body_hash,
                 idempotency_key=stored.idempotency_key,
-                prompt_tokens=self.models.count_prompt(stored.kind, stored.body),
+                prompt_tokens=self.models.count_prompt(stored.kind, stored.body, entry.name if entry else ""),
                 max_tokens=int(
                     stored.body.get("max_tokens")
                     or stored.body.get("max_completion_tokens")
@@ -473,8 +476,15 @@ class Jobs:
                 attempts=stored.attempts,
                 estimated_seconds=stored.estimated_seconds,
                 fallback_reason=stored.fallback_reason,
+                asked_model=entry.name if entry is not None else "",
+                models=dict.fromkeys(roles, entry.name) if entry is not None else {},
+                roles=roles,
             )
             self.registry.add(job, journaled=True)
+            if entry is None or not roles:
+                error = {"message": f"its model {stored.body.get('model')!r} is no longer served here"}
+                self.registry.fail(job, "failed", error, Reason.NO_WORKER_FOR_MODEL)
+                continue
             if job.state == "awaiting_approval":
                 continue  # still the user's call
             if job.stream and job.state == "running":
@@ -486,8 +496,23 @@ class Jobs:
                     Reason.SERVICE_RESTARTED,
                 )
                 continue
-            self.registry.set_route(job, "gpu")
-            self.start(job)
+            self.run_task(job, self._route_and_run(job), f"job-{job.id}")
+
+    async def _route_and_run(self, job: Job) -> None:
+        """A resumed job's route, decided again (a long prompt goes to the CPU, as it did the first time)."""
+        try:
+            decision = await self.route(job, BACKGROUND_DEADLINE)
+            if decision.refused:
+                self.refusal(job, decision)
+                return
+            if decision.action == "approval":
+                self.registry.name_fallback(job, decision.reason)
+                await self.ask_approval(job, decision)
+                return
+        except Refused:
+            return  # the job ended with the reason
+        self.registry.set_route(job, decision.action, decision.reason or None)
+        await self.executor.drain(job)
 
 
 def journal_unavailable(failure: str | None) -> Refused:

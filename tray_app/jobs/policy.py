@@ -168,6 +168,7 @@ class FailureContext:
     remaining_tokens: int  # max_tokens minus what the client already has
     time_left: float  # seconds until the client's deadline
     constrained: bool = False  # a grammar, JSON schema or tool list shapes it, or it has log probabilities
+    stand_in_answering: bool = False  # a stand-in (another model) wrote what the client has so far
 
 
 def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) -> Decision:
@@ -177,6 +178,13 @@ def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) ->
     resume = failure.streaming and failure.content_delivered
     if resume and settings.stream_after_content == "error":
         return Decision("refuse", STREAM_STARTED, detail="content was already streamed to the client")
+    if resume and failure.stand_in_answering:
+        # The CPU worker is the asked model's: a second model cannot continue another's text.
+        return Decision(
+            "refuse",
+            STREAM_STARTED,
+            detail="a smaller stand-in model streamed part of the answer; another model cannot continue it",
+        )
     if resume and failure.constrained:
         # A continuation is a plain completion of the text so far: no grammar can pick up mid-answer, and
         # a tool call in it would arrive as text. Better a clear error than an answer outside its shape.
