@@ -242,3 +242,31 @@ def test_a_stream_awaiting_approval_is_kept_alive_until_it_is_answered(svc: Serv
         wait_replaced(svc, armed["pid"])
     finally:
         reload_settings(svc, SETTINGS)
+
+
+def test_an_approved_job_runs_to_its_end_after_its_client_left(svc: ServiceHandle) -> None:
+    """A job put in the user's hands is theirs: its streaming client leaving after the approval cancels
+    nothing, and the answer is kept for GET /v1/jobs/{id} (the review's finding: it was cancelled)."""
+    armed = arm(svc, "abort", after_tokens=0)
+    body = {**REQUEST, "stream": True}
+    headers = {"X-Failsoft-Deadline": "60"}  # the CPU is estimated at 40 s: within it, yet approval is asked
+    reload_settings(svc, base_settings(failover={"cpu_tokens_per_second": 1.0, "fallback": "approval"}))
+    try:
+        with httpx.stream("POST", svc.v1 + "/chat/completions", json=body, headers=headers, timeout=60):
+            pending = wait_until(lambda: _awaiting(svc), what="the job in the user's hands")
+            job_id = pending[0]["id"]
+            approved = httpx.post(
+                f"{svc.base_url}/failsoft/jobs/{job_id}/approve", timeout=10, headers=svc.headers()
+            )
+            assert approved.status_code == 200
+        # The client closed its stream right after the approval, long before the CPU's answer.
+        done = wait_until(
+            lambda: (j := job_state(svc, job_id))["state"] in ("completed", "cancelled", "failed") and j,
+            180,
+            "the approved job to end",
+        )
+        assert done["state"] == "completed" and done["worker"] == "cpu", done
+        assert done["result"]["choices"][0]["message"]["content"]
+        wait_replaced(svc, armed["pid"])
+    finally:
+        reload_settings(svc, SETTINGS)

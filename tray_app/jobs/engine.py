@@ -152,6 +152,7 @@ class Executor:
         slot = held_slot
         fallback_started_at: float | None = None
         dropped: _Dropped | None = None  # a GPU attempt that ended with the connection: named at the end
+        handed_over = False  # put in the user's hands: from then on the job is theirs, not the client's
         try:
             while True:
                 try:
@@ -189,6 +190,7 @@ class Executor:
                             for piece in self._refuse(job, refused, deliver):
                                 yield piece
                             return
+                        handed_over = True
                         async with aclosing(
                             self.desk.wait_for_final(job, deliver, decision.reason)
                         ) as waiting:
@@ -217,9 +219,10 @@ class Executor:
                         yield Finished(result, progress.chunk_id, progress.created, progress.model)
                 return
         except (asyncio.CancelledError, GeneratorExit):
-            # The client went away (or stopped reading). A job waiting for approval stays in the user's
-            # hands; at shutdown, unfinished jobs stay unfinished in the journal and resume at the next start.
-            if job.state != "awaiting_approval" and not self.shutting_down:
+            # The client went away (or stopped reading). A job handed to the user stays in their hands
+            # (waiting, or approved and running: its answer is kept for GET /v1/jobs/{id}); at shutdown,
+            # unfinished jobs stay unfinished in the journal and resume at the next start.
+            if not handed_over and job.state != "awaiting_approval" and not self.shutting_down:
                 self.registry.fail(
                     job,
                     "cancelled",
