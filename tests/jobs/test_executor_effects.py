@@ -265,6 +265,26 @@ async def test_a_plain_stream_is_still_resumed_on_the_cpu(make_executor: Factory
     assert isinstance(finished, Finished) and finished.result["failsoft"]["attempts"] == 2
 
 
+async def test_the_cpu_speed_sample_counts_the_cpus_own_tokens_only(make_executor: Factory) -> None:
+    """The speed the policy estimates CPU runs with: a resumed answer's part the GPU wrote, and the time
+    before the CPU's first token (a cold start, the prompt read), are not the CPU's generation."""
+    gpu_part = [chat_chunk(word) for word in ("One", " two", " three", " four", " five", " six")]
+    cpu_part = [
+        {"id": "c2", "choices": [{"index": 0, "text": word, "finish_reason": None}]}
+        for word in (" seven", " eight", " nine", " ten", " eleven")
+    ]
+    relay = ScriptedRelay([*gpu_part, UpstreamError("exited", "connection dropped")], cpu_part)
+    executor, registry, _ = make_executor(relay)
+    samples: list[tuple[int, float]] = []
+    executor.cpu_speed.record = lambda tokens, seconds: samples.append((tokens, seconds))  # type: ignore[method-assign]
+    job = new_job(registry)
+    await run(executor, job)
+    assert job.state == "completed" and job.worker == "cpu"
+    # 5 CPU chunks: 4 tokens generated after its first one, timed from that first one (the whole answer
+    # was 11 tokens, and its time included the GPU's attempt).
+    assert [tokens for tokens, _ in samples] == [4]
+
+
 async def test_a_resumed_answer_keeps_to_the_requests_budget_when_a_chunk_carried_several_tokens(
     make_executor: Factory,
 ) -> None:

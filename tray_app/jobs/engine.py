@@ -264,7 +264,10 @@ class Executor:
             except QueueTimeout as timeout:
                 raise UpstreamError("queue_timeout", f"no free {worker_role} slot: {timeout}") from None
         number = 0
-        started = time.monotonic()
+        # The CPU speed sample: this attempt's own chunks over its own generation time, not a cold start,
+        # the prompt read before the first token, or a resumed answer's part that the GPU wrote.
+        first_chunk_at: float | None = None
+        chunks_seen = 0
         # Pieces with no output before the first that has some (the role announcement): they travel with
         # that first token, one trip to the client instead of two.
         held: list[Piece] = []
@@ -300,6 +303,9 @@ class Executor:
                     obj = self._resumed_chat_chunk(progress, chunk.obj, echoed) if convert else chunk.obj
                     progress.assembler.feed(obj)
                     worker.note_tokens(1)
+                    chunks_seen += 1
+                    if first_chunk_at is None:
+                        first_chunk_at = time.monotonic()
                     if deliver:
                         out = self._deliverable(progress, obj, chunk.raw if not convert else None)
                         if out is not None:
@@ -321,8 +327,9 @@ class Executor:
             for piece in held:  # an answer with no output at all
                 yield piece
             self.registry.end_attempt(job, number, "completed")
-            if worker_role == "cpu":  # the main model's CPU worker: the speed the policy estimates with
-                self.cpu_speed.record(progress.assembler.tokens, time.monotonic() - started)
+            if worker_role == "cpu" and first_chunk_at is not None:
+                # The main model's CPU worker: the speed the policy estimates with.
+                self.cpu_speed.record(chunks_seen - 1, time.monotonic() - first_chunk_at)
         except UpstreamError as failure:
             if number:
                 self.registry.end_attempt(job, number, "failed", f"{failure.kind}: {failure.message}")
