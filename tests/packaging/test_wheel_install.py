@@ -155,19 +155,18 @@ def test_the_wheel_installs_and_serves_outside_the_checkout(tmp_path: Path, mode
 
 
 def _chat(base_url: str, serve: subprocess.Popen[bytes], log_path: Path) -> Any:
-    """One chat completion, asked until the worker is up (503 until then: the service refuses rather than
-    holding a request for a worker that is still loading)."""
-    body = {"model": "default", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+    """One chat completion, once `/health` says a chat worker is ready (503 while the workers start)."""
     deadline = time.monotonic() + 120
     while True:
         assert serve.poll() is None, log_path.read_text(errors="replace")
         try:
-            response = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=120)
+            if httpx.get(base_url + "/health", timeout=5).status_code == 200:
+                break
         except httpx.TransportError:
-            response = None  # not listening yet
-        if response is not None and response.status_code != 503:
-            break
+            pass  # not listening yet
         assert time.monotonic() < deadline, log_path.read_text(errors="replace")
         time.sleep(0.3)
+    body = {"model": "default", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+    response = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text + log_path.read_text(errors="replace")
     return response.json()
