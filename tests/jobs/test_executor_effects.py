@@ -4,7 +4,9 @@ processes elsewhere; these pin the decisions the executor makes at each step (is
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -645,3 +647,37 @@ async def test_a_request_with_its_own_prefill_is_resumed_as_a_completion(make_ex
     await run(executor, job)
     assert (job.state, job.worker) == ("completed", "cpu")
     assert relay.bodies[1]["prompt"].endswith("Yes")
+
+
+def test_a_gpu_ready_without_an_address_does_not_spin_the_loop(make_executor: Factory) -> None:
+    """Left from the last review: a GPU worker "ready" with no address yet sent each attempt straight back
+    to the failure path, which tried the GPU again at once: a loop with no await that nothing could stop.
+    Run in a thread of its own, so a spinning loop fails the test instead of hanging it."""
+    relay = ScriptedRelay([chat_chunk("never sent")])
+    executor, registry, workers = make_executor(relay, cpu=policy.CpuState(False, False, False, 0.0, 0))
+    workers["gpu"].base_url = None
+    job = new_job(registry)
+    outcomes: list[Outcome] = []
+
+    def drive() -> None:
+        async def go() -> None:
+            outcomes.extend(await run(executor, job))
+
+        asyncio.run(go())
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the executor kept going round"
+    assert job.final and relay.bodies == [] and isinstance(outcomes[-1], Ended)
+
+
+async def test_the_first_tokens_deadline_allows_for_a_slow_cpus_prompt_read(make_executor: Factory) -> None:
+    """Left from the last review: 15 s + prompt/100 killed a CPU worker reading 2,000 tokens at 20-40
+    tokens/s as hung. Now the CPU's measured speed sets it, and an unknown one allows for the slowest."""
+    executor, _, _ = make_executor(ScriptedRelay())
+    assert 2000 / executor._prompt_rate("cpu") >= 2000 / 5.0  # unknown: 5 tokens/s at least
+    executor.cpu_speed.record(40, 10.0)  # 4 tokens/s generated: prompts read at 16/s with the margin
+    assert executor._prompt_rate("cpu") == pytest.approx(4 * policy.PROMPT_SPEEDUP / 2)
+    assert executor._prompt_rate("cpu@notes") == executor._prompt_rate("cpu")
+    assert executor._prompt_rate("gpu") == 100.0

@@ -45,6 +45,12 @@ from tray_app.jobs.worker_port import (
 log = logging.getLogger(__name__)
 
 NOT_WORKER_FAULTS = policy.NOT_WORKER_FAULTS  # no unhealthy mark for these
+# A job tries a busy or starting GPU again at most this often, so a worker that says "ready" but cannot
+# take the request cannot keep the job (and the event loop) going round.
+MAX_GPU_RETRIES = 3
+# Prompt tokens per second a CPU worker reads at least (a 7-8B model on a home server's cores), for the
+# first token's deadline when its speed is not measured yet.
+SLOWEST_CPU_PROMPT_RATE = 5.0
 
 # Sampling fields carried over when a chat is resumed as a completion-style prompt.
 _SAMPLING_FIELDS = (
@@ -278,7 +284,7 @@ class Executor:
             if not number:
                 return  # the job ended (cancelled) while it waited for a slot or a worker: no late start
             url, body = self._upstream(job, worker, progress, resume)
-            first_timeout = self.settings.stall_seconds + job.prompt_tokens / 100
+            first_timeout = self.settings.stall_seconds + job.prompt_tokens / self._prompt_rate(worker_role)
             # A resumed chat's chunks come back as completion chunks, or (a thinking model's, continued
             # by llama-server) as chat chunks that repeat the answer so far: either way they leave as the
             # chunks of the stream the client already reads.
@@ -342,6 +348,15 @@ class Executor:
             raise
         finally:
             self.slots.release(worker_role, slot)
+
+    def _prompt_rate(self, worker_role: str) -> float:
+        """Prompt tokens per second the first token's deadline allows for: a GPU's are many; a CPU reads
+        at a few times its generation speed (jobs.policy.PROMPT_SPEEDUP), or slower than any when unknown,
+        so a long prompt read on a slow CPU is not taken for a hung worker."""
+        if not worker_role.startswith("cpu"):
+            return 100.0
+        measured = self.cpu_speed.tokens_per_second * policy.PROMPT_SPEEDUP
+        return max(measured / 2, SLOWEST_CPU_PROMPT_RATE)  # half the measured: a margin for a busy machine
 
     async def _ready_worker(self, job: Job, role: str, worker_role: str) -> Worker:
         worker = self.workers(worker_role)
@@ -495,8 +510,11 @@ class Executor:
         if (
             policy.try_gpu_again(failure.kind, progress.output_delivered, decision)
             and gpu is not None
+            and progress.gpu_retries < MAX_GPU_RETRIES
             and await gpu.ensure_ready(min(self.settings.worker_ready_wait, max(job.time_left(), 0.0)))
+            and gpu.base_url  # "ready" with no address yet would send the next attempt straight back here
         ):
+            progress.gpu_retries += 1
             return policy.Decision("gpu", "")
         route = {"cpu": "cpu", "approval": "approval"}.get(decision.action, "refused")
         self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason or failure.kind))

@@ -20,6 +20,7 @@ class Progress:
     tool_call_delivered: bool = False
     role_sent: bool = False
     worker_pid: int | None = None  # the process the current attempt talks to
+    gpu_retries: int = 0  # attempts sent to the GPU again because it was only busy or starting
     chunk_id: str = ""
     created: int = 0
     model: str = ""
