@@ -150,3 +150,18 @@ def test_the_gpu_embeddings_worker_lives_in_what_the_chat_plan_leaves_free(
     profiles = profiles_from_plans(full, crowded)
     assert set(profiles.by_role()) == {"gpu", "cpu", "cpu-embed"}
     assert any("embeddings on the CPU only" in note for note in profiles.notes)
+
+
+def test_an_expert_split_reaches_the_gpu_workers_command_line(planned: tuple[config.Config, PlanSet]) -> None:
+    """A MoE plan's expert split (budget.placement) must reach llama-server, or the GPU worker loads every
+    expert on the GPU and runs out of memory; a dense plan passes no such flag."""
+    cfg, plans = planned
+    split = dataclasses.replace(plans, gpu=dataclasses.replace(plans.gpu, n_cpu_moe=5))
+    gpu = profiles_from_plans(cfg, split).gpu
+    assert gpu is not None and gpu.n_cpu_moe == 5
+    argv = llama_server_argv(Path("/opt/llama-server"), gpu, port=1)
+    assert argv[argv.index("--n-cpu-moe") + 1] == "5"
+    dense = profiles_from_plans(cfg, plans).gpu
+    assert dense is not None and "--n-cpu-moe" not in llama_server_argv(
+        Path("/opt/llama-server"), dense, port=1
+    )

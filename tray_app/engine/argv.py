@@ -58,7 +58,7 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         # No layers on a GPU means no GPU at all: a GPU build would otherwise still send large prompt
         # batches to the card (op offload) and hold a context there, memory the plan never gave it.
         argv += ["--device", "none"]
-    argv += expert_split_args(getattr(profile, "n_cpu_moe", 0))  # a profile without the field: no split
+    argv += expert_split_args(profile.n_cpu_moe)
     if profile.embeddings:
         argv += ["--embeddings", "--pooling", profile.pooling]
     if is_template_file(profile.chat_format):

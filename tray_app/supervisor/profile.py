@@ -23,6 +23,7 @@ class WorkerProfile:
     n_ctx: int
     n_gpu_layers: int
     n_threads: int
+    n_cpu_moe: int = 0  # a MoE model's expert split: the routed experts of the first N blocks stay in RAM
     n_parallel: int = 1
     n_ubatch: int = 512
     cache_type_k: str = "f16"
@@ -110,7 +111,10 @@ def embedding_profiles(
         # On a simulated device its memory is what the chat plan left free, not the whole card.
         simulated = plans.gpu.free_bytes if gpu.simulated_vram_bytes is not None else None
         on_gpu = replace(
-            beside(gpu), n_gpu_layers=plans.embeddings.n_gpu_layers, simulated_vram_bytes=simulated
+            beside(gpu),
+            n_gpu_layers=plans.embeddings.n_gpu_layers,
+            n_cpu_moe=plans.embeddings.n_cpu_moe,
+            simulated_vram_bytes=simulated,
         )
         profiles.append(on_gpu)
     if cpu is not None:
@@ -162,6 +166,7 @@ def gpu_profile(cfg: Config, plan: Plan, model_path: Path, simulated_free_bytes:
     return WorkerProfile(
         role="gpu",
         n_gpu_layers=plan.n_gpu_layers,
+        n_cpu_moe=plan.n_cpu_moe,
         simulated_vram_bytes=simulated_free_bytes,
         warm=True,
         warm_reason="the GPU worker always starts with the service",
@@ -230,6 +235,7 @@ def library_profiles(
             WorkerProfile(
                 role=entry.role("gpu"),
                 n_gpu_layers=plans.gpu.n_gpu_layers,
+                n_cpu_moe=plans.gpu.n_cpu_moe,
                 simulated_vram_bytes=share.free_bytes if simulated else None,
                 warm=entry.preload,
                 warm_reason=warm_reason,
