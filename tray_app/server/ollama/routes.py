@@ -1,6 +1,6 @@
 """Ollama's routes: a thin adapter over the OpenAI router.
 
-`/api/chat` and `/api/generate` build the OpenAI body (translate.py) and hand it to `Router.generate`, the
+`/api/chat` and `/api/generate` build the OpenAI body (request.py) and hand it to `Router.generate`, the
 same path `/v1/chat/completions` takes: admission, failover, approvals, the identity headers and the journal
 all apply unchanged. What the router answers is rewritten on its way out (`OllamaAnswer`): its event
 stream as NDJSON lines, its JSON as Ollama's JSON, its errors as `{"error": "..."}` with the same status,
