@@ -65,6 +65,12 @@ def needs_token(path: str) -> bool:
     return path.startswith("/failsoft/") and path not in READ_ONLY_PATHS
 
 
+def sent_by_owner(path: str) -> bool:
+    """Whether the owner's own clients (the tray, the commands) send the token on `path`: the admin routes,
+    and the jobs they read back by id (any job is its owner's too)."""
+    return needs_token(path) or path.startswith("/v1/jobs/")
+
+
 def matches(sent: bytes | None, token: str) -> bool:
     """Compared in constant time, as bytes: a header with non-ASCII bytes is a wrong token, not an error."""
     return bool(token) and sent is not None and hmac.compare_digest(sent.strip(), token.encode("ascii"))

@@ -25,7 +25,7 @@ CPU_ONLY = ModelEntry("notes-7b", Path("notes.gguf"), (), main=False, devices=("
 
 class Models:
     catalog = Catalog([MAIN, CPU_ONLY])
-    model_names = {"main.gguf", "notes-7b"}
+    model_names = frozenset({"main.gguf", "notes-7b"})
 
     def find(self, name: str | None) -> ModelEntry | None:
         return self.catalog.find(name)

@@ -586,14 +586,16 @@ def test_background_job_can_be_cancelled(svc: ServiceHandle) -> None:
     response = httpx.post(svc.base_url + "/v1/jobs", json={**COUNTING, "max_tokens": 400}, timeout=30)
     job_id = response.json()["id"]
     wait_until(lambda: job_state(svc, job_id)["state"] == "running", what="job to run")
-    cancelled = httpx.delete(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10)
+    cancelled = httpx.delete(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10, headers=svc.headers())
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
     # The worker is free again at once: a new request is answered quickly.
     assert httpx.post(
         svc.base_url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}, timeout=30
     ).is_success
     assert job_state(svc, job_id)["state"] == "cancelled"
-    assert httpx.get(f"{svc.base_url}/v1/jobs/job-unknown", timeout=10).status_code == 404
+    assert (
+        httpx.get(f"{svc.base_url}/v1/jobs/job-unknown", timeout=10, headers=svc.headers()).status_code == 404
+    )
 
 
 @pytest.mark.parametrize(

@@ -196,7 +196,7 @@ def test_the_approval_backlog_is_bounded_and_refusals_say_why(svc: ServiceHandle
         assert job_state(svc, refused)["state"] == "failed"  # ended with its reason, not left pending
         background = httpx.post(f"{svc.base_url}/v1/jobs", json={**REQUEST, "max_tokens": 300}, timeout=10)
         assert background.status_code == 202  # a background job has all the time it needs: no approval
-        httpx.delete(f"{svc.base_url}/v1/jobs/{background.json()['id']}", timeout=10)
+        httpx.delete(f"{svc.base_url}/v1/jobs/{background.json()['id']}", timeout=10, headers=svc.headers())
         httpx.post(f"{svc.base_url}/failsoft/jobs/{waiting[0]}/reject", timeout=10, headers=svc.headers())
         with pytest.raises(openai.InternalServerError) as again:
             client.chat.completions.create(**REQUEST, extra_headers={"X-Failsoft-Deadline": "1"})

@@ -234,7 +234,9 @@ def test_chaos(svc: ServiceHandle) -> None:
 def _final_state(svc: ServiceHandle, job_id: str) -> str:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        state = str(httpx.get(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10).json()["state"])
+        state = str(
+            httpx.get(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10, headers=svc.headers()).json()["state"]
+        )
         if state in ("completed", "cancelled", "failed"):
             return state
         time.sleep(0.05)

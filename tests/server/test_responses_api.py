@@ -209,6 +209,12 @@ def test_a_stored_response_is_retrieved_as_it_was_answered(client: openai.OpenAI
     assert again.metadata == {"case": "retrieve"}
     if not stream:  # a stream's events carry the request's time, before the answer began
         assert again.created_at == answered.created_at
+    # The id carries the job's read token: the job's own id (in the event stream) does not read it.
+    job_part, _, token = answered.id.removeprefix("resp_").rpartition("_")
+    assert job_part and token
+    for guess in (f"resp_{job_part}", f"resp_{job_part}_{'0' * len(token)}"):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(guess)
 
 
 @pytest.mark.parametrize(

@@ -205,3 +205,22 @@ def test_the_routers_slots_follow_a_new_concurrency_after_restart(tmp_path: Path
         status = handle.wait_workers_ready()
         assert status["plan"]["n_parallel"] == 1
         assert status["workers"]["gpu"]["slots"] == 1 == status["workers"]["gpu"]["profile"]["n_parallel"]
+
+
+def test_a_job_is_read_back_by_its_creator_only(svc: ServiceHandle) -> None:
+    """Issue 36, per-job read access: the event stream and the logs name every job, and anyone who learnt
+    an id could read its answer or cancel it. Now that takes the read token its creation answered with."""
+    created = httpx.post(svc.v1 + "/jobs", json={**CHAT, "max_tokens": 300}, timeout=10)
+    assert created.status_code == 202, created.text
+    job_id, token = created.json()["id"], created.json()["read_token"]
+    assert created.headers["x-failsoft-job-token"] == token and len(token) == 32
+    url = f"{svc.base_url}/v1/jobs/{job_id}"
+    for headers in ({}, {"X-Failsoft-Job-Token": "0" * 32}, {"X-Failsoft-Job-Token": "é".encode()}):
+        assert httpx.get(url, headers=headers, timeout=10).status_code == 404
+        assert httpx.delete(url, headers=headers, timeout=10).status_code == 404
+    assert httpx.get(url, headers={"X-Failsoft-Job-Token": token}, timeout=10).json()["id"] == job_id
+    assert httpx.get(url, headers=svc.headers(), timeout=10).status_code == 200  # the owner's tray
+    cancelled = httpx.delete(url, headers={"X-Failsoft-Job-Token": token}, timeout=10)
+    assert cancelled.json()["state"] in ("cancelled", "completed")
+    answered = client_for(svc).chat.completions.with_raw_response.create(**CHAT)
+    assert len(answered.headers["x-failsoft-job-token"]) == 32  # a plain request's creator gets one too

@@ -89,7 +89,7 @@ def reload_settings(svc: ServiceHandle, settings: dict[str, Any], *, restart: bo
 
 
 def job_state(svc: ServiceHandle, job_id: str) -> dict[str, Any]:
-    response = httpx.get(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10)
+    response = httpx.get(f"{svc.base_url}/v1/jobs/{job_id}", timeout=10, headers=svc.headers())
     assert response.status_code == 200, response.text
     data: dict[str, Any] = response.json()
     return data

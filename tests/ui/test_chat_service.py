@@ -50,7 +50,7 @@ def ask(qtbot: QtBot, chat: ChatWindow, text: str, max_tokens: int = 40) -> tupl
 
 
 def job(service: ServiceHandle, job_id: str) -> dict[str, Any]:
-    response = httpx.get(f"{service.base_url}/v1/jobs/{job_id}", timeout=10)
+    response = httpx.get(f"{service.base_url}/v1/jobs/{job_id}", timeout=10, headers=service.headers())
     response.raise_for_status()
     data: dict[str, Any] = response.json()
     return data

@@ -50,7 +50,7 @@ class ServiceClient:
         timeout: float = TIMEOUT_S,
     ) -> Any:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        if admin_token.needs_token(path):
+        if admin_token.sent_by_owner(path):
             headers.update(admin_token.headers(self.admin or admin_token.for_client()))
         try:
             with httpx.Client(trust_env=False, timeout=timeout, headers=headers) as client:

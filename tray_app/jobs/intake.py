@@ -77,6 +77,7 @@ class Accepted:
     job_id: str
     request_id: str
     job: Job | None = None
+    read_token: str = ""  # what its creator reads it back with
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Replay:
 
     job_id: str
     result: dict[str, Any]
+    read_token: str = ""  # the same client asking again (same key, same body) gets the same token
 
 
 class Jobs:
@@ -345,7 +347,8 @@ class Jobs:
             return None
         self._refuse_reuse(key, verdict, record.job_id, background=None)
         result = previous.result if previous is not None else None
-        return Replay(record.job_id, result) if result is not None else None
+        token = previous.read_token if previous is not None else ""
+        return Replay(record.job_id, result, token) if result is not None else None
 
     def _refuse_reuse(self, key: str, verdict: str, job_id: str, background: bool | None) -> None:
         if verdict == "effects_delivered":
@@ -418,7 +421,7 @@ class Jobs:
             )
             self.stop(job)
             raise journal_unavailable(self.journal.failure)
-        return Accepted(dict(job.summary()), 202, job.id, job.request_id, job)
+        return Accepted(dict(job.summary()), 202, job.id, job.request_id, job, job.read_token)
 
     def _existing_background(self, key: str, body_hash: str) -> Accepted | None:
         """The rules chat uses (idempotency.decide): the same key and body give the job already made under
@@ -436,7 +439,17 @@ class Jobs:
         else:
             summary = stored_summary(stored, self.journal.attempts(record.job_id)) if stored else {}
         status = 202 if verdict == "in_progress" else 200
-        return Accepted(summary, status, record.job_id, str(summary.get("request_id") or ""))
+        # The same key and body: the same client asking again, who gets the same read token.
+        token = live.read_token if live is not None else stored.read_token if stored is not None else ""
+        return Accepted(summary, status, record.job_id, str(summary.get("request_id") or ""), None, token)
+
+    def read_token(self, job_id: str) -> str | None:
+        """The token that reads job `job_id` back (None: no such job; "": made before tokens, admin only)."""
+        job = self.registry.get(job_id)
+        if job is not None:
+            return job.read_token
+        stored = self.journal.job(job_id)
+        return stored.read_token if stored is not None else None
 
     async def summary(self, job_id: str) -> dict[str, Any] | None:
         """A job as `GET /v1/jobs/{id}` shows it, live or from the journal, with its attempts."""

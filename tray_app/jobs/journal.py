@@ -69,6 +69,8 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # A tool call reached the client before the job ended: a retry under its Idempotency-Key is refused.
     "ALTER TABLE jobs ADD COLUMN effects_delivered INTEGER NOT NULL DEFAULT 0;",
+    # Who may read the job back: the token its creator got (jobs made before it have none: admin only).
+    "ALTER TABLE jobs ADD COLUMN read_token TEXT NOT NULL DEFAULT '';",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 UNFINISHED = UNFINISHED_JOB_STATES
@@ -165,6 +167,7 @@ class StoredJob:
     estimated_seconds: float | None
     seed: int | None
     effects_delivered: bool = False
+    read_token: str = ""
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> StoredJob:
@@ -187,6 +190,7 @@ class StoredJob:
             estimated_seconds=row["estimated_seconds"],
             seed=row["seed"],
             effects_delivered=bool(row["effects_delivered"]),
+            read_token=row["read_token"],
         )
 
 

@@ -100,6 +100,8 @@ class Job:
     roles: dict[str, str] = field(default_factory=lambda: {"gpu": "gpu", "cpu": "cpu"})
     may_stand_in: bool = True  # the request allows another model to answer (X-Failsoft-Stand-In)
     stand_in_offer: str | None = None  # awaiting approval: the stand-in the user may pick instead
+    # Its creator's key to read it back (GET /v1/jobs/{id}, a stored response): returned at creation only.
+    read_token: str = field(default_factory=lambda: random_hex(16))
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[Any] | None = None
     _upstream: bytes | None = None
@@ -235,6 +237,7 @@ class JobRegistry:
                     "created_at": job.created_at,
                     "updated_at": job.created_at,
                     "seed": job.body.get("seed"),
+                    "read_token": job.read_token,
                 }
             )
         self.bus.publish(JobStateChanged(job_id=job.id, state=job.state))

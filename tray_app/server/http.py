@@ -204,8 +204,12 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
+JOB_TOKEN_HEADER = "X-Failsoft-Job-Token"
+
+
 def job_headers(job: Job, complete: bool = True) -> dict[str, str]:
-    headers = {"X-Request-Id": job.request_id, "X-Failsoft-Job": job.id}
+    """Who answers, and the job's read token: only its creator gets it, and reads the job back with it."""
+    headers = {"X-Request-Id": job.request_id, "X-Failsoft-Job": job.id, JOB_TOKEN_HEADER: job.read_token}
     if job.model:  # who answers: named before the first token, never left for the client to guess
         headers["X-Failsoft-Model"] = job.model
         headers["X-Failsoft-Device"] = job.route if job.route in ("gpu", "cpu") else ""

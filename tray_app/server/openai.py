@@ -29,7 +29,14 @@ from tray_app.server.embedding_requests import parse_embedding_request
 from tray_app.server.errors import ApiError, from_job_error
 from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Writer
 from tray_app.server.health import health_answer
-from tray_app.server.http import RECEIVED_AT, error_response, job_headers, read_body, wait_for_disconnect
+from tray_app.server.http import (
+    JOB_TOKEN_HEADER,
+    RECEIVED_AT,
+    error_response,
+    job_headers,
+    read_body,
+    wait_for_disconnect,
+)
 from tray_app.server.ports import ServiceView
 from tray_app.server.requests import (
     Kind,
@@ -149,7 +156,7 @@ class Router:
             if spec.idempotency_key:
                 replay = self.jobs.replay(spec.idempotency_key, parsed.body_hash)
                 if replay is not None:
-                    return _replayed(parsed, replay.job_id, replay.result)
+                    return _replayed(parsed, replay.job_id, replay.result, replay.read_token)
             job = self.jobs.make(spec)
             admission = await self.jobs.admit(job, deadline)
         except ApiError as error:
@@ -331,9 +338,9 @@ class Router:
         return JSONResponse({"object": "list", "data": data, **page})
 
 
-def _replayed(parsed: ParsedRequest, job_id: str, result: dict[str, Any]) -> ASGIApp:
+def _replayed(parsed: ParsedRequest, job_id: str, result: dict[str, Any], read_token: str) -> ASGIApp:
     """The stored answer of a request repeated under its Idempotency-Key, streamed if this one asks so."""
-    headers = {"X-Failsoft-Job": job_id, "Idempotent-Replayed": "true"}
+    headers = {"X-Failsoft-Job": job_id, JOB_TOKEN_HEADER: read_token, "Idempotent-Replayed": "true"}
     failsoft = result.get("failsoft") or {}
     headers["X-Failsoft-Worker"] = str(failsoft.get("worker") or "")
     headers["X-Failsoft-Attempts"] = str(failsoft.get("attempts") or 0)

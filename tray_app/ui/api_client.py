@@ -150,7 +150,7 @@ class ServiceClient(QObject):
         request.setTransferTimeout(timeout_ms)
         if self.api_key:
             request.setRawHeader(b"Authorization", f"Bearer {self.api_key}".encode())
-        if admin_token.needs_token(path.partition("?")[0]):
+        if admin_token.sent_by_owner(path.partition("?")[0]):
             # Read late: an in-process service writes the file as it starts, after this client exists.
             self._admin = self._admin or admin_token.for_client()
             if self._admin:

@@ -3,6 +3,7 @@ answer rewritten into the Responses shape as it is sent."""
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 
@@ -76,22 +77,28 @@ class ResponsesRoute:
         return history_of(job.body, job.result)
 
     def _stored(self, response_id: str) -> Job | StoredJob | None:
-        """The job behind a stored response (None: no such response, or made with `store: false`)."""
-        if not response_id.startswith("resp_"):
+        """The job behind a stored response (None: no such response, not this id's (its read token is part
+        of the id: the job's own id, which the event stream shows, is not enough), or `store: false`)."""
+        job_hex, _, token = response_id.removeprefix("resp_").partition("_")
+        if not response_id.startswith("resp_") or not token:
             return None
-        job_id = "job-" + response_id.removeprefix("resp_")
+        job_id = "job-" + job_hex
         svc = self.router.svc
         # A job that just ended is held in memory; the journal keeps older ones.
         job: Job | StoredJob | None = svc.registry.get(job_id) or svc.journal.job(job_id)
         if job is None or job.kind != "chat" or not stored_response(job.body):
             return None
+        if not job.read_token or not hmac.compare_digest(token.encode(), job.read_token.encode()):
+            return None
         return job
 
 
 def _response_id(headers: Headers) -> str:
-    """The job's id makes the response's: one id for one request, as X-Failsoft-Job names it."""
+    """The job's id and its read token make the response's: one id for one request, as X-Failsoft-Job
+    names it, readable back only by whoever holds the whole id."""
     job = header(headers, b"x-failsoft-job")
-    return f"resp_{job.removeprefix('job-')}" if job else "resp_unknown"
+    token = header(headers, b"x-failsoft-job-token")
+    return f"resp_{job.removeprefix('job-')}_{token}" if job and token else "resp_unknown"
 
 
 class ResponsesAnswer(RewrittenAnswer):
