@@ -16,8 +16,8 @@ from typing import Any, Literal, get_args, get_type_hints
 import tomli_w
 
 from tray_app import paths
-from tray_app.budget.sizes import parse_size
 from tray_app.origins import normalize_origin
+from tray_app.sizes import parse_size
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
 FallbackPolicy = Literal["auto", "approval", "never"]

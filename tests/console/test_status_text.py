@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.support.status_samples import MiB, make_library_status, make_status
-from tray_app.budget.sizes import format_size
 from tray_app.console.status_text import render_pending, render_status
+from tray_app.sizes import format_size
 from tray_app.view.pending import PendingJob
 
 URL = "http://127.0.0.1:8750"

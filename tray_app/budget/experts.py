@@ -10,7 +10,7 @@ n_layers - N blocks.
 from __future__ import annotations
 
 from tray_app.budget.model_info import ModelInfo
-from tray_app.budget.sizes import format_size
+from tray_app.sizes import format_size
 
 
 def offloaded_blocks(model: ModelInfo, n_gpu_layers: int) -> range:

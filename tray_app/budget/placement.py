@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from tray_app.budget.sizes import format_size
+from tray_app.sizes import format_size
 
 Kind = Literal["layers", "experts"]
 LABELS: dict[str, str] = {"layers": "layer split", "experts": "expert split"}

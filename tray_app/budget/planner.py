@@ -24,7 +24,7 @@ from tray_app.budget.device import DeviceMemory
 from tray_app.budget.experts import expert_split_words, experts_kept_on_cpu, offloaded_blocks
 from tray_app.budget.model_info import ModelInfo
 from tray_app.budget.placement import Candidate
-from tray_app.budget.sizes import format_size
+from tray_app.sizes import format_size
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
 Verdict = Literal["gpu", "split", "cpu"]

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tray_app.budget.planner import Plan
-from tray_app.budget.sizes import format_size
+from tray_app.sizes import format_size
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ laid out for a terminal."""
 
 from __future__ import annotations
 
-from tray_app.budget.sizes import format_size, text_bar
 from tray_app.contract.status import ServiceStatus
+from tray_app.sizes import format_size, text_bar
 from tray_app.view.budget_split import caps_text, status_segments
 from tray_app.view.pending import PendingJob
 from tray_app.view.state import format_duration, library, model_line, summarize, worker_line

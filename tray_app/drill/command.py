@@ -16,7 +16,6 @@ import httpx
 
 from tray_app import paths
 from tray_app.budget.device import nvml_memory
-from tray_app.budget.sizes import parse_size
 from tray_app.cli import load_config
 from tray_app.config import Config
 from tray_app.contract.status import ServiceStatus
@@ -28,6 +27,7 @@ from tray_app.drill.pressure import apply_pressure
 from tray_app.drill.records import ScenarioRecord
 from tray_app.drill.registry import SCENARIOS
 from tray_app.drill.report import DrillReport, text, write
+from tray_app.sizes import parse_size
 
 DEFAULT_SIMULATED_VRAM = "4GiB"
 SPEED_WAIT = 90.0  # the service measures the CPU worker's speed once it is ready; the policy needs it

@@ -10,7 +10,6 @@ import sys
 import uvicorn
 
 from tray_app.budget.plan_set import PlanSet
-from tray_app.budget.sizes import format_size
 from tray_app.cli import load_config
 from tray_app.config import Config, ConfigError
 from tray_app.host import event_loop
@@ -19,6 +18,7 @@ from tray_app.host.service import Service
 from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
 from tray_app.jobs.journal_owner import JournalInUse
 from tray_app.server.routes import create_app
+from tray_app.sizes import format_size
 
 
 def is_loopback(host: str) -> bool:

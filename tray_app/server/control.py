@@ -18,7 +18,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tray_app import config
-from tray_app.budget.sizes import parse_size
 from tray_app.contract.events import Event
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.engine.faults import FAULT_KINDS
@@ -27,6 +26,7 @@ from tray_app.library.errors import LoadRefused
 from tray_app.server.errors import ApiError
 from tray_app.server.origin_guard import CONTROL_MAX_BODY
 from tray_app.server.ports import ServiceView
+from tray_app.sizes import parse_size
 
 KEEPALIVE_SECONDS = 15.0
 # /failsoft/events: at most this many streams at once (the tray needs one; more is a leak or abuse): 503.

@@ -17,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp
 
-from tray_app.budget.sizes import parse_size
 from tray_app.contract.roles import CHAT_ROLES
 from tray_app.contract.vocabulary import Reason
 from tray_app.jobs.ids import new_request_id
@@ -48,6 +47,7 @@ from tray_app.server.requests import (
     stand_in_allowed,
 )
 from tray_app.server.streaming import include_usage, outcome_bytes, result_to_stream
+from tray_app.sizes import parse_size
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tray_app.budget.sizes import format_size
 from tray_app.contract.status import ServiceStatus
+from tray_app.sizes import format_size
 from tray_app.view.state import gpu_guests
 
 
