@@ -53,8 +53,12 @@ class Library:
         registry: JobRegistry,
         bus: EventBus,
         main_tokens: Callable[[], TokenCounter],
+        *,
+        gpu_refusal: Callable[[str], str | None] | None = None,
     ) -> None:
         self.catalog = catalog
+        # Why a GPU worker would not start now, weighed on the memory free now (host.gpu_start).
+        self._gpu_refusal = gpu_refusal
         self.plans: dict[str, ModelPlans] = {}  # the other models' plans, by name
         self.share_bytes = 0  # what the main model's plans leave on the GPU for the other models
         self.max_loaded = 3
@@ -65,6 +69,9 @@ class Library:
         self._last_used: dict[str, float] = {}
         self._keep_alive: dict[str, float] = {}  # a request's keep_alive, by model (the latest wins)
         self._loading: set[str] = set()
+        # Models being unloaded, each with the event set when that is over: a load waits for it, and the
+        # unload stops short if a request arrives for the model meanwhile (review N8).
+        self._unloading: dict[str, asyncio.Event] = {}
         # What each model's GPU worker was planned to hold when it was loaded: still counted while it runs
         # after a re-plan (drill pressure) left its model no GPU plan for new requests.
         self._held: dict[str, int] = {}
@@ -147,12 +154,16 @@ class Library:
         worker = self._workers(role) if role else None
         if worker is None:
             raise LoadRefused(f"{entry.name} has no {device.upper()} worker here", "model_not_on_device")
+        unloading = self._unloading.get(entry.name)
+        if unloading is not None:
+            await unloading.wait()  # its worker is being stopped: start it again once that is done
         if entry.main or worker.state == "ready":
             return await worker.ensure_ready(timeout)
         if device == "gpu":
             async with self._room:
                 if self._state(entry, "gpu") not in LOADED_STATES:
                     await self._make_room(entry)
+                    self._refuse_if_no_room_now(entry, role)
                 self._held[entry.name] = self.plans[entry.name].vram_bytes
                 self._loading.add(entry.name)
         self.touch(entry.name)
@@ -160,6 +171,12 @@ class Library:
             return await worker.ensure_ready(timeout)
         finally:
             self._loading.discard(entry.name)
+
+    def _refuse_if_no_room_now(self, entry: ModelEntry, role: str) -> None:
+        """The share says it fits; the device now may not (another program took memory since the plan)."""
+        why = self._gpu_refusal(role) if self._gpu_refusal is not None else None
+        if why is not None:
+            raise LoadRefused(f"{entry.name} does not fit on the GPU now: {why}")
 
     async def _make_room(self, entry: ModelEntry) -> None:
         need = self.plans[entry.name].vram_bytes
@@ -178,16 +195,32 @@ class Library:
             raise LoadRefused(f"{entry.name} does not fit on the GPU now: {room.reason}")
         for name in room.evict:
             log.info("unloading %s from the GPU to make room for %s", name, entry.name)
-            await self.unload(name, devices=("gpu",))
+            if not await self.unload(name, devices=("gpu",), if_idle=True):
+                raise LoadRefused(
+                    f"{entry.name} does not fit on the GPU now: {name} got a request", "model_busy"
+                )
 
-    async def unload(self, name: str, devices: tuple[str, ...] = ("gpu", "cpu")) -> None:
+    async def unload(
+        self, name: str, devices: tuple[str, ...] = ("gpu", "cpu"), *, if_idle: bool = False
+    ) -> bool:
+        """Stop the model's workers on `devices`. `if_idle`: only while nothing of it is in flight, looked at
+        again before each worker (a request may arrive during the first stop); False when it stopped short."""
         entry = self.catalog.find(name)
         if entry is None or entry.main:
-            return
-        for device in devices:
-            worker = self._workers(entry.role(device))
-            if worker is not None and worker.state in RUNNING_STATES:
-                await worker.stop()
+            return False
+        done = self._unloading.setdefault(name, asyncio.Event())
+        try:
+            for device in devices:
+                if if_idle and self.busy(name):
+                    return False
+                worker = self._workers(entry.role(device))
+                if worker is not None and worker.state in RUNNING_STATES:
+                    await worker.stop()
+            return True
+        finally:
+            if self._unloading.get(name) is done:
+                del self._unloading[name]
+            done.set()
 
     async def reap(self) -> None:
         """Unload each model whose keep-alive ran out with nothing of it in flight (the service's task)."""
@@ -196,7 +229,7 @@ class Library:
             for entry in self.catalog.others():
                 if self.unload_in(entry) == 0.0:
                     log.info("unloading %s: idle past its keep-alive", entry.name)
-                    await self.unload(entry.name)
+                    await self.unload(entry.name, if_idle=True)
 
     def unload_in(self, entry: ModelEntry) -> float | None:
         """Seconds until `entry` is unloaded for being idle; None when it is not loaded, busy or kept."""

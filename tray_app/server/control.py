@@ -217,9 +217,8 @@ class Control:
             if entry.main:
                 message = f"{entry.name} is the main model: its workers are always kept"
                 return _error(409, message, "main_model")
-            if library.busy(entry.name):
+            if not await library.unload(entry.name, if_idle=True):  # looked at again before each worker
                 return _error(409, f"{entry.name} has requests in flight", "model_busy")
-            await library.unload(entry.name)
             return JSONResponse(self._model_status(entry.name))
         device = body.get("device", "auto")
         roles = library.roles(entry)

@@ -192,8 +192,7 @@ class OllamaRoutes:
         if entry.main:
             return
         if is_zero_keep_alive(body.get("keep_alive")):
-            if not library.busy(entry.name):
-                await library.unload(entry.name)
+            await library.unload(entry.name, if_idle=True)  # a model with requests in flight stays
             return
         device = "gpu" if "gpu" in library.roles(entry) else "cpu"
         try:
