@@ -163,7 +163,7 @@ class Library:
             async with self._room:
                 if self._state(entry, "gpu") not in LOADED_STATES:
                     await self._make_room(entry)
-                    self._refuse_if_no_room_now(entry, role)
+                    self._refuse_if_no_room_now(entry, entry.role("gpu"))
                 self._held[entry.name] = self.plans[entry.name].vram_bytes
                 self._loading.add(entry.name)
         self.touch(entry.name)
