@@ -17,6 +17,8 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     monkeypatch.setenv("FAILSOFT_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("FAILSOFT_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("FAILSOFT_LOG_DIR", str(tmp_path / "logs"))
+    # Its own simulated GPU: services and hogs of tests running side by side never share a ledger.
+    monkeypatch.setenv("FAILSOFT_RUNTIME_DIR", str(tmp_path / "run"))
     yield tmp_path
 
 

@@ -20,7 +20,9 @@ HEADER = "X-Failsoft-Admin"
 FILE_NAME = "admin-token"
 ENV_VARIABLE = "FAILSOFT_ADMIN_TOKEN"  # for a client whose service keeps its data folder elsewhere
 # Control paths that need no token: read-only views (the tray's live status and events, Prometheus).
-READ_ONLY_PATHS = frozenset({"/failsoft/status", "/failsoft/events", "/failsoft/timing"})
+READ_ONLY_PATHS = frozenset(
+    {"/failsoft/status", "/failsoft/events", "/failsoft/timing", "/failsoft/device/history"}
+)
 
 
 def token_path(data_dir: Path | None = None) -> Path:

@@ -29,6 +29,8 @@ HANDLERS = {
     "load": "tray_app.console.command:load",
     "unload": "tray_app.console.command:unload",
     "worker": "tray_app.console.command:worker",
+    "yield": "tray_app.console.command:yield_gpu",
+    "resume": "tray_app.console.command:resume_gpu",
     "hog": "tray_app.device.hog:run",
     "engine": "tray_app.engine_build.command:run",
     "models": "tray_app.library.models_command:run",
@@ -200,6 +202,8 @@ def _add_console_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     worker = command("worker", "restart, stop or start a worker (gpu, cpu, gpu-embed, ...)")
     worker.add_argument("action", choices=["restart", "stop", "start"])
     worker.add_argument("role", help="gpu, cpu, gpu-embed, cpu-embed, or a library model's (gpu@NAME)")
+    command("yield", "give the GPU to other programs: GPU jobs finish, then the GPU workers stop")
+    command("resume", "take the GPU back after `failsoft yield` (as soon as the plan fits)")
 
 
 def load_config(args: argparse.Namespace) -> config.Config:

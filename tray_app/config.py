@@ -77,6 +77,21 @@ class EngineConfig:
 class DeviceConfig:
     simulate_vram: str = ""  # e.g. "4GiB": stand in for a GPU on a machine without one
     gpu_index: int = 0
+    poll_seconds: float = 1.0  # how often the device watcher reads memory and processes
+
+
+@dataclass
+class GpuConfig:
+    """What the GPU path does when another program wants the card (read at each decision: live)."""
+
+    # Programs (names or labels, shell patterns, any case) the GPU is given to when they appear.
+    yield_to: list[str] = field(default_factory=list)
+    return_after: float = 30.0  # seconds the memory must stay free before the GPU worker comes back
+    max_returns: int = 3  # returns at most per return_window: no flapping
+    return_window: float = 600.0
+    drain_timeout: float = 120.0  # in-flight GPU jobs get this long to finish before the worker stops
+    min_ctx: int = 512  # a GPU start with a smaller context per request than this is not made
+    min_layers: int = 1  # nor one with fewer layers on the GPU
 
 
 @dataclass
@@ -176,6 +191,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     cpu: CpuConfig = field(default_factory=CpuConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -307,6 +323,8 @@ def _check_relations(config: Config) -> None:
         raise ConfigError(f"{source}: budget.n_parallel must be at least 1")
     if config.embeddings.n_parallel < 1 or config.embeddings.n_ctx < 64:
         raise ConfigError(f"{source}: embeddings.n_parallel must be at least 1 and n_ctx at least 64")
+    if config.device.poll_seconds <= 0 or config.gpu.max_returns < 1:
+        raise ConfigError(f"{source}: device.poll_seconds must be above 0 and gpu.max_returns at least 1")
     if config.failover.max_pending_approvals < 1:
         raise ConfigError(f"{source}: failover.max_pending_approvals must be at least 1")
     if config.budget.cache_type != "f16" and not config.budget.flash_attn:
@@ -403,7 +421,7 @@ def write_private(path: Path, data: bytes) -> None:
 
 # What a running service takes over without restarting a worker (POST /failsoft/config/reload); every other
 # key changes what the workers were started with, or the listening socket.
-LIVE_SECTIONS = ("failover", "journal")
+LIVE_SECTIONS = ("failover", "journal", "gpu")
 LIVE_SERVER_KEYS = (
     "queue_max",
     "queue_timeout",

@@ -27,7 +27,10 @@ from tray_app.sizes import format_size, parse_size
         ),
         ('[device]\nsimulate_vram = "4 bananas"\n', "device.simulate_vram: not a size"),
         ("[budget]\nmax_context = 4096\n", "unknown key budget.max_context; keys are"),
-        ("[gpu]\nlayers = 3\n", "unknown section [gpu]; sections are model, engine, device, budget"),
+        ("[gpus]\nlayers = 3\n", "unknown section [gpus]; sections are model, engine, device, gpu, budget"),
+        ("[gpu]\nlayers = 3\n", "unknown key gpu.layers; keys are drain_timeout, max_returns, min_ctx"),
+        ("[device]\npoll_seconds = 0\n", "device.poll_seconds must be above 0"),
+        ('[gpu]\nyield_to = "steam"\n', "gpu.yield_to = 'steam' must be a list of strings"),
         ("[budget\n", "not valid TOML"),
     ],
 )

@@ -11,6 +11,7 @@ with SIGTERM (then SIGKILL) and kills any worker process it left behind.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -43,6 +44,11 @@ class ServiceHandle:
     output_path: Path = field(default_factory=Path)
     worker_key: str = ""  # what its workers take: lets a test ask a worker directly
     admin_token: str = ""  # what its control API takes (tray_app.admin_token)
+    runtime_dir: Path = field(default_factory=Path)  # its own: its simulated GPU's ledger is there
+
+    def hog_env(self) -> dict[str, str]:
+        """The environment a `failsoft hog` needs to take memory from this service's simulated GPU."""
+        return {**os.environ, "FAILSOFT_RUNTIME_DIR": str(self.runtime_dir)}
 
     @property
     def worker_headers(self) -> dict[str, str]:
@@ -149,6 +155,7 @@ def running_service(
         output_path=output_path,
         worker_key=serve.worker_key,
         admin_token=serve.admin_token,
+        runtime_dir=serve.runtime_dir or root / "run",
     )
     try:
         _wait_ready(handle, time.monotonic() + ready_timeout)

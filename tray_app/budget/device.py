@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -13,6 +13,7 @@ import psutil
 
 from tray_app.config import DeviceConfig
 from tray_app.device.ledger import Ledger, NoSimulatedDevice
+from tray_app.device.snapshot import DeviceSnapshot
 from tray_app.sizes import format_size, parse_size
 
 DeviceKind = Literal["nvidia", "simulated", "none", "ram"]
@@ -264,3 +265,40 @@ def system_ram() -> DeviceMemory:
         simulated=False,
         reason="system RAM (psutil)",
     )
+
+
+def memory_from_snapshot(snapshot: DeviceSnapshot) -> DeviceMemory:
+    """The watcher's reading as the planner's device: Failsoft's own workers' memory counts as available
+    (they are what is planned), everything else in use as others'. An unreadable device is no GPU."""
+    if snapshot.state != "normal" or snapshot.total_bytes <= 0:
+        return no_gpu(f"{snapshot.device}: {snapshot.state} ({snapshot.reason or 'no reading'})")
+    others = min(snapshot.others_bytes, snapshot.total_bytes)
+    kind: DeviceKind = "simulated" if snapshot.simulated else "nvidia"
+    size = format_size(snapshot.total_bytes)
+    reason = (
+        f"simulated {size} GPU (no real device memory is used)"
+        if snapshot.simulated
+        else f"{snapshot.device} through {snapshot.source}, as the device watcher read it"
+    )
+    return DeviceMemory(
+        name=snapshot.device,
+        kind=kind,
+        total_bytes=snapshot.total_bytes,
+        free_bytes=snapshot.total_bytes - others,
+        used_by_others_bytes=others,
+        simulated=snapshot.simulated,
+        reason=reason,
+        processes=tuple(GpuProcess(p.pid, p.describe(), p.used_bytes) for p in snapshot.others),
+    )
+
+
+class WatchedGpu:
+    """The GPU as the device watcher last read it: what the planner plans against once the watcher runs.
+    `read` gives the latest reading (reading the device once itself before the first)."""
+
+    def __init__(self, read: Callable[[], DeviceSnapshot], simulated: bool) -> None:
+        self._read = read
+        self.simulated = simulated
+
+    def memory(self) -> DeviceMemory:
+        return memory_from_snapshot(self._read())

@@ -1,6 +1,6 @@
-"""`failsoft status`, `approvals`, `approve`, `reject`, `load`, `unload` and `worker`: the tray's view, its
-approval buttons and its model and worker menus, for a terminal. Exit status 1 when the service cannot be
-reached or refuses any of the asked actions."""
+"""`failsoft status`, `approvals`, `approve`, `reject`, `load`, `unload`, `worker`, `yield` and `resume`: the
+tray's view, its approval buttons and its model, worker and GPU menus, for a terminal. Exit status 1 when
+the service cannot be reached or refuses any of the asked actions."""
 
 from __future__ import annotations
 
@@ -117,6 +117,24 @@ def load(args: argparse.Namespace) -> int:
 
 def unload(args: argparse.Namespace) -> int:
     return _wait_and_show(args, "unload", f"/failsoft/models/{quote(args.name, safe='')}/unload", model_line)
+
+
+def _path_line(answer: dict[str, Any]) -> str:
+    """The GPU path after a yield or resume, in words."""
+    state = answer.get("state") or "unknown"
+    line = f"GPU path: {state}" + (f" ({answer['reason']})" if answer.get("reason") else "")
+    waiting = (answer.get("yielded") or {}).get("waiting")
+    back = f"\n  back when: {waiting}" if waiting else ""
+    return f"{line}{back}\n  Failsoft: {answer.get('action', '')}"
+
+
+def yield_gpu(args: argparse.Namespace) -> int:
+    """Answers once the GPU workers have stopped (their jobs finish first: up to gpu.drain_timeout)."""
+    return _wait_and_show(args, "yield", "/failsoft/gpu/yield", _path_line)
+
+
+def resume_gpu(args: argparse.Namespace) -> int:
+    return _wait_and_show(args, "resume", "/failsoft/gpu/resume", _path_line)
 
 
 def worker(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tray_app.contract.status import ServiceStatus
 from tray_app.sizes import format_size, text_bar
 from tray_app.view.budget_split import caps_text, status_segments
+from tray_app.view.device_now import device_lines
 from tray_app.view.pending import PendingJob
 from tray_app.view.state import format_duration, library, model_line, summarize, worker_line
 
@@ -22,7 +23,7 @@ def _device_lines(status: ServiceStatus) -> list[str]:
     if engine.get("version"):
         commit = f" (llama.cpp {engine['commit']})" if engine.get("commit") else ""
         lines.append(f"engine: llama-server {engine['version']}{commit}")
-    return lines
+    return lines + device_lines(status)  # the device now: who holds the GPU's memory, the GPU path
 
 
 def _budget_lines(status: ServiceStatus) -> list[str]:

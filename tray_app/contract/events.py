@@ -161,6 +161,18 @@ class OtherProcessLeft(Event):
     used_bytes: int | None  # what it held at the last reading
 
 
+@dataclass(frozen=True)
+class GpuPathChanged(Event):
+    """The GPU path moved between normal, squeezed (another program ate into the reserve), yielded (given
+    to another program on purpose) and lost (the device failed): who caused it and what Failsoft does."""
+
+    type: ClassVar[str] = "gpu_path"
+    state: str  # normal, squeezed, yielded, lost
+    previous: str
+    reason: str  # what happened, naming the programs that hold the memory
+    action: str  # what Failsoft does about it, in words
+
+
 Listener = Callable[[Event], None]
 
 

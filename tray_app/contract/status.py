@@ -5,7 +5,7 @@ so a renamed field is a type error on both sides, not a key that silently goes m
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class WorkerStatus(TypedDict, total=False):
@@ -72,6 +72,11 @@ class ServiceStatus(TypedDict):
     counters: dict[str, int]
     policy: dict[str, Any]
     uptime_seconds: float
+    # The device watcher's latest reading: total/free/used, state, and the processes on the card, each with
+    # pid, name, label, used_bytes, own and describe ("comfyui (python3, pid 4242)").
+    device_now: NotRequired[dict[str, Any]]
+    # The GPU path: state (normal, squeezed, yielded, lost), reason, action, held_back, the yield.
+    gpu_path: NotRequired[dict[str, Any]]
 
 
 class JobSummary(TypedDict):

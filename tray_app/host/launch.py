@@ -37,6 +37,7 @@ class ServeProcess:
         ""  # the key its workers take (FAILSOFT_WORKER_KEY), for a harness that asks them directly
     )
     admin_token: str = ""  # its control API's token (tray_app.admin_token), for a harness that drives it
+    runtime_dir: Path | None = None  # where its simulated GPU's ledger is: a hog run with it takes from it
 
     @property
     def worker_headers(self) -> dict[str, str]:
@@ -62,17 +63,20 @@ def spawn_serve(
     args: Sequence[str] = (),
     port: int | None = None,
 ) -> ServeProcess:
-    """Start `failsoft serve` on loopback (a free port unless given); its files live under `root`."""
+    """Start `failsoft serve` on loopback (a free port unless given); its files live under `root`, its
+    runtime folder too, so its simulated GPU is its own and never a running service's."""
     port = port or free_port()
     worker_key = secrets.token_urlsafe(24)
     data_dir = data_dir or root / "data"
     admin = admin_token.ensure(private_dir(data_dir))  # the service finds it there and keeps it
+    runtime_dir = root / "run"
     env = {
         **os.environ,
         WORKER_KEY_ENV: worker_key,
         "FAILSOFT_CONFIG": str(config_path),
         "FAILSOFT_DATA_DIR": str(data_dir),
         "FAILSOFT_LOG_DIR": str(root / "logs"),
+        "FAILSOFT_RUNTIME_DIR": str(runtime_dir),
         "PYTHONUNBUFFERED": "1",
     }
     command = [sys.executable, "-m", "tray_app", "serve", "--port", str(port), *args]
@@ -80,7 +84,7 @@ def spawn_serve(
     output_path.parent.mkdir(parents=True, exist_ok=True)
     with output_path.open("wb") as output:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-    return ServeProcess(process, port, output_path, worker_key, admin)
+    return ServeProcess(process, port, output_path, worker_key, admin, runtime_dir)
 
 
 def workers_ready(status: ServiceStatus | dict[str, Any] | None) -> bool:

@@ -11,7 +11,8 @@ from typing import Any
 
 from tray_app import __version__, admin_token, paths
 from tray_app import config as config_module
-from tray_app.budget.device import SimulatedDevice, probe_gpu
+from tray_app.budget.device import SimulatedDevice
+from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.budget.planner import Plan
 from tray_app.config import Config, ConfigError
@@ -27,6 +28,8 @@ from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
 from tray_app.host import sd_notify
+from tray_app.host.gpu_side import GpuSide
+from tray_app.host.gpu_watch import PlanningDevice
 from tray_app.host.library import Library
 from tray_app.host.metrics import Metrics
 from tray_app.jobs import policy
@@ -60,7 +63,8 @@ class Service:
         self.cfg = cfg
         self.enable_faults = enable_faults
         self.bus = bus or EventBus()
-        self.device = probe_gpu(cfg.device)
+        self.workers: dict[str, Any] = {}
+        self.gpu = GpuSide(self)  # the device now: watcher, start gate, path state, yield
         self.plan_set: PlanSet = plan_from_config(cfg, gpu=self.device)
         self.model_path = cfg.model_path()
         try:
@@ -79,7 +83,6 @@ class Service:
         self.metrics = Metrics()
         self.bus.add_listener(self.metrics.on_event)
         self.bus.add_listener(self._slots_follow_workers)
-        self.workers: dict[str, Any] = {}
         self.started_at = time.time()
         self.tokens = TokenCounter(self.model_path, cfg.model.chat_format)
         self.relay = Relay()
@@ -89,7 +92,14 @@ class Service:
             on_failure=lambda reason: self.bus.publish(JournalFailed(reason=reason)),  # the writer's thread
         )
         self.registry = JobRegistry(self.journal, self.bus)
-        self.library = Library(self.catalog, self.workers.get, self.registry, self.bus, lambda: self.tokens)
+        self.library = Library(
+            self.catalog,
+            self.workers.get,
+            self.registry,
+            self.bus,
+            lambda: self.tokens,
+            gpu_refusal=lambda role: self.gpu.gpu_refusal(role),
+        )
         self.library.replan(cfg, self.plan_set)
         self.slots = SlotPool(self._capacities(), cfg.server.queue_max, self._queue_changed)
         self.executor = Executor(
@@ -104,7 +114,7 @@ class Service:
             lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
             lambda job, **kw: self.jobs.stand_in(job, **kw),
         )
-        self.jobs = Jobs(
+        self.jobs: Jobs = Jobs(
             self,
             self.registry,
             self.executor,
@@ -197,22 +207,37 @@ class Service:
         self.executor.settings = self.embeddings.settings = self._executor_settings()
         self.slots.queue_limit = self.cfg.server.queue_max
 
+    def library_plans(self, name: str) -> ModelPlans | None:
+        return self.library.plans.get(name)
+
+    @property
+    def device(self) -> PlanningDevice:
+        """The GPU the plans are made on: once the service runs, the device watcher's latest reading."""
+        return self.gpu.watch.device
+
     def worker(self, role: str) -> Worker | None:
+        """A worker as jobs see it: during a yield, the GPU workers take no new job (host.gpu_yield)."""
         worker: Worker | None = self.workers.get(role)
-        return worker
+        return self.gpu.yielding.hide(role, worker) if worker is not None else None
+
+    def in_flight(self, role: str) -> int:
+        return self._in_flight(role)
 
     async def start(self) -> None:
         from tray_app.supervisor.profile import profiles_from_plans
         from tray_app.supervisor.supervisor import WorkerSupervisor
 
+        await self.gpu.start()
         profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
         for role, profile in profiles.by_role().items():
-            self.workers[role] = WorkerSupervisor(profile, self.bus, self.cfg.supervisor, engine=self.engine)
+            self.workers[role] = WorkerSupervisor(
+                profile, self.bus, self.cfg.supervisor, engine=self.engine, start_gate=self.gpu.gate
+            )
             if not profile.embeddings:
                 self.tool_call_opener = tools.tool_call_opener(profile.chat_format)
         for profile in self._library_profiles():
             self.workers[profile.role] = WorkerSupervisor(
-                profile, self.bus, self.cfg.supervisor, engine=self.engine
+                profile, self.bus, self.cfg.supervisor, engine=self.engine, start_gate=self.gpu.gate
             )
             self._openers[profile.role.partition("@")[2]] = tools.tool_call_opener(profile.chat_format)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
@@ -253,6 +278,7 @@ class Service:
         pending = [*self._tasks, *(job.task for job in self.registry.live() if job.task)]
         await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.gather(*(worker.aclose() for worker in self.workers.values()), return_exceptions=True)
+        await self.gpu.stop()
         await self.relay.aclose()
         self.journal.flush()
         self.journal.close()
@@ -358,6 +384,7 @@ class Service:
         pending = len(self.registry.by_state("awaiting_approval"))
         self.metrics.approvals_pending.set(pending)
         failover = self.cfg.failover
+        gpu = self.gpu.status()
         return {
             "version": __version__,
             "simulated": self.plan_set.device.simulated,
@@ -391,6 +418,8 @@ class Service:
                 "deadline": failover.deadline,
                 "cpu_tokens_per_second": round(self.jobs.cpu_tokens_per_second(), 2),
             },
+            "device_now": gpu["device_now"],  # the device watcher's latest reading
+            "gpu_path": gpu["gpu_path"],  # normal, squeezed, yielded or lost, and why
             "uptime_seconds": round(time.time() - self.started_at, 1),
         }
 
@@ -402,8 +431,26 @@ class Service:
             if worker is not None:
                 self.slots.resize(event.role, worker.profile.n_parallel)
 
+    async def yield_gpu(self, wait: bool = True) -> dict[str, Any]:
+        return await self.gpu.yield_gpu(wait)
+
+    def resume_gpu(self) -> dict[str, Any]:
+        return self.gpu.resume()
+
+    def device_history(self, since: float | None = None) -> dict[str, Any]:
+        return self.gpu.history(since)
+
+    async def read_device(self) -> PlanSet:
+        """Read the device now (as the next poll would) and plan again if it moved; the plans after it."""
+        watcher = self.gpu.watch.watcher
+        if watcher is not None:
+            await watcher.poll()
+        else:
+            self.replan()
+        return self.plan_set
+
     def replan(self) -> PlanSet:
-        """Plan again against the device as it is now (e.g. after drill pressure) and tell the tray.
+        """Plan again against the device as it is now (another program's memory moved) and tell the tray.
 
         The running workers keep what they hold; their next start (a restart after a failure, or one the
         user asks for) follows the new plan, as a real GPU would demand.
@@ -411,6 +458,7 @@ class Service:
         from tray_app.supervisor.profile import profiles_from_plans
 
         self.plan_set = plan_from_config(self.cfg, gpu=self.device)
+        self.gpu.watch.planned()
         self.library.replan(self.cfg, self.plan_set)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
         profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
@@ -438,7 +486,7 @@ class Service:
             self.catalog = self.library.catalog = catalog_from_config(fresh)
             self.model_names = {name for entry in self.catalog.entries for name in entry.names()}
         if fresh.device != self.cfg.device:
-            self.device = probe_gpu(fresh.device)
+            await self.gpu.restart(fresh)
         fresh.source = self.cfg.source
         self.cfg = fresh
         self.apply_live_config()
@@ -450,7 +498,7 @@ class Service:
 
     @property
     def simulated_device(self) -> SimulatedDevice | None:
-        return self.device if isinstance(self.device, SimulatedDevice) else None
+        return self.gpu.watch.simulated
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

@@ -87,6 +87,8 @@ class Control:
             Route("/failsoft/config", self.change_config, methods=["PATCH"]),
             Route("/failsoft/config/reload", self.reload_config, methods=["POST"]),
             Route("/failsoft/timing", self.timing, methods=["GET"]),
+            Route("/failsoft/device/history", self.device_history, methods=["GET"]),
+            Route("/failsoft/gpu/{action}", self.gpu_action, methods=["POST"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ]
         if self.svc.enable_faults:
@@ -103,6 +105,32 @@ class Control:
     async def timing(self, request: Request) -> Response:
         """The router's own time on the recent streams' way to their first token (jobs.path_timing)."""
         return JSONResponse(self.svc.path_timings.snapshot())
+
+    async def device_history(self, request: Request) -> Response:
+        """The device watcher's readings of the last 15 minutes (`?since=` a Unix time: only later ones)."""
+        since = request.query_params.get("since")
+        try:
+            after = float(since) if since else None
+        except ValueError:
+            return _error(400, "'since' must be a Unix time in seconds", "invalid_request", "since")
+        return JSONResponse(self.svc.device_history(after))
+
+    async def gpu_action(self, request: Request) -> Response:
+        """`yield`: give the GPU to other programs (in-flight jobs finish, then the GPU workers stop; the
+        answer comes once they have, unless `{"wait": false}`); `resume`: take it back once it fits."""
+        action = request.path_params["action"]
+        try:
+            body = await _json_body(request)
+        except ApiError as error:
+            return Response(error.body_bytes(), status_code=error.status, media_type="application/json")
+        if action == "yield":
+            wait = body.get("wait", True)
+            if not isinstance(wait, bool):
+                return _error(400, "'wait' must be true or false", "invalid_request", "wait")
+            return JSONResponse(await self.svc.yield_gpu(wait))
+        if action == "resume":
+            return JSONResponse(self.svc.resume_gpu())
+        return _error(404, f"unknown action {action!r}; use yield or resume", "not_found")
 
     async def metrics(self, request: Request) -> Response:
         self.svc.status()  # refreshes the gauges that are read, not pushed
@@ -398,7 +426,8 @@ class Control:
         return JSONResponse({"role": role, "kind": kind, "after_tokens": after, "pid": worker.pid})
 
     async def pressure(self, request: Request) -> Response:
-        """Take simulated VRAM (`{"take": "1GiB", "label": "x"}`) or give it back (`{"release": label}`)."""
+        """Take simulated VRAM (`{"take": "1GiB", "label": "x"}`) or give it back (`{"release": label}`): on
+        the simulated GPU's ledger, under the service's pid, as another program would (`failsoft hog`)."""
         device = self.svc.simulated_device
         if device is None:
             return _error(409, "pressure needs a simulated GPU (--simulate-vram)", "not_simulated")
@@ -417,5 +446,5 @@ class Control:
             return _error(409, str(error), "insufficient_vram")
         except ValueError as error:
             return _error(400, str(error), "invalid_size", "take")
-        plan_set = self.svc.replan()
+        plan_set = await self.svc.read_device()  # the watcher reads the ledger now; a plan follows a move
         return JSONResponse({**result, "held": device.held(), "plan": plan_set.gpu.to_dict()})

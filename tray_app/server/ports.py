@@ -136,6 +136,22 @@ class ServiceView(Protocol):
 
     def replan(self) -> PlanSet: ...
 
+    async def yield_gpu(self, wait: bool = True) -> dict[str, Any]:
+        """Give the GPU to other programs (drain, then stop the GPU workers); the GPU path after it."""
+        ...
+
+    def resume_gpu(self) -> dict[str, Any]:
+        """Take the GPU back as soon as the main plan fits; the GPU path after it."""
+        ...
+
+    def device_history(self, since: float | None = None) -> dict[str, Any]:
+        """The device watcher's ring of readings, oldest first."""
+        ...
+
+    async def read_device(self) -> PlanSet:
+        """Read the device now; the plans after it (planned again if others' memory moved)."""
+        ...
+
     async def take_config(self, fresh: Config, *, restart: bool) -> ConfigChange: ...
 
     async def change_config(

@@ -51,6 +51,10 @@ State = WorkerState
 log = logging.getLogger(__name__)
 STATES = WORKER_STATES
 
+# Weighs each start before its process is spawned (the host's GPU gate): the profile to start with, or
+# why it is not started (the worker then stays stopped with that reason).
+StartGate = Callable[[WorkerProfile], "WorkerProfile | str"]
+
 STARTUP_POLL_SECONDS = 0.1  # /health polling while a worker loads: load takes well under a second
 DEATH_GRACE_SECONDS = 0.5  # how long a reported failure waits for a dying process to be reaped
 
@@ -65,7 +69,9 @@ class WorkerSupervisor:
         log_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         engine: binary.EngineInfo | None = None,
+        start_gate: StartGate | None = None,
     ) -> None:
+        self._start_gate = start_gate
         self._profile = profile  # for the next start; the running process keeps its own (Attempt.profile)
         self._bus = bus
         self._settings = settings
@@ -424,6 +430,13 @@ class WorkerSupervisor:
         generation = self._generation
         port = free_port()
         profile = self._profile
+        if self._start_gate is not None:
+            gated = self._start_gate(profile)
+            if isinstance(gated, str):
+                self._attempt = None
+                self._set_state("stopped", gated)
+                return None
+            profile = gated
         try:
             if self._engine is None:
                 self._engine = binary.find("")

@@ -12,10 +12,11 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from tray_app.view.reasons import reason_text
+from tray_app.view.reasons import GPU_PATH_TITLES, REASON_WORDS, reason_text
 
 NOTIFIED_TYPES = (
     "journal_failed",
+    "gpu_path",
     "approval_needed",
     "fallback_refused",
     "fallback_started",
@@ -34,8 +35,21 @@ class Notice:
     opens_approvals: bool
 
 
+def _gpu_path(event: dict[str, Any]) -> Notice:
+    """Another program cut into the reserve or the plan (or the GPU came back): who, and what Failsoft
+    does about it."""
+    state = str(event.get("state") or "")
+    reason = str(event.get("reason") or "").strip()
+    action = str(event.get("action") or "").strip()
+    body = ". ".join(part[:1].upper() + part[1:] for part in (reason, action) if part) + "."
+    level = {"lost": "critical", "squeezed": "warning"}.get(state, "information")
+    return Notice(GPU_PATH_TITLES.get(state, "GPU path changed"), body, level, False)
+
+
 def _single(event: dict[str, Any]) -> Notice:
     kind = event["type"]
+    if kind == "gpu_path":
+        return _gpu_path(event)
     job = str(event.get("job_id") or "")[:12]
     if kind == "journal_failed":
         body = (
@@ -77,6 +91,12 @@ def coalesce(events: list[dict[str, Any]]) -> Notice | None:
     lines = []
     if counts["journal_failed"]:
         lines.append("the journal cannot store jobs: background jobs are refused")
+    if counts["gpu_path"]:
+        last = [e for e in events if e["type"] == "gpu_path"][-1]
+        words = REASON_WORDS.get(str(last.get("state")))
+        lines.append(
+            f"GPU: {words.long if words else last.get('state')}: {last.get('reason') or ''}".rstrip(": ")
+        )
     if counts["approval_needed"]:
         lines.append(
             _plural(counts["approval_needed"], "1 job waits for approval", "{} jobs wait for approval")
@@ -102,7 +122,8 @@ def coalesce(events: list[dict[str, Any]]) -> Notice | None:
         if counts[kind]:
             lead = _single(next(e for e in events if e["type"] == kind))
             break
-    level = "critical" if counts["fallback_refused"] or counts["journal_failed"] else lead.level
+    critical = counts["fallback_refused"] or counts["journal_failed"] or lead.level == "critical"
+    level = "critical" if critical else lead.level
     return Notice(lead.title, "\n".join(lines), level, bool(counts["approval_needed"]))
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from tray_app.contract.status import ServiceStatus
 from tray_app.sizes import format_size
-from tray_app.view.state import gpu_guests
+from tray_app.view.device_now import device_now, others_bytes, others_detail
+from tray_app.view.state import gpu_guests, worker_state
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,40 @@ def model_segments(status: ServiceStatus) -> list[Segment]:
     return segments
 
 
+def _index(segments: list[Segment], key: str) -> int:
+    return next(i for i, segment in enumerate(segments) if segment.key == key)
+
+
+def live_segments(segments: list[Segment], status: ServiceStatus) -> list[Segment]:
+    """The plan's split with "other processes" as the device watcher reads them now, named: what they
+    take beyond the plan's figure comes out of free, then out of the reserve (eaten into: squeezed). While
+    the GPU worker is stopped (yielded, or held back for want of memory) its parts are free memory."""
+    segments = list(segments)
+    if device_now(status).get("watching") and worker_state(status, "gpu") in ("stopped", "failed"):
+        freed = sum(s.bytes for s in segments if s.key in MAIN_MODEL_KEYS)
+        segments = [replace(s, bytes=0) if s.key in MAIN_MODEL_KEYS else s for s in segments]
+        at = _index(segments, "free")
+        segments[at] = replace(segments[at], bytes=segments[at].bytes + freed)
+    live = others_bytes(status)
+    if live is None:
+        return segments
+    other, free, reserve = (_index(segments, key) for key in ("other", "free", "reserve"))
+    more = live - segments[other].bytes
+    segments[other] = replace(segments[other], bytes=live, detail=others_detail(status))
+    left = segments[free].bytes - more
+    if left < 0:
+        kept = max(segments[reserve].bytes + left, 0)
+        eaten = f"eaten into by other programs: {format_size(kept)} of it left"
+        segments[reserve] = replace(segments[reserve], bytes=kept, detail=eaten)
+    segments[free] = replace(segments[free], bytes=max(left, 0))
+    return segments
+
+
 def status_segments(status: ServiceStatus) -> list[Segment]:
-    """The GPU plan's split with the other models' shares taken out of the free part, so the bar still adds
-    up to the device. When free is short of them, the rest comes out of "other processes": a worker that
-    loaded after the device was measured is counted there."""
-    segments = plan_segments(status.get("plan") or {})
+    """The GPU plan's split, live (`live_segments`), with the other models' shares taken out of the free
+    part, so the bar still adds up to the device. When free is short of them, the rest comes out of "other
+    processes": a worker that loaded after the device was measured is counted there."""
+    segments = live_segments(plan_segments(status.get("plan") or {}), status)
     guests = model_segments(status)
     owed = sum(guest.bytes for guest in guests)
     for key in ("free", "other"):

@@ -58,6 +58,19 @@ REASON_WORDS: dict[str, Words] = {
     "model_not_on_device": Words("the model has no worker on that device"),
     "model_not_ready": Words("the model did not become ready in time"),
     "main_model": Words("the main model is always kept loaded"),
+    # The GPU path's states (`gpu_path` events and status): what another program did to the GPU.
+    "squeezed": Words("another program took GPU memory the plan counted on", "GPU squeezed"),
+    "yielded": Words("the GPU is given to another program", "GPU yielded"),
+    "lost": Words("the GPU failed or is gone", "GPU lost"),
+    "normal": Words("the GPU serves as planned again", "GPU back"),
+}
+
+# A notification's title when the GPU path changes, by its new state.
+GPU_PATH_TITLES = {
+    "squeezed": "Another program took GPU memory",
+    "yielded": "GPU given to another program",
+    "lost": "GPU lost",
+    "normal": "GPU back",
 }
 
 

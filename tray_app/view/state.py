@@ -100,6 +100,15 @@ def caps_label(status: ServiceStatus) -> str:
 def _level_and_headline(status: ServiceStatus, active_fallbacks: int) -> tuple[str, str]:
     gpu = worker_state(status, "gpu")
     cpu = worker_state(status, "cpu")
+    path = str((status.get("gpu_path") or {}).get("state") or "normal")
+    if path in ("yielded", "lost") and gpu != "ready":
+        # On purpose, or the card failed: the GPU worker's own state says less than that.
+        if cpu == "ready":
+            return DEGRADED, f"GPU {path}, CPU serving"
+        return DOWN, f"GPU {path}, CPU worker {cpu}"
+    if path == "squeezed":
+        serving = "GPU serving" if gpu == "ready" else f"GPU worker {gpu}"
+        return DEGRADED, f"{serving}, squeezed by another program"
     if gpu == "ready":
         if active_fallbacks:
             noun = "job" if active_fallbacks == 1 else "jobs"

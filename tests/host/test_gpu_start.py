@@ -1,0 +1,92 @@
+"""A GPU start weighed on the device now (host.gpu_start) with the bundled model's real plan: as planned when
+it fits, a smaller plan when only that fits, none (naming who holds the memory) when nothing does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from tray_app.budget.device import SimulatedDevice
+from tray_app.budget.library_plan import ModelPlans
+from tray_app.budget.plan_set import PlanSet, plan_from_config
+from tray_app.config import Config
+from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot
+from tray_app.host.gpu_start import GpuStarts, weigh
+from tray_app.supervisor.profile import WorkerProfile, profiles_from_plans
+
+GIB = 1024**3
+TOTAL = 4 * GIB
+
+
+@dataclass
+class Plans:
+    cfg: Config
+    plan_set: PlanSet
+
+    def library_plans(self, name: str) -> ModelPlans | None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def plans() -> Plans:
+    cfg = Config()
+    return Plans(cfg, plan_from_config(cfg, gpu=SimulatedDevice(TOTAL)))
+
+
+@pytest.fixture(scope="module")
+def gpu(plans: Plans) -> WorkerProfile:
+    profile = profiles_from_plans(plans.cfg, plans.plan_set).gpu
+    assert profile is not None
+    return profile
+
+
+def device_with(hog_bytes: int) -> DeviceSnapshot:
+    """The simulated GPU with a hog holding `hog_bytes` (the GPU worker itself is down: about to start)."""
+    hog = DeviceProcess(4242, "python3", hog_bytes, False, "comfyui")
+    return DeviceSnapshot(
+        0.0, "simulated", "simulated GPU", True, "normal", TOTAL, TOTAL - hog_bytes, hog_bytes, (hog,)
+    )
+
+
+def test_a_start_that_fits_keeps_its_plan_and_meets_the_device_as_it_is(
+    plans: Plans, gpu: WorkerProfile
+) -> None:
+    weighed = weigh(plans, gpu, device_with(1 * GIB), "normal")
+    assert weighed.decision.action == "start" and weighed.profile is not None
+    assert weighed.profile.n_ctx == gpu.n_ctx
+    assert weighed.profile.simulated_vram_bytes == 3 * GIB  # free now, not the size of the card
+    assert weighed.need_bytes == plans.plan_set.gpu.used_bytes
+
+
+def test_a_start_that_only_fits_smaller_gets_the_smaller_plan(plans: Plans, gpu: WorkerProfile) -> None:
+    plan = plans.plan_set.gpu
+    free = plan.reserve_bytes + plan.used_bytes // 2
+    weighed = weigh(plans, gpu, device_with(TOTAL - free), "normal")
+    assert weighed.decision.action == "smaller", weighed.decision.reason
+    assert weighed.profile is not None and weighed.profile.n_ctx < gpu.n_ctx
+    assert weighed.need_bytes + plan.reserve_bytes <= free
+    assert "comfyui (python3, pid 4242)" in weighed.decision.reason
+
+
+def test_a_start_with_no_room_is_not_made_and_says_who_holds_the_memory(
+    plans: Plans, gpu: WorkerProfile
+) -> None:
+    free = plans.plan_set.gpu.reserve_bytes // 2
+    weighed = weigh(plans, gpu, device_with(TOTAL - free), "normal")
+    assert weighed.profile is None and weighed.decision.refused
+    assert weighed.decision.reason.startswith("gpu not started on the GPU")
+    assert "comfyui (python3, pid 4242) holds" in weighed.decision.reason
+
+
+def test_the_gate_records_why_and_what_each_start_holds(plans: Plans, gpu: WorkerProfile) -> None:
+    reading = device_with(TOTAL - plans.plan_set.gpu.reserve_bytes // 2)
+    starts = GpuStarts(plans, lambda: reading, lambda: "normal")
+    refused = starts.gate(gpu)
+    assert isinstance(refused, str) and starts.held_back == {"gpu": refused}
+    reading = device_with(1 * GIB)
+    started = starts.gate(gpu)
+    assert isinstance(started, WorkerProfile) and starts.held_back == {}
+    assert starts.share_of("gpu") == plans.plan_set.gpu.used_bytes
+    cpu = profiles_from_plans(plans.cfg, plans.plan_set).cpu
+    assert cpu is not None and starts.gate(cpu) is cpu  # the CPU worker is not weighed

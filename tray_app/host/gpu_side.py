@@ -1,0 +1,223 @@
+"""The service's GPU path in one place: the device watch (gpu_watch), the gate every GPU start passes
+(gpu_start), the path's state (gpu_path) and the yield and return (gpu_yield), wired to the service's
+workers, plans and events. The service owns one for a run; `status()` is what `/failsoft/status` shows."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from tray_app.budget.library_plan import ModelPlans
+from tray_app.budget.plan_set import PlanSet
+from tray_app.config import Config, GpuConfig
+from tray_app.contract.events import DeviceChanged, Event, EventBus, OtherProcessAppeared
+from tray_app.device.snapshot import DeviceSnapshot
+from tray_app.host.gpu_path import GpuPathTracker
+from tray_app.host.gpu_start import GpuStarts, configured_reserve, on_gpu_side, weigh
+from tray_app.host.gpu_watch import GpuWatch
+from tray_app.host.gpu_yield import GpuWorker, GpuYield
+from tray_app.supervisor.profile import WorkerProfile
+
+log = logging.getLogger(__name__)
+
+
+class Supervised(GpuWorker, Protocol):
+    @property
+    def profile(self) -> WorkerProfile: ...
+
+
+class Library(Protocol):
+    async def unload(self, name: str, devices: tuple[str, ...] = ("gpu", "cpu")) -> None: ...
+
+
+class Host(Protocol):
+    """What the GPU path needs of the service."""
+
+    bus: EventBus
+
+    @property
+    def cfg(self) -> Config: ...
+
+    @property
+    def plan_set(self) -> PlanSet: ...
+
+    @property
+    def workers(self) -> Mapping[str, Supervised]: ...
+
+    @property
+    def library(self) -> Library: ...
+
+    def library_plans(self, name: str) -> ModelPlans | None: ...
+
+    def in_flight(self, role: str) -> int: ...
+
+    def replan(self) -> PlanSet: ...
+
+
+class GpuSide:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.path = GpuPathTracker(host.bus)
+        self.starts = GpuStarts(host, self.read_now, lambda: self.path.state)
+        self.watch = self._new_watch(host.cfg)
+        self.yielding = GpuYield(self)
+        self._task: asyncio.Task[None] | None = None
+        self._remove = host.bus.add_listener(self._on_event)
+
+    def _new_watch(self, cfg: Config) -> GpuWatch:
+        return GpuWatch(cfg.device, self.host.bus, lambda: self.host.workers, self.starts.share_of)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        await self.watch.start()
+        if self.watch.watcher is not None:
+            self.host.replan()  # on the watcher's first reading rather than the probe's
+            self._task = asyncio.get_running_loop().create_task(self._follow(), name="gpu-path")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.yielding.stop()
+        await self.watch.stop()
+
+    async def restart(self, cfg: Config) -> None:
+        """Another device (the config changed it): watch that one from now on."""
+        await self.stop()
+        self.watch = self._new_watch(cfg)
+        await self.start()
+
+    def close(self) -> None:
+        self._remove()
+
+    async def _follow(self) -> None:
+        """After every reading: yield to a program that appeared, or come back when due."""
+        watcher = self.watch.watcher
+        assert watcher is not None
+        last = 0.0
+
+        def newer(snapshot: DeviceSnapshot) -> bool:
+            return snapshot.at > last
+
+        while True:
+            snapshot = await watcher.wait_for(newer)
+            last = snapshot.at
+            try:
+                await self.yielding.check(snapshot)
+            except Exception:  # a bug here must not end the watching of the GPU path
+                log.exception("the GPU path's check failed")
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, DeviceChanged):
+            if self.watch.plan_is_stale():
+                self.host.replan()
+            self.path_changed()
+        elif isinstance(event, OtherProcessAppeared) and self.host.cfg.gpu.yield_to:
+            # Yield at once rather than at the next reading's check.
+            snapshot = self.watch.latest
+            with contextlib.suppress(RuntimeError):  # published off the loop: the next check catches it
+                asyncio.get_running_loop().create_task(self.yielding.check(snapshot))
+
+    # ------------------------------------------------------------------------------------- the gate
+    def read_now(self) -> DeviceSnapshot | None:
+        return self.watch.read_now()
+
+    def gate(self, profile: WorkerProfile) -> WorkerProfile | str:
+        """The supervisors' start gate (gpu_start), then the path's state again."""
+        before = dict(self.starts.held_back)
+        gated = self.starts.gate(profile)
+        if self.starts.held_back != before:
+            self.path_changed()
+        return gated
+
+    def gpu_refusal(self, role: str) -> str | None:
+        """Why the GPU worker `role` would not start now (a library model's load asks first)."""
+        worker = self.host.workers.get(role)
+        return self.starts.refusal(worker.profile) if worker is not None else None
+
+    # ----------------------------------------------------------------------- what the yield needs
+    def gpu_settings(self) -> GpuConfig:
+        return self.host.cfg.gpu
+
+    def gpu_workers(self) -> Mapping[str, GpuWorker]:
+        return {role: w for role, w in self.host.workers.items() if on_gpu_side(w.profile)}
+
+    def in_flight(self, role: str) -> int:
+        return self.host.in_flight(role)
+
+    async def unload_from_gpu(self, role: str) -> bool:
+        if not role.startswith("gpu@"):
+            return False
+        await self.host.library.unload(role.partition("@")[2], devices=("gpu",))
+        return True
+
+    def main_fits_now(self, snapshot: DeviceSnapshot) -> bool:
+        worker = self.host.workers.get("gpu")
+        if worker is None:
+            return False
+        return weigh(self.host, worker.profile, snapshot, "normal").profile is not None
+
+    def main_held_back(self) -> bool:
+        worker = self.host.workers.get("gpu")
+        return "gpu" in self.starts.held_back and worker is not None and worker.state == "stopped"
+
+    def reserve(self) -> int:
+        latest = self.watch.latest
+        total = latest.total_bytes if latest is not None else self.host.plan_set.device.total_bytes
+        return configured_reserve(self.host.cfg, total)
+
+    def path_changed(self) -> None:
+        self.path.update(
+            self.watch.latest,
+            self.reserve(),
+            self.starts.held_back,
+            self.yielding.reason,
+        )
+
+    # ------------------------------------------------------------------------------ yield, resume
+    async def yield_gpu(self, wait: bool = True) -> dict[str, Any]:
+        done = self.yielding.start_yield("asked with failsoft yield", manual=True)
+        if wait:
+            await done
+        return self.status()["gpu_path"]
+
+    def resume(self) -> dict[str, Any]:
+        self.yielding.resume()
+        return self.status()["gpu_path"]
+
+    # -------------------------------------------------------------------------------------- status
+    def status(self) -> dict[str, Any]:
+        """`device_now` (the watcher's latest reading) and `gpu_path` (its state, the yield, held starts)."""
+        watcher = self.watch.watcher
+        latest = self.watch.latest
+        device_now: dict[str, Any] = {"watching": watcher is not None, "source_note": self.watch.source_note}
+        if watcher is not None and latest is not None:
+            device_now.update(latest.to_dict())
+            for process, data in zip(latest.processes, device_now["processes"], strict=True):
+                data["describe"] = process.describe()
+            device_now.update(poll_seconds=watcher.poll_seconds, polls=watcher.polls)
+        path = {
+            **self.path.to_dict(),
+            "held_back": dict(self.starts.held_back),
+            "smaller": {role: note for role, note in self.starts.notes.items() if note},
+            **self.yielding.to_dict(),
+        }
+        return {"device_now": device_now, "gpu_path": path}
+
+    def history(self, since: float | None = None) -> dict[str, Any]:
+        """The watcher's ring of readings (oldest first), for the timeline."""
+        watcher = self.watch.watcher
+        if watcher is None:
+            return {"watching": False, "reason": self.watch.source_note, "samples": []}
+        return {
+            "watching": True,
+            "poll_seconds": watcher.poll_seconds,
+            "limit": watcher.history_limit,
+            "reserve_bytes": self.reserve(),
+            "samples": [snapshot.to_dict() for snapshot in watcher.history(since)],
+        }

@@ -1,0 +1,177 @@
+"""Every start on the GPU (the main worker after a failure, a library model's load, the embeddings worker) is
+weighed against the memory free now, read fresh from the device watcher, before its process is spawned
+(jobs.gpu_policy decides): it starts as planned, with a smaller plan, or not at all, and then the worker
+stays stopped with a reason that names the programs holding the memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from tray_app.budget import calibration
+from tray_app.budget.library_plan import ModelPlans
+from tray_app.budget.plan_set import PlanSet, gpu_request
+from tray_app.budget.planner import Plan, plan_gpu, reserve_bytes
+from tray_app.config import Config
+from tray_app.contract.roles import EMBED_ROLES
+from tray_app.device.snapshot import DeviceSnapshot
+from tray_app.jobs import gpu_policy
+from tray_app.sizes import parse_size
+from tray_app.supervisor.profile import WorkerProfile, gpu_profile
+
+
+class StartPlans(Protocol):
+    """What the weighing reads of the service: its config and its plans."""
+
+    @property
+    def cfg(self) -> Config: ...
+
+    @property
+    def plan_set(self) -> PlanSet: ...
+
+    def library_plans(self, name: str) -> ModelPlans | None: ...
+
+
+@dataclass(frozen=True)
+class Weighed:
+    decision: gpu_policy.StartDecision
+    profile: WorkerProfile | None  # what to start with (None: refused)
+    need_bytes: int
+
+
+def holders(snapshot: DeviceSnapshot, role: str = "") -> tuple[gpu_policy.Holder, ...]:
+    """Everyone on the device but the worker `role` itself: other programs, and Failsoft's other workers."""
+    return tuple(
+        gpu_policy.Holder(p.describe(), p.used_bytes)
+        for p in snapshot.processes
+        if not (p.own and p.label == role)
+    )
+
+
+def on_gpu_side(profile: WorkerProfile) -> bool:
+    """A GPU worker by its role (gpu, gpu-embed, gpu@name), even when its plan left it no layer there."""
+    return profile.role.startswith("gpu")
+
+
+def configured_reserve(cfg: Config, total_bytes: int) -> int:
+    """The reserve as the config sets it for this device (a plan that does not fit shows less of it)."""
+    return reserve_bytes(total_bytes, cfg.budget.reserve_percent, parse_size(cfg.budget.reserve_min))
+
+
+def role_plan(plans: StartPlans, role: str) -> Plan | None:
+    """The plan a GPU worker `role` starts with now."""
+    if role == "gpu":
+        return plans.plan_set.gpu
+    if role == EMBED_ROLES["gpu"]:
+        return plans.plan_set.embeddings
+    model = role.partition("@")[2]
+    library = plans.library_plans(model) if role.startswith("gpu@") else None
+    return library.gpu if library is not None else None
+
+
+def smaller_plan(plans: StartPlans, free_bytes: int) -> Plan:
+    """The main model's plan for exactly what is free now (the planner shrinks the context, then layers)."""
+    cfg, plan_set = plans.cfg, plans.plan_set
+    total = plan_set.device.total_bytes
+    device = replace(plan_set.device, free_bytes=free_bytes, used_by_others_bytes=max(total - free_bytes, 0))
+    measured = calibration.measured_compute(cfg.model_path())
+    return plan_gpu(device, plan_set.model, gpu_request(cfg), measured)
+
+
+def weigh(
+    plans: StartPlans, profile: WorkerProfile, snapshot: DeviceSnapshot, path: gpu_policy.GpuPath
+) -> Weighed:
+    """The policy's answer for starting `profile` now, with the profile to start (simulated VRAM: what is
+    free now, so the simulated load check meets the device as it is)."""
+    cfg = plans.cfg
+    plan = role_plan(plans, profile.role)
+    free = snapshot.free_bytes
+    if plan is None:
+        others = gpu_policy.holders_text(holders(snapshot, profile.role))
+        reason = f"{profile.role} not started on the GPU: no plan of it fits the device now; {others}"
+        return Weighed(gpu_policy.StartDecision("refuse", reason), None, 0)
+    reserve = configured_reserve(cfg, snapshot.total_bytes)
+    embeddings = profile.embeddings
+    check = gpu_policy.StartCheck(
+        role=profile.role,
+        need_bytes=plan.used_bytes,
+        free_bytes=free,
+        reserve_bytes=reserve,
+        n_ctx_per_seq=plan.n_ctx_per_seq,
+        n_gpu_layers=plan.n_gpu_layers,
+        min_ctx=0 if embeddings else cfg.gpu.min_ctx,
+        min_layers=cfg.gpu.min_layers,
+        holders=holders(snapshot, profile.role),
+        path=path,
+    )
+    smaller: Plan | None = None
+    if profile.role == "gpu" and plan.used_bytes + reserve > free:
+        smaller = smaller_plan(plans, free)
+        if smaller.fits:
+            check = replace(
+                check,
+                smaller_need_bytes=smaller.used_bytes,
+                smaller_ctx=smaller.n_ctx_per_seq,
+                smaller_layers=smaller.n_gpu_layers,
+            )
+    decision = gpu_policy.decide_gpu_start(check)
+    simulated = free if profile.simulated_vram_bytes is not None else None
+    if decision.action == "start":
+        return Weighed(decision, replace(profile, simulated_vram_bytes=simulated), check.need_bytes)
+    if decision.action == "smaller" and smaller is not None:
+        started = replace(
+            gpu_profile(cfg, smaller, profile.model_path, simulated),
+            enable_faults=profile.enable_faults,
+            fault_load_oom=profile.fault_load_oom,
+        )
+        return Weighed(decision, started, smaller.used_bytes)
+    return Weighed(decision, None, 0)
+
+
+class GpuStarts:
+    """The supervisors' start gate, and what each GPU start was weighed to need (its share on the device)."""
+
+    def __init__(
+        self,
+        plans: StartPlans,
+        read_now: Callable[[], DeviceSnapshot | None],
+        path: Callable[[], gpu_policy.GpuPath],
+    ) -> None:
+        self._plans = plans
+        self._read_now = read_now
+        self._path = path
+        self._need: dict[str, int] = {}  # role -> bytes its current start was weighed with
+        self.held_back: dict[str, str] = {}  # role -> why its last start was not made
+        self.notes: dict[str, str] = {}  # role -> why it started with a smaller plan
+
+    def gate(self, profile: WorkerProfile) -> WorkerProfile | str:
+        """The profile to start `profile`'s worker with, or why it is not started (jobs.gpu_policy)."""
+        if not on_gpu_side(profile):
+            return profile
+        snapshot = self._read_now()
+        if snapshot is None:
+            return profile  # nothing is watched here: the plan made at start is all there is
+        weighed = weigh(self._plans, profile, snapshot, self._path())
+        if weighed.profile is None:
+            self.held_back[profile.role] = weighed.decision.reason
+            return weighed.decision.reason
+        self.held_back.pop(profile.role, None)
+        self.notes[profile.role] = weighed.decision.reason
+        self._need[profile.role] = weighed.need_bytes
+        return weighed.profile
+
+    def refusal(self, profile: WorkerProfile) -> str | None:
+        """Why `profile` would not start on the GPU now (None: it would), without recording anything."""
+        snapshot = self._read_now()
+        if snapshot is None or not on_gpu_side(profile):
+            return None
+        weighed = weigh(self._plans, profile, snapshot, self._path())
+        return weighed.decision.reason if weighed.profile is None else None
+
+    def share_of(self, role: str) -> int:
+        """What the worker `role` holds on the device once ready: what its start was weighed to need."""
+        if role in self._need:
+            return self._need[role]
+        plan = role_plan(self._plans, role)
+        return plan.used_bytes if plan is not None else 0
