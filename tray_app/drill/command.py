@@ -36,7 +36,7 @@ Progress = Callable[[str], None]
 
 
 def selected_scenarios(requested: list[str] | None, *, pressure: bool) -> list[str]:
-    """The scenario keys to run, in order: all (a to j) by default, none with --pressure alone; "h,i,j"
+    """The scenario keys to run, in order: all (a to k) by default, none with --pressure alone; "h,i,j"
     works too."""
     if not requested:
         return [] if pressure else list(SCENARIOS)

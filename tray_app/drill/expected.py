@@ -19,6 +19,7 @@ TITLES = {
     "h": "GPU pressure: a big model's request answered by its stand-in",
     "i": "GPU pressure, stand-in refused: the big model on its CPU",
     "j": "eviction: an idle model makes room, a busy one never",
+    "k": "another program takes the GPU: seen, named, acted on; the GPU back after it exits",
 }
 
 # How a GPU worker killed by SIGABRT is named: by the failure signature, or by how the process ended once its

@@ -44,6 +44,7 @@ DRILL_BIG = "drill-big"
 DRILL_OTHER = "drill-other"
 DRILL_MODEL_CTX = 1024
 DRILL_MAX_LOADED = 1
+DRILL_RETURN_AFTER = 2.0
 
 
 class LaunchError(RuntimeError):
@@ -63,6 +64,7 @@ def drill_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
     data["failover"].update(fallback="auto", stream_after_content="resume", deadline=120.0)
     data["supervisor"].update(DRILL_SUPERVISOR)
     data["library"].update(stand_in="auto", max_loaded=DRILL_MAX_LOADED)
+    data["gpu"].update(return_after=DRILL_RETURN_AFTER)  # k: the GPU back soon after the hog exits
     data["models"] = [*drill_models(cfg), *data["models"]]  # first: the scenarios take the first that fit
     # Fails here, with the key or model named, rather than in the child.
     catalog_from_config(from_dict(data, source="drill config"))

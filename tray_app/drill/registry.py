@@ -1,10 +1,10 @@
-"""Which coroutine plays each scenario, a to j, in the order the drill runs them (titles: `expected`)."""
+"""Which coroutine plays each scenario, a to k, in the order the drill runs them (titles: `expected`)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from tray_app.drill import eviction, ladder, scenarios
+from tray_app.drill import eviction, ladder, scenarios, takeover
 from tray_app.drill.context import DrillContext
 from tray_app.drill.records import ScenarioRecord
 
@@ -20,4 +20,5 @@ SCENARIOS: dict[str, Scenario] = {
     "h": ladder.stand_in_under_pressure,
     "i": ladder.cpu_under_pressure,
     "j": eviction.eviction,
+    "k": takeover.takeover,
 }

@@ -201,6 +201,9 @@ class GpuSide:
             for process, data in zip(latest.processes, device_now["processes"], strict=True):
                 data["describe"] = process.describe()
             device_now.update(poll_seconds=watcher.poll_seconds, polls=watcher.polls)
+        simulated = self.watch.simulated
+        if simulated is not None and simulated.ledger is not None:
+            device_now["ledger"] = str(simulated.ledger.path)  # where a hog takes from (`failsoft hog`)
         path = {
             **self.path.to_dict(),
             "held_back": dict(self.starts.held_back),
