@@ -7,13 +7,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan_set import PlanSet
 from tray_app.config import Config, GpuConfig
-from tray_app.contract.events import DeviceChanged, Event, EventBus, OtherProcessAppeared
+from tray_app.contract.events import (
+    DeviceChanged,
+    Event,
+    EventBus,
+    FallbackStarted,
+    GpuPathChanged,
+    OtherProcessAppeared,
+    WorkerRestarted,
+    WorkerStateChanged,
+)
 from tray_app.device.snapshot import DeviceSnapshot
 from tray_app.host.gpu_path import GpuPathTracker
 from tray_app.host.gpu_start import GpuStarts, configured_reserve, on_gpu_side, weigh
@@ -22,6 +32,7 @@ from tray_app.host.gpu_yield import GpuWorker, GpuYield
 from tray_app.supervisor.profile import WorkerProfile
 
 log = logging.getLogger(__name__)
+MARKERS = 500
 
 
 class Supervised(GpuWorker, Protocol):
@@ -65,6 +76,8 @@ class GpuSide:
         self.watch = self._new_watch(host.cfg)
         self.yielding = GpuYield(self)
         self._task: asyncio.Task[None] | None = None
+        # What the timeline marks: failovers, restarts, GPU loads, the path's changes (bounded, newest last).
+        self.markers: deque[dict[str, Any]] = deque(maxlen=MARKERS)
         self._remove = host.bus.add_listener(self._on_event)
 
     def _new_watch(self, cfg: Config) -> GpuWatch:
@@ -113,6 +126,7 @@ class GpuSide:
                 log.exception("the GPU path's check failed")
 
     def _on_event(self, event: Event) -> None:
+        self._mark(event)
         if isinstance(event, DeviceChanged):
             if self.watch.plan_is_stale():
                 self.host.replan()
@@ -122,6 +136,19 @@ class GpuSide:
             snapshot = self.watch.latest
             with contextlib.suppress(RuntimeError):  # published off the loop: the next check catches it
                 asyncio.get_running_loop().create_task(self.yielding.check(snapshot))
+
+    def _mark(self, event: Event) -> None:
+        text = ""
+        if isinstance(event, FallbackStarted):
+            kind, text = "failover", f"job {event.job_id[:12]} to the CPU: {event.reason}"
+        elif isinstance(event, WorkerRestarted):
+            kind, text = "restart", f"{event.role} worker restarted: {event.reason}"
+        elif isinstance(event, WorkerStateChanged) and event.new == "ready" and event.role.startswith("gpu"):
+            kind, text = "load", f"{event.role} worker loaded"
+        elif isinstance(event, GpuPathChanged):
+            kind, text = "path", f"GPU {event.state}: {event.reason}"
+        if text:
+            self.markers.append({"at": event.at, "kind": kind, "text": text})
 
     # ------------------------------------------------------------------------------------- the gate
     def read_now(self) -> DeviceSnapshot | None:
@@ -223,4 +250,5 @@ class GpuSide:
             "limit": watcher.history_limit,
             "reserve_bytes": self.reserve(),
             "samples": [snapshot.to_dict() for snapshot in watcher.history(since)],
+            "markers": [m for m in self.markers if since is None or m["at"] >= since],
         }

@@ -176,6 +176,14 @@ class ServiceClient(QObject):
         """`action` is restart, stop or start."""
         return self.post(f"/failsoft/workers/{role}/{action}")
 
+    def gpu_action(self, action: str) -> ApiCall:
+        """`yield` (answered at once; the GPU workers stop once their jobs finished) or `resume`."""
+        return self.post(f"/failsoft/gpu/{action}", {"wait": False} if action == "yield" else {})
+
+    def device_history(self) -> ApiCall:
+        """The device watcher's readings of the last 15 minutes, with the timeline's markers."""
+        return self.get("/failsoft/device/history")
+
     def load_model(self, name: str, device: str = "auto") -> ApiCall:
         """`device` is auto, gpu or cpu; answers the model's status once it is loaded."""
         return self.post(f"/failsoft/models/{quote(name, safe='')}/load", {"device": device}, LOAD_TIMEOUT_MS)

@@ -31,6 +31,7 @@ from tray_app.ui.notifications import Notice, NotificationCenter
 from tray_app.ui.qt_events import QtEventBridge
 from tray_app.ui.settings import SettingsDialog
 from tray_app.ui.status_model import StatusModel
+from tray_app.ui.timeline_window import TimelineWindow
 from tray_app.ui.tray import TrayIcon
 
 log = logging.getLogger(__name__)
@@ -144,10 +145,12 @@ class TrayApp(QObject):
         self.tray.open_approvals.connect(self.show_approvals)
         self.tray.open_chat.connect(self.show_chat)
         self.tray.open_settings.connect(self.show_settings)
+        self.tray.open_timeline.connect(self.show_timeline)
         self.tray.quit_requested.connect(self.quit_requested.emit)
         self.approvals: ApprovalsWindow | None = None
         self.chat: ChatWindow | None = None
         self.settings: SettingsDialog | None = None
+        self.timeline: TimelineWindow | None = None
         self.status_window: StatusWindow | None = None
         self._tray_poll = QTimer(self)
         self._tray_poll.setInterval(TRAY_POLL_MS)
@@ -208,6 +211,11 @@ class TrayApp(QObject):
         self.write_state()
 
     # windows, created on first use
+    def show_timeline(self) -> None:
+        if self.timeline is None:
+            self.timeline = TimelineWindow(self.client)
+        self._raise(self.timeline)
+
     def show_approvals(self) -> None:
         if self.approvals is None:
             self.approvals = ApprovalsWindow(self.client, self.bridge)

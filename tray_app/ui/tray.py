@@ -18,7 +18,11 @@ from tray_app.ui.icons import state_icon, state_pixmap, swatch_icon
 from tray_app.ui.models_menu import ModelsMenu, model_failure
 from tray_app.ui.notifications import Notice
 from tray_app.ui.status_model import StatusModel
+from tray_app.view.device_now import device_now, path_state
 from tray_app.view.state import caps_label, device_label, worker_line
+
+GIVE_GPU = "Give the &GPU to other programs"
+TAKE_GPU = "Take the &GPU back"
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,7 @@ class TrayIcon(QObject):
     open_approvals = Signal()
     open_chat = Signal()
     open_settings = Signal()
+    open_timeline = Signal()
     quit_requested = Signal()
 
     def __init__(
@@ -133,6 +138,9 @@ class TrayIcon(QObject):
             menu.addMenu(worker_menu)
         self.library = ModelsMenu(self.model_action)
         menu.addMenu(self.library)
+        # Give the GPU to another program (a game, ComfyUI) and take it back: `failsoft yield` / `resume`.
+        self.gpu_action = menu.addAction(GIVE_GPU, self.toggle_gpu)
+        self.timeline_action = menu.addAction("VRAM &timeline…", self.open_timeline.emit)
         menu.addSeparator()
         self.approvals_action = menu.addAction("&Approvals…", self.open_approvals.emit)
         self.chat_action = menu.addAction("&Chat…", self.open_chat.emit)
@@ -167,6 +175,11 @@ class TrayIcon(QObject):
             worker_menu.update_from({"state": "unknown", **((workers or {}).get(role) or {})})
             worker_menu.setEnabled(self.model.reachable)
         self.library.update_from(status, self.model.reachable)
+        yielded = path_state(status) == "yielded" if status else False
+        self.gpu_action.setText(TAKE_GPU if yielded else GIVE_GPU)
+        self.gpu_action.setEnabled(
+            self.model.reachable and bool(device_now(status).get("watching")) if status else False
+        )
         approvals = status.get("approvals") if status else None
         pending = int((approvals or {}).get("pending") or 0)
         self.approvals_action.setText(
@@ -180,6 +193,16 @@ class TrayIcon(QObject):
             lambda message: self.show_notice(
                 Notice(f"{role.upper()} worker: {action} failed", message, "critical", False)
             )
+        )
+
+    def toggle_gpu(self) -> None:
+        """Yield (the GPU workers finish their jobs and stop) or resume; the events show the rest."""
+        yielded = self.model.status is not None and path_state(self.model.status) == "yielded"
+        action = "resume" if yielded else "yield"
+        call = self.client.gpu_action(action)
+        call.succeeded.connect(lambda _answer: self.model.schedule_refresh())
+        call.failed.connect(
+            lambda message: self.show_notice(Notice(f"GPU {action} failed", message, "critical", False))
         )
 
     def model_action(self, name: str, action: str) -> None:
