@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -155,3 +156,38 @@ def test_a_gpu_worker_killed_under_a_hog_comes_back_smaller_or_stays_off_saying_
         back["gpu_path"]["state"] == "normal" and back["workers"]["gpu"]["profile"]["n_ctx"] == plan["n_ctx"]
     )
     assert f"{format_size(full)}" in format_size(need(back["plan"]))
+    history = httpx.get(svc.base_url + "/failsoft/device/history", timeout=10).json()
+    marked = {marker["kind"] for marker in history["markers"]}
+    assert {"restart", "load", "path"} <= marked  # what the timeline shows beside the readings
+
+
+def test_a_library_model_load_is_weighed_on_the_memory_free_now(tmp_path: Path, model_path: Path) -> None:
+    """Its share of the main plan says it fits; the device now does not: the load is refused, naming the hog,
+    before any process starts, and a request for it goes down the ladder (here: its own CPU worker)."""
+    engine = fake_llama_server(tmp_path)
+    settings = base_settings(engine={"llama_server": str(engine)}, **SETTINGS)
+    settings["models"] = [{"name": "other", "path": str(model_path), "n_ctx": 2048, "n_parallel": 1}]
+    with running_service(tmp_path / "service", settings=settings, ready_timeout=30) as svc:
+        status = svc.status()
+        assert next(m for m in status["models"] if m["name"] == "other")["plan"] is not None
+        free = status["device_now"]["free_bytes"]
+        with hog(svc, str(free - 16 * MIB), "comfyui") as process:
+            wait_status(svc, lambda s: holding(s, process.pid) is not None)
+            load = httpx.post(
+                svc.base_url + "/failsoft/models/other/load",
+                json={"device": "gpu"},
+                headers=svc.headers(),
+                timeout=60,
+            )
+            assert load.status_code == 409, load.text
+            message = load.json()["error"]["message"]
+            # The re-plan on the reading left it no GPU plan; the refusal still names who holds the memory.
+            assert message.startswith("other does not fit on the GPU now: gpu@other not started on the GPU")
+            assert f"comfyui (failsoft, pid {process.pid}) holds" in message
+            after = svc.status()  # nothing was started to fail
+            assert next(m for m in after["models"] if m["name"] == "other")["where"] == "not loaded"
+            assert all(p["label"] != "gpu@other" for p in after["device_now"]["processes"])
+            answer = client_for(svc).chat.completions.create(
+                model="other", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+            )
+            assert failsoft_of(answer)["worker"] == "cpu@other"

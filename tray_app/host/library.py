@@ -153,6 +153,11 @@ class Library:
         role = self.roles(entry).get(device)
         worker = self._workers(role) if role else None
         if worker is None:
+            # A re-plan on the device now may have taken its GPU plan away: say who holds the memory.
+            gone = device == "gpu" and "gpu" in entry.devices and self._gpu_refusal is not None
+            why = self._gpu_refusal(entry.role("gpu")) if gone and self._gpu_refusal else None
+            if why is not None:
+                raise LoadRefused(f"{entry.name} does not fit on the GPU now: {why}")
             raise LoadRefused(f"{entry.name} has no {device.upper()} worker here", "model_not_on_device")
         unloading = self._unloading.get(entry.name)
         if unloading is not None:
