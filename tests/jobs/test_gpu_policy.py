@@ -136,3 +136,12 @@ def test_a_manual_yield_is_held_until_resumed_and_then_returns_at_once_if_it_fit
     resumed = replace(RETURN, resume_asked=True, targets_present=True, now=100.0)
     assert gpu_policy.decide_return(resumed).action == "return"
     assert gpu_policy.decide_return(replace(resumed, fits_now=False, fits_since=None)).action == "wait"
+
+
+def test_a_job_routed_off_the_gpu_says_what_the_gpu_path_is() -> None:
+    assert gpu_policy.why_not_gpu("normal", "") == ""
+    assert gpu_policy.why_not_gpu("yielded", "comfyui (python3, pid 1) appeared") == (
+        "the GPU is yielded to another program: comfyui (python3, pid 1) appeared"
+    )
+    assert gpu_policy.why_not_gpu("squeezed", "x").startswith("the GPU is squeezed by another program")
+    assert gpu_policy.why_not_gpu("lost", "NVML: GPU is lost") == "the GPU is lost: NVML: GPU is lost"

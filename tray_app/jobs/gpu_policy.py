@@ -5,6 +5,7 @@
   not at all (then the stand-in or the CPU answer by the usual rules); the reason names who holds the memory.
 - `yield_targets`: which programs on the card the GPU is given to (`gpu.yield_to`).
 - `decide_return`: after a yield, is it time to take the GPU back (free long enough, not too often)?
+- `why_not_gpu`: what a job routed off the GPU says about the GPU path (for the intake's decision detail).
 
 The host gathers the figures and acts on the answers; nothing here reads a device or starts a process.
 """
@@ -209,3 +210,15 @@ def decide_return(check: ReturnCheck) -> ReturnDecision:
         waited = check.now - check.fits_since
         return ReturnDecision("wait", f"free for {waited:.0f} s of {check.return_after:.0f}", due)
     return ReturnDecision("return", f"the memory has been free for {check.return_after:.0f} s")
+
+
+def why_not_gpu(path: GpuPath, path_reason: str) -> str:
+    """The words a job routed off the GPU carries when the GPU path explains it ("" when it does not): the
+    intake adds them to the decision's detail next to the reason code (gpu_unavailable)."""
+    if path == "normal":
+        return ""
+    if path == "squeezed":
+        return f"the GPU is squeezed by another program, nothing new starts there: {path_reason}"
+    if path == "yielded":
+        return f"the GPU is yielded to another program: {path_reason}"
+    return f"the GPU is lost: {path_reason}"
