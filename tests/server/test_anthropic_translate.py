@@ -316,9 +316,37 @@ def test_errors_of_every_layer_come_in_the_callers_shape() -> None:
     assert overloaded["error"]["type"] == "overloaded_error"
 
 
-def test_the_routers_keep_alive_is_a_ping() -> None:
+def test_the_routers_keep_alive_is_a_ping_once_message_start_is_out() -> None:
     stream = MessagesStream({}, "msg_1")
+    # Before the first chunk (a job awaiting approval): a comment, never a ping ahead of message_start.
     waiting = stream.feed(b": keepalive\n\n")
-    assert _events(waiting) == [{"type": "ping"}]
+    assert waiting == b": keepalive\n\n"
     first = stream.feed(sse(chat_chunk("c", 1, "m", {"content": "Hi"}, None)) + b": keepalive\n\n")
-    assert [event["type"] for event in _events(first)][-1] == "ping"
+    types = [event["type"] for event in _events(first)]
+    assert types[0] == "message_start" and types[-1] == "ping"
+
+
+def test_a_late_delta_of_a_closed_tool_use_block_is_dropped() -> None:
+    def call(index: int, arguments: str) -> dict[str, Any]:
+        function = {"name": "add", "arguments": arguments}
+        return chat_chunk(
+            "c", 1, "m", {"tool_calls": [{"index": index, "id": f"t{index}", "function": function}]}, None
+        )
+
+    chunks = [
+        call(0, '{"a": 1}'),
+        call(1, '{"a": 2}'),
+        call(0, ', "late": true'),  # after block 0 was closed
+        chat_chunk("c", 1, "m", {}, "tool_calls"),
+        failsoft_chunk("chat", "c", 1, "m", FAILSOFT, {"prompt_tokens": 4, "completion_tokens": 4}),
+    ]
+    stream = MessagesStream({}, "msg_1")
+    events = _events(stream.feed(b"".join(sse(chunk) for chunk in chunks) + DONE) + stream.finish())
+    stopped: set[int] = set()
+    for event in events:
+        if event["type"] == "content_block_stop":
+            stopped.add(event["index"])
+        elif event["type"] == "content_block_delta":
+            assert event["index"] not in stopped, event  # never into a closed block
+    deltas = [event["delta"]["partial_json"] for event in events if event["type"] == "content_block_delta"]
+    assert deltas == ['{"a": 1}', '{"a": 2}']

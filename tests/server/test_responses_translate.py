@@ -282,3 +282,30 @@ def test_the_routers_keep_alive_passes_as_a_comment() -> None:
     out = stream.feed(b": keepalive\n\n")
     assert out.endswith(b"\n\n: keepalive\n\n")  # after response.created and in_progress
     assert stream.feed(b": keepalive\n\n") == b": keepalive\n\n"
+
+
+def _call(index: int, arguments: str, name: str = "") -> dict[str, Any]:
+    function = {"arguments": arguments, **({"name": name} if name else {})}
+    return chat_chunk(
+        "c", 1, "m", {"tool_calls": [{"index": index, "id": f"c{index}", "function": function}]}, None
+    )
+
+
+def test_a_late_delta_of_a_done_function_call_is_dropped() -> None:
+    chunks = [
+        _call(0, '{"a": 1}', "add"),
+        _call(1, '{"a": 2}', "add"),
+        _call(0, ', "late": true'),  # after item 0 was done
+        chat_chunk("c", 1, "m", {}, "tool_calls"),
+        failsoft_chunk("chat", "c", 1, "m", FAILSOFT, {"prompt_tokens": 4, "completion_tokens": 4}),
+    ]
+    stream = ResponsesStream({"input": "x"}, "resp_1", "default")
+    events = _events(stream.feed(b"".join(sse(chunk) for chunk in chunks) + DONE) + stream.finish())
+    done_at = {
+        event["output_index"]: n for n, event in enumerate(events) if event["type"].endswith("item.done")
+    }
+    for n, event in enumerate(events):
+        if event["type"] == "response.function_call_arguments.delta":
+            assert n < done_at[event["output_index"]], event  # never after its item was done
+    final = events[-1]["response"]
+    assert [item["arguments"] for item in final["output"]] == ['{"a": 1}', '{"a": 2}']

@@ -5,16 +5,22 @@ then one `tool_use` block per tool call (its arguments as `input_json_delta`), e
 `content_block_start` as its first delta arrives and closed by `content_block_stop` when the next kind
 begins or the answer ends. The end is `message_delta` (the stop reason and the usage) and `message_stop`;
 an error event from the router is Anthropic's `error` event with its message, and a stream cut short
-without its end is an error too. Each of the router's keep-alive comments is a `ping`, as Anthropic sends.
+without its end is an error too. Each of the router's keep-alive comments is a `ping`, as Anthropic sends,
+once `message_start` is out (before it, one that waits for a first chunk stays a comment: a Messages stream
+begins with `message_start`). A tool call's late piece, after its block was closed, is dropped: a closed
+block takes no more deltas.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, ClassVar
 
 from tray_app.server.anthropic.translate import stop_reason, usage_of
 from tray_app.server.rewrite import ChunkReader, event_object, events
+
+log = logging.getLogger(__name__)
 
 
 def stream_error_type(openai_type: Any) -> str:
@@ -48,7 +54,8 @@ class MessagesStream(ChunkReader):
                 out += self._start(str(obj.get("model") or ""))
                 out += self._event(obj)
             elif event.startswith(b":") and not self.ended:
-                out.append(self._emit("ping"))  # the router's keep-alive, as Anthropic's API sends it
+                # The router's keep-alive, as Anthropic's API sends it; before message_start, as it came.
+                out.append(self._emit("ping") if self.started else event + b"\n\n")
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -121,6 +128,9 @@ class MessagesStream(ChunkReader):
         out: list[bytes] = []
         number = int(call.get("index", 0))
         function = call.get("function") or {}
+        if number in self.calls and self.current != ("tool_use", self.calls[number]):
+            log.warning("a tool call's delta came after its block was closed; dropped")
+            return out
         if number not in self.calls:
             out += self._close()
             block = {

@@ -4,12 +4,14 @@ Output items open as their first delta arrives and close when the next kind begi
 thinking model's reasoning item, the message with its text, then one function call item per tool call
 (`response.function_call_arguments.delta` as the arguments stream in). The end is `response.completed`
 (`response.incomplete` when the token budget cut it), with the usage; an error event from the router is
-`response.failed` with its message, and a stream cut short without its end is failed too.
+`response.failed` with its message, and a stream cut short without its end is failed too. A function
+call's late piece, after its item was done, is dropped.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, ClassVar
 
 from tray_app.server.responses.translate import (
@@ -22,6 +24,8 @@ from tray_app.server.responses.translate import (
     usage_of,
 )
 from tray_app.server.rewrite import ChunkReader, event_object, events
+
+log = logging.getLogger(__name__)
 
 
 class ResponsesStream(ChunkReader):
@@ -134,6 +138,10 @@ class ResponsesStream(ChunkReader):
         number = int(call.get("index", 0))
         item = self.calls.get(number)
         function = call.get("function") or {}
+        if item is not None and item is not self.current:
+            # Its item is done (another began): a done item takes no more deltas.
+            log.warning("a function call's delta came after its item was done; dropped")
+            return out
         if item is None:
             out += self._close()
             item = call_item(
