@@ -29,19 +29,11 @@ log = logging.getLogger(__name__)
 PlanningDevice = SimulatedDevice | NvmlDevice | AbsentDevice | WatchedGpu
 
 
-class OnGpu(Protocol):
-    @property
-    def on_gpu(self) -> bool: ...
-
-
 class WatchedWorker(Protocol):
     """What the watch needs of a worker's supervisor."""
 
     @property
     def pid(self) -> int | None: ...
-
-    @property
-    def profile(self) -> OnGpu: ...
 
     def mark_unhealthy(self, reason: str, kind: str, *, pid: int | None = None) -> None: ...
 
@@ -152,7 +144,8 @@ class GpuWatch:
         worker = self._workers().get(event.role)
         if worker is None:
             return
-        if event.new == "ready" and event.pid is not None and worker.profile.on_gpu:
+        # By role: the profile is the one for the next start; what this one was weighed to hold is share_of's.
+        if event.new == "ready" and event.pid is not None and event.role.startswith("gpu"):
             self._take(event.role, event.pid, worker)
         elif event.new != "ready" and event.role in self._holding:
             self._release(event.role)
@@ -162,6 +155,8 @@ class GpuWatch:
         if ledger is None:
             return
         size = self._share_of(role)
+        if size <= 0:
+            return  # no layer on the GPU: nothing held there
         try:
             ledger.take(role, size, pid=pid)
         except MemoryError as error:
