@@ -121,6 +121,13 @@ class CpuConfig:
     # plans four times the GPU's default (8192 per slot with 4 slots), as far as RAM allows.
     max_ctx: int = 32768
     n_parallel: int = 0  # slots; 0: two per physical core, at most 4 (batching pays off even on 2 cores)
+    # The mirror (jobs.mirror): the CPU worker reads GPU jobs' prompts in the background, so a failover
+    # finds them in its prompt cache. Router-side only: changed live.
+    mirror: bool = True
+    mirror_slots: int = 1  # of the CPU worker's slots, at most this many for the mirror at once
+    mirror_min_ms: float = 1000.0  # mirror a prompt the CPU would read for longer than this (and streams)
+    mirror_every_tokens: int = 64  # a stream's answer so far goes to the mirror every this many tokens...
+    mirror_every_seconds: float = 2.0  # ...or this often (0 turns either off)
 
 
 Pooling = Literal["mean", "cls", "last"]
@@ -325,6 +332,8 @@ def _check_relations(config: Config) -> None:
         raise ConfigError(f"{source}: embeddings.n_parallel must be at least 1 and n_ctx at least 64")
     if config.device.poll_seconds <= 0 or config.gpu.max_returns < 1:
         raise ConfigError(f"{source}: device.poll_seconds must be above 0 and gpu.max_returns at least 1")
+    if config.cpu.mirror_slots < 1:
+        raise ConfigError(f"{source}: cpu.mirror_slots must be at least 1 (cpu.mirror = false turns it off)")
     if config.failover.max_pending_approvals < 1:
         raise ConfigError(f"{source}: failover.max_pending_approvals must be at least 1")
     if config.budget.cache_type != "f16" and not config.budget.flash_attn:
@@ -434,6 +443,7 @@ LIVE_SERVER_KEYS = (
 
 
 LIVE_LIBRARY_KEYS = ("keep_alive", "stand_in")  # read at each request; a new folder or max waits
+LIVE_CPU_KEYS = ("mirror", "mirror_slots", "mirror_min_ms", "mirror_every_tokens", "mirror_every_seconds")
 # What only the user writes, in the file: programs, model and template files the service would run or read,
 # and what exposes the service or locks it. `PATCH /failsoft/config` refuses them ("*": the whole section).
 FILE_ONLY = frozenset(
@@ -466,6 +476,7 @@ def is_live(section: str, key: str) -> bool:
         section in LIVE_SECTIONS
         or (section == "server" and key in LIVE_SERVER_KEYS)
         or (section == "library" and key in LIVE_LIBRARY_KEYS)
+        or (section == "cpu" and key in LIVE_CPU_KEYS)
     )
 
 

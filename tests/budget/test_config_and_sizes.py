@@ -31,6 +31,7 @@ from tray_app.sizes import format_size, parse_size
         ("[gpu]\nlayers = 3\n", "unknown key gpu.layers; keys are drain_timeout, max_returns, min_ctx"),
         ("[device]\npoll_seconds = 0\n", "device.poll_seconds must be above 0"),
         ('[gpu]\nyield_to = "steam"\n', "gpu.yield_to = 'steam' must be a list of strings"),
+        ("[cpu]\nmirror_slots = 0\n", "cpu.mirror_slots must be at least 1"),
         ("[budget\n", "not valid TOML"),
     ],
 )
@@ -102,3 +103,5 @@ def test_live_changes_make_a_new_snapshot_and_name_what_waits_for_a_restart() ->
     assert (merged.failover.deadline, merged.server.queue_max, merged.budget.n_parallel) == (5.0, 7, 4)
     assert (current.failover.deadline, current.server.queue_max) == (60.0, 32)  # untouched
     assert config.is_live("server", "allowed_hosts") and not config.is_live("server", "port")
+    # The CPU mirror is the router's: switched without restarting the CPU worker.
+    assert config.is_live("cpu", "mirror") and not config.is_live("cpu", "threads")

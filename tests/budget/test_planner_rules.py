@@ -284,6 +284,18 @@ def test_cpu_worker_is_sized_against_ram_with_its_own_reserve(model_8b: ModelInf
     assert plan.used_bytes == plan.weights_bytes + plan.kv_bytes + plan.compute_bytes + plan.output_bytes
 
 
+def test_the_cpu_workers_prompt_cache_comes_out_of_what_its_plan_leaves_free(model_8b: ModelInfo) -> None:
+    """Room for eight prompts of a slot's whole context (the mirror's conversations), at most half the free
+    RAM, in whole MiB (llama-server's --cache-ram)."""
+    ram = replace(gpu(32 * GIB, others=4 * GIB, simulated=False), kind="ram", name="system RAM")
+    plan = plan_cpu(ram, model_8b, PlanRequest(reserve_percent=20, reserve_min_bytes=1 * GIB))
+    eight_slots = plan.kv_bytes // plan.n_parallel * 8
+    assert plan.prompt_cache_bytes == min(eight_slots, plan.free_bytes // 2) // MIB * MIB > 0
+    tight = replace(gpu(8 * GIB + 512 * MIB, others=0, simulated=False), kind="ram", name="system RAM")
+    small = plan_cpu(tight, model_8b, PlanRequest(n_ctx=8192, reserve_percent=0, reserve_min_bytes=0))
+    assert small.prompt_cache_bytes <= small.free_bytes // 2
+
+
 def test_cpu_worker_that_does_not_fit_says_so(model_8b: ModelInfo) -> None:
     ram = replace(gpu(8 * GIB, others=2 * GIB, simulated=False), kind="ram", name="system RAM")
     plan = plan_cpu(ram, model_8b, PlanRequest(reserve_percent=20, reserve_min_bytes=1 * GIB))

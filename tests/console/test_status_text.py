@@ -87,3 +87,14 @@ def test_waiting_jobs_are_listed_oldest_first_with_the_question_each_asks() -> N
     )
     assert lines[4].strip().startswith("'Summarise this long text") and lines[4].endswith("…'")
     assert render_pending([], NOW) == "No job waits for approval."
+
+
+def test_the_cpu_mirror_says_what_it_covers_and_how_far_behind_it_is() -> None:
+    status = make_status()
+    status["cpu_plan"]["prompt_cache_bytes"] = 512 * MiB
+    status["mirror"].update(following=3, covered=2, tokens_behind=640, reading=1)
+    text = render_status(status, URL, NOW)
+    assert "CPU mirror: 2 of 3 running jobs covered, 640 tokens behind, reading now (1)" in text
+    assert "prompt cache up to 512.00 MiB" in text
+    status["mirror"]["enabled"] = False
+    assert "CPU mirror: off (cpu.mirror = false)" in render_status(status, URL, NOW)

@@ -101,10 +101,37 @@ async def test_a_cancelled_waiter_leaves_no_slot_behind() -> None:
     assert pool.in_flight("gpu") == 0 and pool.depth == 0
 
 
+async def test_background_work_takes_only_a_free_worker_and_hears_real_work_coming() -> None:
+    """The CPU mirror's slots: never queued, never beside real work, capped, and told to step aside."""
+    pool = SlotPool({"cpu": 3}, queue_limit=4)
+    heard: list[tuple[str, bool]] = []
+    pool.listen(lambda role, wanted: heard.append((role, wanted)))
+    first = pool.try_acquire_background("cpu", most=1)
+    assert first is not None and pool.try_acquire_background("cpu", most=1) is None  # its cap
+    real = await pool.acquire("cpu", "job", timeout=1)
+    assert heard == [("cpu", True)]  # the background work is told at once
+    pool.release_background("cpu", first)
+    assert pool.try_acquire_background("cpu", most=2) is None  # real work in flight: none for background
+    assert not pool.idle_for_background("cpu")
+    pool.release("cpu", real)
+    assert heard[-1] == ("cpu", False) and pool.idle_for_background("cpu")
+    again = pool.try_acquire_background("cpu", most=1)
+    assert again is not None and pool.in_flight("cpu") == 1
+
+
 def test_requested_tokens_defaults_to_what_the_context_leaves() -> None:
     assert requested_tokens(100, 50, 1024) == 50
     assert requested_tokens(100, None, 1024) == 924
     assert requested_tokens(2000, None, 1024) == 1
+
+
+def test_a_prompts_tokens_prefix_those_of_the_prompt_continued(model_path: Path) -> None:
+    """What the mirror sends as token ids shares its cache with the text a replay sends later."""
+    counter = TokenCounter(model_path)
+    prompt = counter.chat_prompt([{"role": "user", "content": "Name three rivers."}])[0]
+    tokens = counter.tokenize(prompt)
+    assert len(tokens) == counter.count_text(prompt)
+    assert counter.tokenize(prompt + "The Nile, the")[: len(tokens)] == tokens
 
 
 def test_token_counter_uses_the_models_tokenizer_and_template(model_path: Path) -> None:

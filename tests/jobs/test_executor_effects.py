@@ -25,7 +25,7 @@ from tray_app.jobs.journal import Journal
 from tray_app.jobs.outcomes import Ended, Finished, JobError, JobFailed, Outcome, Piece
 from tray_app.jobs.registry import Job, JobRegistry, new_id
 from tray_app.jobs.relay import Chunk, UpstreamError
-from tray_app.jobs.worker_port import ExecutorSettings
+from tray_app.jobs.worker_port import CpuSpeed, ExecutorSettings
 from tray_app.server.streaming import outcome_bytes
 
 Step = dict[str, Any] | Exception
@@ -681,3 +681,65 @@ async def test_the_first_tokens_deadline_allows_for_a_slow_cpus_prompt_read(make
     assert executor._prompt_rate("cpu") == pytest.approx(4 * policy.PROMPT_SPEEDUP / 2)
     assert executor._prompt_rate("cpu@notes") == executor._prompt_rate("cpu")
     assert executor._prompt_rate("gpu") == 100.0
+
+
+class HeldPrompt:
+    """A CPU mirror that holds every job's whole prompt: what the executor asks of it at a failure."""
+
+    def __init__(self) -> None:
+        self.speed = CpuSpeed()
+        self.on_cpu: list[str] = []
+
+    def follow(self, job: Job, prompts: object, streaming: bool) -> None:
+        return None
+
+    async def settle(self, job: Job) -> None:
+        self.on_cpu.append(job.id)
+
+    def taken(self, job: Job) -> None:
+        pass
+
+    def held(self, job: Job) -> int:
+        return job.prompt_tokens
+
+
+async def test_a_mirrored_prompt_runs_on_the_cpu_without_asking_and_says_what_was_cached(
+    journal: Journal,
+) -> None:
+    """A long prompt on a slow CPU would wait for approval; mirrored, it runs at once, and the answer's
+    failsoft object carries llama-server's `cache_n` from the CPU attempt."""
+    crash = UpstreamError("exited", "connection dropped")
+    timings = {"cache_n": 3999, "prompt_n": 1, "prompt_ms": 9}
+    cpu_answer = {**chat_chunk("Hi.", finish="stop"), "timings": timings}
+    relay = ScriptedRelay([crash], [cpu_answer])
+    bus = EventBus()
+    registry = JobRegistry(journal, bus)
+    workers = {"gpu": StandInWorker("gpu"), "cpu": StandInWorker("cpu", pid=4343)}
+    slow = policy.CpuState(enabled=True, ready=True, ram_ok=True, tokens_per_second=10.0, n_ctx_per_seq=8192)
+
+    async def cpu_state(time_left: float, role: str | None = "cpu") -> policy.CpuState:
+        return slow
+
+    mirror = HeldPrompt()
+    executor = Executor(
+        ExecutorSettings(
+            policy=policy.Settings(fallback="approval", auto_approve_seconds=10.0),
+            stall_seconds=5.0,
+            queue_timeout=5.0,
+            cpu_tokens_per_second=0.0,
+        ),
+        workers.get,  # type: ignore[arg-type]
+        SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8),
+        relay,  # type: ignore[arg-type]
+        registry,
+        bus,
+        cpu_state,
+        lambda model: ScriptedPrompts(),
+        mirror=mirror,  # type: ignore[arg-type]
+    )
+    job = new_job(registry, stream=False)
+    job.prompt_tokens = 4000  # 4000/8 tokens at 10 tokens/s: 50 s unread, under 10 s mirrored
+    await executor.drain(job)
+    assert (job.state, job.worker) == ("completed", "cpu")
+    assert job.result is not None and job.result["failsoft"]["cpu_cached_tokens"] == 3999
+    assert mirror.on_cpu == [job.id]  # the mirror stops reading for a job the CPU now reads itself

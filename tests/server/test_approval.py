@@ -131,7 +131,9 @@ def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(
         lambda: (s := job_state(svc, job_id))["state"] == "completed" and s, what="approved job"
     )
     assert done["result"]["choices"][0]["message"]["content"]
-    assert done["result"]["failsoft"] == {
+    failsoft = dict(done["result"]["failsoft"])
+    assert isinstance(failsoft.pop("cpu_cached_tokens"), int)  # llama-server's cache_n at the CPU attempt
+    assert failsoft == {
         "job_id": job_id,
         "worker": "cpu",
         "attempts": 2,

@@ -100,6 +100,9 @@ def test_profiles_follow_the_plans(planned: tuple[config.Config, PlanSet]) -> No
     assert "--load-mode" not in cpu_argv
     # The CPU worker sees no GPU, whatever the build: no device for the model, none in its environment.
     assert "--device" not in argv and cpu_argv[cpu_argv.index("--device") + 1] == "none"
+    # The CPU worker's prompt cache is the planner's (what the CPU mirror fills); the GPU worker's is not set.
+    assert cpu_argv[cpu_argv.index("--cache-ram") + 1] == str(plans.cpu.prompt_cache_bytes // 1024**2)
+    assert "--cache-ram" not in argv
     assert worker_env(cpu)["CUDA_VISIBLE_DEVICES"] == "" and "CUDA_VISIBLE_DEVICES" not in worker_env(gpu)
 
 

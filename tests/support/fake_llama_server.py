@@ -38,7 +38,7 @@ FLAGS = (
     "--model --alias --host --port --ctx-size --parallel --n-gpu-layers --threads --threads-batch "
     "--threads-http --batch-size --ubatch-size --cache-type-k --cache-type-v --flash-attn --fit "
     "--no-webui --metrics --jinja --load-mode --embeddings --pooling --device --chat-template "
-    "--chat-template-file --log-verbosity --no-repack --list-devices"
+    "--chat-template-file --log-verbosity --no-repack --list-devices --cache-ram"
 )
 WORDS = ("The", " sea", " is", " wide", " and", " deep", " and", " blue", ".")
 

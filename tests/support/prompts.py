@@ -12,8 +12,12 @@ class ScriptedPrompts:
     def __init__(self, tokens: dict[str, int] | None = None) -> None:
         self.tokens = tokens or {}
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
         return "<prompt>", []
+
+    def tokenize(self, text: str) -> list[int]:
+        """One token per character: a prefix of the text is a prefix of its tokens, as with a real one."""
+        return [ord(character) for character in text]
 
     def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int:
         return self.tokens.get(text, 0)

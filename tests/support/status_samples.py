@@ -84,6 +84,19 @@ def make_status(
         "approvals": {"pending": pending},
         "counters": {},
         "policy": {"fallback": "auto"},
+        "mirror": {
+            "enabled": True,
+            "slots": 1,
+            "following": 1,
+            "covered": 1,
+            "tokens_behind": 0,
+            "reading": 0,
+            "queued": 0,
+            "read_tokens": 1208,
+            "preempted": 0,
+            "skipped": 0,
+            "prompt_tokens_per_second": 120.0,
+        },
         "uptime_seconds": 0.0,
     }
 

@@ -111,6 +111,10 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
         f"CPU worker: n_ctx {cpu.n_ctx}, {format_size(cpu.used_bytes)} of RAM "
         f"({'fits' if cpu.fits else 'DOES NOT FIT'}) - {cpu.reason}"
     )
+    lines.append(
+        f"CPU worker's prompt cache: up to {format_size(cpu.prompt_cache_bytes)} of its free RAM "
+        "(--cache-ram; what the CPU mirror fills)"
+    )
     if plan.verdict == "split":
         lines.append(f"RAM for both workers: {plans.ram_together().words()}")
     lines.extend(f"note: {note}" for note in notes)

@@ -120,6 +120,9 @@ class Plan:
     gpu_bandwidth: float = speed.GPU_BANDWIDTH  # what the estimate assumed, bytes per second
     cpu_bandwidth: float = speed.CPU_BANDWIDTH
     candidates: tuple[Candidate, ...] = ()  # the splits weighed against each other (a MoE model's)
+    # A RAM plan's prompt cache (llama-server --cache-ram): prompts kept after their slot is reused, what
+    # the CPU mirror fills. Part of free_bytes: an upper bound llama-server fills as prompts are cached.
+    prompt_cache_bytes: int = 0
 
     @property
     def whole_on_gpu(self) -> bool:
@@ -651,7 +654,23 @@ def plan_cpu(
     plan = budget.plan("cpu", full, n_ctx, n_parallel, reason)
     if model.is_moe:
         reason += "; " + _active_words(model, plan)
-    return replace(plan, fits=fits, reason=reason)
+    return replace(plan, fits=fits, reason=reason, prompt_cache_bytes=prompt_cache_bytes(plan))
+
+
+# Prompts of a whole slot's context the CPU worker's prompt cache holds: the mirror's conversations.
+PROMPT_CACHE_PROMPTS = 8
+MIB = 1024**2
+
+
+def prompt_cache_bytes(plan: Plan) -> int:
+    """The CPU worker's prompt cache: room for PROMPT_CACHE_PROMPTS prompts as long as a slot's context
+    (each token costs what it costs in the KV cache), at most half of what the plan leaves free; whole MiB,
+    as llama-server takes it."""
+    if plan.n_ctx <= 0:
+        return 0
+    per_token = (plan.kv_bytes + plan.host_kv_bytes) / plan.n_ctx
+    wanted = int(per_token * plan.n_ctx_per_seq * PROMPT_CACHE_PROMPTS)
+    return min(wanted, plan.free_bytes // 2) // MIB * MIB
 
 
 def _active_words(model: ModelInfo, plan: Plan) -> str:

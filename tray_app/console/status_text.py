@@ -79,10 +79,30 @@ def _jobs_lines(status: ServiceStatus) -> list[str]:
         speed = policy.get("cpu_tokens_per_second")
         cpu = f" · the CPU makes about {speed:.1f} tokens/s" if isinstance(speed, int | float) else ""
         lines.append(f"Fallback: {policy.get('fallback')} · client deadline {policy.get('deadline')} s{cpu}")
+    lines.append(mirror_line(status))
     journal = status.get("journal") or {}
     if journal.get("ok") is False:
         lines.append(f"JOURNAL FAILED: {journal.get('failure')}")
     return lines
+
+
+def mirror_line(status: ServiceStatus) -> str:
+    """The CPU mirror: how many running jobs the CPU could take over without reading their prompt again,
+    and how far behind it is."""
+    mirror = status.get("mirror")
+    if not mirror:
+        return "CPU mirror: not reported"
+    cache = int((status.get("cpu_plan") or {}).get("prompt_cache_bytes") or 0)
+    cache_words = f" · prompt cache up to {format_size(cache)}" if cache else ""
+    if not mirror["enabled"]:
+        return f"CPU mirror: off (cpu.mirror = false){cache_words}"
+    reading = f", reading now ({mirror['reading']})" if mirror["reading"] else ""
+    return (
+        f"CPU mirror: {mirror['covered']} of {mirror['following']} running jobs covered, "
+        f"{mirror['tokens_behind']} tokens behind{reading} · {mirror['read_tokens']} tokens read, "
+        f"{mirror['preempted']} times stepped aside for real work · "
+        f"reads {mirror['prompt_tokens_per_second']:.0f} tokens/s{cache_words}"
+    )
 
 
 def render_status(status: ServiceStatus, url: str, now: float) -> str:

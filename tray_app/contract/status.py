@@ -50,6 +50,22 @@ class ModelStatus(TypedDict):
     in_flight: int  # requests on its workers now
 
 
+class MirrorStatus(TypedDict):
+    """The CPU mirror (jobs.mirror): the CPU worker reading GPU jobs' prompts ahead of a failover."""
+
+    enabled: bool  # cpu.mirror
+    slots: int  # cpu.mirror_slots: the CPU worker's router slots it may hold at once
+    following: int  # unfinished jobs it mirrors
+    covered: int  # of those, jobs whose whole prompt the CPU worker holds
+    tokens_behind: int  # tokens still to read, over all the jobs it keeps
+    reading: int  # its requests on the CPU worker now
+    queued: int  # jobs waiting for a read
+    read_tokens: int  # prompt tokens the CPU read for it since the start
+    preempted: int  # reads cancelled because real work wanted the CPU worker
+    skipped: int  # reads given up (too many waiting, too far behind, the worker refused)
+    prompt_tokens_per_second: float  # the CPU worker's reading speed it plans with
+
+
 class ServiceStatus(TypedDict):
     version: str
     simulated: bool
@@ -71,6 +87,7 @@ class ServiceStatus(TypedDict):
     approvals: dict[str, int]
     counters: dict[str, int]
     policy: dict[str, Any]
+    mirror: MirrorStatus
     uptime_seconds: float
     # The device watcher's latest reading: total/free/used, state, and the processes on the card, each with
     # pid, name, label, used_bytes, own and describe ("comfyui (python3, pid 4242)").

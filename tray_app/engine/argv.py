@@ -59,6 +59,9 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         # batches to the card (op offload) and hold a context there, memory the plan never gave it.
         argv += ["--device", "none"]
     argv += expert_split_args(profile.n_cpu_moe)
+    if profile.cache_ram_mib is not None:
+        # The prompt cache the CPU mirror fills, sized by the planner out of the RAM plan's free part.
+        argv += ["--cache-ram", str(profile.cache_ram_mib)]
     if profile.embeddings:
         argv += ["--embeddings", "--pooling", profile.pooling]
     if is_template_file(profile.chat_format):

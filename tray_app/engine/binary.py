@@ -40,6 +40,7 @@ REQUIRED_FLAGS = (
     "--embeddings",
     "--pooling",
     "--device",
+    "--cache-ram",
 )
 _VERSION = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s*(?P<build>\d+),\s*commit\s*(?P<commit>\w+)\)")
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -38,10 +39,11 @@ from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
+from tray_app.jobs.mirror import Mirror, mirror_settings
 from tray_app.jobs.path_timing import PathTimings
 from tray_app.jobs.registry import JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
-from tray_app.jobs.worker_port import ExecutorSettings, Worker
+from tray_app.jobs.worker_port import CpuSpeed, ExecutorSettings, Worker
 from tray_app.library.catalog import ModelEntry, catalog_from_config
 from tray_app.supervisor.profile import WorkerProfile, library_profiles
 
@@ -102,6 +104,10 @@ class Service:
         )
         self.library.replan(cfg, self.plan_set)
         self.slots = SlotPool(self._capacities(), cfg.server.queue_max, self._queue_changed)
+        # The CPU mirror: the CPU worker reads GPU jobs' prompts ahead of a failover (jobs.mirror).
+        self.mirror = Mirror(
+            lambda: mirror_settings(self.cfg.cpu), self.worker, self.slots, self.relay, CpuSpeed()
+        )
         self.executor = Executor(
             self._executor_settings(),
             self.worker,
@@ -113,6 +119,7 @@ class Service:
             lambda model: self.library.tokens(model),  # the library may be replaced
             lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
             lambda job, **kw: self.jobs.stand_in(job, **kw),
+            mirror=self.mirror,
         )
         self.jobs: Jobs = Jobs(
             self,
@@ -246,6 +253,7 @@ class Service:
                 # Not awaited: the API answers (status "starting") while the workers load.
                 self._tasks.append(asyncio.create_task(worker.start(), name=f"start-{worker.role}"))
         self._tasks.append(asyncio.create_task(self.executor.desk.run_approved(), name="approved-jobs"))
+        self._tasks.append(asyncio.create_task(self.mirror.run(), name="cpu-mirror"))
         self._tasks.append(asyncio.create_task(self.library.reap(), name="keep-alive"))
         self._tasks.append(asyncio.create_task(self._tell_systemd(), name="systemd-notify"))
         self._speed_task = asyncio.create_task(self._measure_cpu_speed(), name="cpu-speed")
@@ -339,17 +347,29 @@ class Service:
             return
         if not await worker.ensure_ready(self.cfg.supervisor.start_timeout) or not worker.base_url:
             return
-        body = b'{"prompt": "Count: 1, 2, 3,", "max_tokens": 24, "temperature": 0, "stream": true}'
+        # A prompt of a hundred-odd tokens: its reading speed is what the CPU mirror plans with.
+        count = ", ".join(str(number) for number in range(1, 60))
+        body = json.dumps({"prompt": f"Count: {count},", "max_tokens": 24, "temperature": 0, "stream": True})
         started = time.monotonic()
         tokens = 0
+        timings: dict[str, Any] = {}
         try:
             url, headers = worker.base_url + "/v1/completions", worker.request_headers
-            async for _ in self.relay.stream(url, body, headers, 30.0, 30.0):
+            async for chunk in self.relay.stream(url, body.encode(), headers, 30.0, 30.0):
                 tokens += 1
+                timings = chunk.obj.get("timings") or timings
         except UpstreamError as error:  # best effort: the estimate stays unknown (treated as too slow)
             log.warning("could not measure the CPU worker's speed: %s", error)
             return
-        self.executor.cpu_speed.record(tokens, time.monotonic() - started)
+        speed = self.executor.cpu_speed
+        read, read_ms = timings.get("prompt_n"), timings.get("prompt_ms")
+        made, made_ms = timings.get("predicted_n"), timings.get("predicted_ms")
+        if isinstance(read, int) and isinstance(read_ms, int | float):
+            speed.record_prompt(read, read_ms / 1000.0)
+        if isinstance(made, int) and isinstance(made_ms, int | float):
+            speed.record(made, made_ms / 1000.0)  # the worker's own clock: the prompt's read apart
+        else:
+            speed.record(tokens, time.monotonic() - started)
 
     # -------------------------------------------------------------------------------- status
     def caps(self) -> dict[str, int]:
@@ -418,6 +438,7 @@ class Service:
                 "deadline": failover.deadline,
                 "cpu_tokens_per_second": round(self.jobs.cpu_tokens_per_second(), 2),
             },
+            "mirror": self.mirror.status(),
             "device_now": gpu["device_now"],  # the device watcher's latest reading
             "gpu_path": gpu["gpu_path"],  # normal, squeezed, yielded or lost, and why
             "uptime_seconds": round(time.time() - self.started_at, 1),

@@ -67,6 +67,15 @@ class TokenCounter:
         )
         return abs(int(count))
 
+    def tokenize(self, text: str) -> list[int]:
+        """`text`'s tokens as llama-server makes them of a prompt string (start token, special tokens
+        parsed): a prefix of them sent as token ids shares its cache with the string sent later."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (self._llama_cpp.llama_token * capacity)()
+        count = self._llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, True)
+        return list(buffer[: max(int(count), 0)])
+
     def _framing(self, roles: tuple[str, ...], tools: Any = None) -> int:
         """Tokens the chat template adds around messages with these roles, and the tools it renders
         (cached: the same few shapes and tool lists recur), counted by rendering it once with empty
@@ -168,13 +177,26 @@ class _Waiter:
 class _Worker:
     capacity: int
     in_flight: int = 0
+    background: int = 0  # of in_flight: held by background work (the CPU mirror), which real work pre-empts
     waiters: deque[_Waiter] = field(default_factory=deque)
     seconds_per_job: float = 1.0  # moving average, for Retry-After
+
+    @property
+    def real_work(self) -> bool:
+        """Requests in flight or waiting that are not background work."""
+        return self.in_flight > self.background or bool(self.waiters)
+
+
+# listener(role, wanted): True when real work asks for a slot on `role` (background work there steps aside
+# at once), False when a slot on `role` was given back.
+SlotListener = Callable[[str, bool], None]
 
 
 class SlotPool:
     """At most `capacity` requests in flight per worker; the rest wait in FIFO order, up to `queue_limit`
-    waiting in all. Replays of accepted work (`accepted=True`) are never turned away by the limit."""
+    waiting in all. Replays of accepted work (`accepted=True`) are never turned away by the limit.
+    Background work (`try_acquire_background`) only takes a slot of a worker with no real work, and its
+    listeners hear when real work wants one."""
 
     def __init__(
         self,
@@ -185,6 +207,14 @@ class SlotPool:
         self._workers = {role: _Worker(max(capacity, 1)) for role, capacity in capacities.items()}
         self.queue_limit = queue_limit
         self._on_change = on_change
+        self._listeners: list[SlotListener] = []
+
+    def listen(self, listener: SlotListener) -> None:
+        self._listeners.append(listener)
+
+    def _tell(self, role: str, wanted: bool) -> None:
+        for listener in self._listeners:
+            listener(role, wanted)
 
     @property
     def depth(self) -> int:
@@ -220,12 +250,35 @@ class SlotPool:
 
     def try_acquire(self, role: str) -> float | None:
         """A slot on `role` if one is free and nobody waits for it (the acquisition time, for `release`);
-        None otherwise."""
+        None otherwise. Background work on `role` is told to step aside either way."""
+        self._tell(role, True)
         worker = self._workers[role]
         if worker.in_flight < worker.capacity and not worker.waiters:
             worker.in_flight += 1
             return time.monotonic()
         return None
+
+    def try_acquire_background(self, role: str, most: int) -> float | None:
+        """A slot on `role` for background work: only while the worker has no real work in flight or
+        waiting, a slot is free, and background work holds fewer than `most`; never queued."""
+        worker = self._workers.get(role)
+        if worker is None or worker.real_work or worker.background >= most:
+            return None
+        if worker.in_flight >= worker.capacity:
+            return None
+        worker.in_flight += 1
+        worker.background += 1
+        return time.monotonic()
+
+    def release_background(self, role: str, acquired_at: float) -> None:
+        worker = self._workers[role]
+        worker.background = max(worker.background - 1, 0)
+        self.release(role, acquired_at, record=False)  # its time says nothing of a request's
+
+    def idle_for_background(self, role: str) -> bool:
+        """Whether `role` has no real work in flight or waiting."""
+        worker = self._workers.get(role)
+        return worker is not None and not worker.real_work
 
     async def acquire(self, role: str, job_id: str, timeout: float, *, accepted: bool = False) -> float:
         """Wait for a slot on `role`; returns the acquisition time (pass it to `release`)."""
@@ -280,6 +333,7 @@ class SlotPool:
                 return
         worker.in_flight -= 1
         self._changed()
+        self._tell(role, False)
 
     def _changed(self) -> None:
         if self._on_change is not None:

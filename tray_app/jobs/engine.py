@@ -29,11 +29,13 @@ from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.approvals import ApprovalDesk
 from tray_app.jobs.assemble import Assembler, chat_chunk
-from tray_app.jobs.continuation import EchoedPrefix, continuation_messages
+from tray_app.jobs.continuation import EchoedPrefix
+from tray_app.jobs.mirror import Following, Mirror
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece, cannot_serve
 from tray_app.jobs.progress import Progress, constrained_output, continues_chat, shape_survives_resume
-from tray_app.jobs.registry import Job, JobRegistry, upstream_stream, worker_fields
+from tray_app.jobs.registry import Job, JobRegistry, upstream_stream
 from tray_app.jobs.relay import Relay, Sent, UpstreamError
+from tray_app.jobs.replay import first_path, resume_request
 from tray_app.jobs.worker_port import (
     CpuSpeed,
     ExecutorSettings,
@@ -51,19 +53,6 @@ MAX_GPU_RETRIES = 3
 # Prompt tokens per second a CPU worker reads at least (a 7-8B model on a home server's cores), for the
 # first token's deadline when its speed is not measured yet.
 SLOWEST_CPU_PROMPT_RATE = 5.0
-
-# Sampling fields carried over when a chat is resumed as a completion-style prompt.
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repeat_penalty",
-)
-
 
 CAUSE_WAIT_SECONDS = 1.0  # how long a failed attempt waits for its worker's supervisor to name the cause
 
@@ -100,6 +89,7 @@ class Executor:
         prompts: Callable[[str], Prompts],  # by model name: the models may change
         on_fallback: Callable[[str], None] = lambda outcome: None,
         stand_in: Callable[..., Awaitable[StandIn | None]] | None = None,
+        mirror: Mirror | None = None,
     ) -> None:
         self.settings = settings
         self.workers = workers
@@ -113,7 +103,8 @@ class Executor:
         self._stand_in = stand_in
         self._prompts = prompts
         self._on_fallback = on_fallback
-        self.cpu_speed = CpuSpeed()
+        self.mirror = mirror  # the CPU mirror: reads a GPU job's prompt on the CPU ahead of a failover
+        self.cpu_speed = mirror.speed if mirror is not None else CpuSpeed()
         self.desk = ApprovalDesk(registry, lambda: self.settings, self.drain)  # the user's decisions
         self.shutting_down = False
         self._dispatched: dict[str, _Dispatched] = {}  # job id -> its first request, not yet taken up
@@ -263,6 +254,8 @@ class Executor:
         worker_role = job.worker_role(role)
         if worker_role is None:
             raise UpstreamError("unavailable", f"{job.model} may not run on the {role.upper()}")
+        if slot is None and self.mirror is not None and worker_role == job.worker_role("cpu"):
+            await self.mirror.settle(job)  # before the slot: asking for one stops the mirror's reads at once
         if slot is None:
             wait = min(self.settings.queue_timeout, max(job.time_left(), 1.0))
             try:
@@ -277,12 +270,19 @@ class Executor:
         # Pieces with no output before the first that has some (the role announcement): they travel with
         # that first token, one trip to the client instead of two.
         held: list[Piece] = []
+        following: Following | None = None
+        on_cpu = worker_role == job.worker_role("cpu")
         try:
             worker = await self._ready_worker(job, role, worker_role)
             progress.worker_pid = worker.pid
             number = self.registry.start_attempt(job, worker_role)
             if not number:
                 return  # the job ended (cancelled) while it waited for a slot or a worker: no late start
+            if self.mirror is not None:
+                if on_cpu:
+                    self.mirror.taken(job)
+                else:
+                    following = self.mirror.follow(job, self._prompts(job.model), deliver)
             url, body = self._upstream(job, worker, progress, resume)
             first_timeout = self.settings.stall_seconds + job.prompt_tokens / self._prompt_rate(worker_role)
             # A resumed chat's chunks come back as completion chunks, or (a thinking model's, continued
@@ -309,6 +309,8 @@ class Executor:
                     obj = self._resumed_chat_chunk(progress, chunk.obj, echoed) if convert else chunk.obj
                     progress.assembler.feed(obj)
                     worker.note_tokens(1)
+                    if on_cpu and "timings" in chunk.obj:
+                        self._note_cpu_read(job, chunk.obj["timings"])
                     chunks_seen += 1
                     if first_chunk_at is None:
                         first_chunk_at = time.monotonic()
@@ -330,6 +332,8 @@ class Executor:
                             if out.output and not prepared:
                                 self.relay.prepare_next(url)  # the client has its first token
                                 prepared = True
+                            if following is not None and out.output:
+                                following.grew(progress)
             for piece in held:  # an answer with no output at all
                 yield piece
             self.registry.end_attempt(job, number, "completed")
@@ -358,6 +362,15 @@ class Executor:
         measured = self.cpu_speed.tokens_per_second * policy.PROMPT_SPEEDUP
         return max(measured / 2, SLOWEST_CPU_PROMPT_RATE)  # half the measured: a margin for a busy machine
 
+    def _note_cpu_read(self, job: Job, timings: Any) -> None:
+        """llama-server's account of a CPU attempt's prompt: how much its cache held (the failsoft object
+        says so) and how fast it read the rest."""
+        cached, read, seconds = (timings.get(k) for k in ("cache_n", "prompt_n", "prompt_ms"))
+        if isinstance(cached, int):
+            self.registry.note_cpu_cache(job, cached)
+        if isinstance(read, int) and isinstance(seconds, int | float):
+            self.cpu_speed.record_prompt(read, seconds / 1000.0)
+
     async def _ready_worker(self, job: Job, role: str, worker_role: str) -> Worker:
         worker = self.workers(worker_role)
         if worker is None:
@@ -374,36 +387,22 @@ class Executor:
 
     @staticmethod
     def _first_request(job: Job, worker: Worker) -> tuple[str, bytes]:
-        path = "/v1/chat/completions" if job.kind == "chat" else "/v1/completions"
-        return (worker.base_url or "") + path, job.upstream_body()
+        return (worker.base_url or "") + first_path(job), job.upstream_body()
 
     def _upstream(self, job: Job, worker: Worker, progress: Progress, resume: bool) -> tuple[str, bytes]:
         if not resume:
             return self._first_request(job, worker)
-        base = worker.base_url or ""
         delivered = self._delivered_tokens(job, progress)
-        remaining = max(job.max_tokens - delivered, 1)
-        body: dict[str, Any]
-        if continues_chat(job, progress):
-            # A thinking model's answer: llama-server continues it (see jobs.continuation).
-            body = worker_fields(job.kind, job.body)
-            messages = job.body["messages"]
-            reasoning, text = progress.delivered_reasoning, progress.delivered_text
-            body.update(messages=continuation_messages(messages, reasoning, text), max_tokens=remaining)
-            body.update(upstream_stream(job.prompt_tokens + delivered))
-            return base + "/v1/chat/completions", json.dumps(body).encode()
-        if job.kind == "chat":
-            prompt, stops = self._prompts(job.model).chat_prompt(job.body["messages"])
-            user_stop = job.body.get("stop")
-            stops = stops + ([user_stop] if isinstance(user_stop, str) else list(user_stop or []))
-            body = {name: job.body[name] for name in _SAMPLING_FIELDS if name in job.body}
-            body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining, stop=stops)
-        else:
-            body = dict(job.body)
-            prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
-            body.update(prompt=prompt + progress.delivered_text, max_tokens=remaining)
+        path, body = resume_request(
+            job,
+            self._prompts(job.model),
+            progress.delivered_reasoning,
+            progress.delivered_text,
+            max(job.max_tokens - delivered, 1),
+            continues_chat(job, progress),
+        )
         body.update(upstream_stream(job.prompt_tokens + delivered))
-        return base + "/v1/completions", json.dumps(body).encode()
+        return (worker.base_url or "") + path, json.dumps(body).encode()
 
     def _delivered_tokens(self, job: Job, progress: Progress) -> int:
         """The tokens of what the client already has: its reasoning's and text's own count, or the chunks
@@ -486,6 +485,7 @@ class Executor:
             time_left=job.time_left(),
             constrained=constrained_output(job.body) and not shape_survives_resume(job, progress),
             stand_in_answering=job.stand_in_for is not None,
+            cached_tokens=self.mirror.held(job) if self.mirror is not None else 0,
         )
         worker_fault = failure.kind not in NOT_WORKER_FAULTS
         stand_in = await self._stand_in(job) if self._stand_in is not None and worker_fault else None

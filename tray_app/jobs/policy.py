@@ -1,9 +1,12 @@
 """The failover policy: pure decisions over plain data, never effects.
 
-Two questions are answered here and nowhere else:
+Three questions are answered here and nowhere else:
 - `decide_route`: where should a new request run, given its size and the two worker profiles?
 - `decide_replay`: a GPU attempt failed; may the job run (again) on the CPU, wait for the user's approval,
   or must it end with a controlled error carrying a reason code?
+- the CPU mirror (jobs.mirror): is a job's prompt worth reading on the CPU in the background
+  (`mirror_reason`), which of the waiting reads go first and which are given up (`mirror_order`), in pieces
+  of what size (`mirror_piece_tokens`), and when a stream's answer so far is read too (`extend_due`)?
 """
 
 from __future__ import annotations
@@ -65,11 +68,15 @@ class Decision:
         return self.action == "refuse"
 
 
-def estimate_cpu_seconds(prompt_tokens: int, max_tokens: int, tokens_per_second: float) -> float:
-    """How long the CPU worker needs for this job; infinity when its speed is unknown or zero."""
+def estimate_cpu_seconds(
+    prompt_tokens: int, max_tokens: int, tokens_per_second: float, cached_tokens: int = 0
+) -> float:
+    """How long the CPU worker needs for this job; infinity when its speed is unknown or zero. The prompt's
+    `cached_tokens` (the mirror read them already) cost nothing to read again."""
     if tokens_per_second <= 0:
         return float("inf")
-    return (prompt_tokens / PROMPT_SPEEDUP + max_tokens) / tokens_per_second
+    unread = max(prompt_tokens - max(cached_tokens, 0), 0)
+    return (unread / PROMPT_SPEEDUP + max_tokens) / tokens_per_second
 
 
 def _cpu_route(
@@ -169,6 +176,7 @@ class FailureContext:
     time_left: float  # seconds until the client's deadline
     constrained: bool = False  # a grammar, JSON schema or tool list shapes it, or it has log probabilities
     stand_in_answering: bool = False  # a stand-in (another model) wrote what the client has so far
+    cached_tokens: int = 0  # of the prompt, already read by the CPU worker (the mirror)
 
 
 def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) -> Decision:
@@ -197,7 +205,9 @@ def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) ->
     unusable = _cpu_unusable(cpu, failure.prompt_tokens + failure.remaining_tokens)
     if unusable is not None:
         return unusable
-    needed = estimate_cpu_seconds(failure.prompt_tokens, failure.remaining_tokens, cpu.tokens_per_second)
+    needed = estimate_cpu_seconds(
+        failure.prompt_tokens, failure.remaining_tokens, cpu.tokens_per_second, failure.cached_tokens
+    )
     return _cpu_route(cpu, settings, needed, failure.time_left, resume=resume)
 
 
@@ -233,3 +243,104 @@ def stand_in_first(case: StandInCase) -> bool:
         and not case.content_delivered
         and not case.tool_call_delivered
     )
+
+
+# ------------------------------------------------------------------------------------------ the mirror
+MIRROR_LONG_PROMPT = "long_prompt"
+MIRROR_STREAM = "stream"
+MIRROR_AGENT = "agent"
+# How long one mirror request may keep the CPU worker's cores: llama-server finishes the batch it is in before
+# it sees a cancel, so this bounds how long real work can wait behind mirror work.
+MIRROR_PIECE_SECONDS = 0.5
+# Smaller batches read slowly: SmolLM2 on one thread read 38 tokens/s in pieces of 32, 80 in pieces of 64.
+MIRROR_PIECE_MIN = 64
+MIRROR_PIECE_MAX = 1024
+# A read that would take the CPU longer than this is given up: the conversation has likely moved on, and
+# newer work is waiting.
+MIRROR_CATCH_UP_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class MirrorCase:
+    """A job starting on the GPU, as the mirror's policy sees it."""
+
+    prompt_tokens: int
+    max_tokens: int
+    streaming: bool
+    tools: bool  # an agent's request: its next turn repeats this prompt and adds to it
+    prompt_tokens_per_second: float  # the CPU worker's reading speed; 0: not known yet
+    min_ms: float  # cpu.mirror_min_ms
+
+
+def prompt_read_seconds(tokens: int, prompt_tokens_per_second: float) -> float:
+    """How long the CPU worker takes to read `tokens` of prompt; infinity while its speed is unknown."""
+    if tokens <= 0:
+        return 0.0
+    if prompt_tokens_per_second <= 0:
+        return float("inf")
+    return tokens / prompt_tokens_per_second
+
+
+def cpu_prompt_speed(measured: float, generation_tokens_per_second: float) -> float:
+    """The CPU's prompt-reading speed: measured when it has been, else estimated from its generation."""
+    return measured if measured > 0 else generation_tokens_per_second * PROMPT_SPEEDUP
+
+
+def mirror_reason(case: MirrorCase) -> str:
+    """Why this job is worth mirroring ("" when it is not): its prompt alone would keep a replay waiting
+    longer than `min_ms`; or a stream whose answer may grow that long (a resume reads it too); or an agent's
+    request, whose next turn starts with this one. A speed not known yet counts as slow."""
+    limit = case.min_ms / 1000.0
+    if case.tools:
+        return MIRROR_AGENT
+    if prompt_read_seconds(case.prompt_tokens, case.prompt_tokens_per_second) >= limit:
+        return MIRROR_LONG_PROMPT
+    grown = case.prompt_tokens + case.max_tokens
+    if case.streaming and prompt_read_seconds(grown, case.prompt_tokens_per_second) >= limit:
+        return MIRROR_STREAM
+    return ""
+
+
+def mirror_piece_tokens(prompt_tokens_per_second: float) -> int:
+    """Tokens per mirror request: about MIRROR_PIECE_SECONDS of the CPU's reading."""
+    if prompt_tokens_per_second <= 0:
+        return MIRROR_PIECE_MIN
+    wanted = int(prompt_tokens_per_second * MIRROR_PIECE_SECONDS)
+    return min(max(wanted, MIRROR_PIECE_MIN), MIRROR_PIECE_MAX)
+
+
+@dataclass(frozen=True)
+class MirrorWork:
+    """One job's read waiting for the CPU: how far behind the CPU is, and when the job last changed it."""
+
+    key: str
+    behind_tokens: int
+    updated_at: float
+
+
+def mirror_order(
+    work: list[MirrorWork], limit: int, prompt_tokens_per_second: float
+) -> tuple[list[str], list[str]]:
+    """Which reads to do, newest first (the conversation the user is in), and which to give up: beyond the
+    `limit` newest, or more than MIRROR_CATCH_UP_SECONDS of reading behind. Work with nothing behind is in
+    neither list."""
+    keep: list[str] = []
+    drop: list[str] = []
+    for item in sorted(work, key=lambda w: w.updated_at, reverse=True):
+        if item.behind_tokens <= 0:
+            continue
+        too_far = prompt_read_seconds(item.behind_tokens, prompt_tokens_per_second) > MIRROR_CATCH_UP_SECONDS
+        if len(keep) >= limit or (too_far and prompt_tokens_per_second > 0):
+            drop.append(item.key)
+        else:
+            keep.append(item.key)
+    return keep, drop
+
+
+def extend_due(new_tokens: int, seconds: float, every_tokens: int, every_seconds: float) -> bool:
+    """Whether a stream's answer so far goes to the mirror now: `every_tokens` new tokens, or
+    `every_seconds` since the last time with something new (0 turns either off)."""
+    if new_tokens <= 0:
+        return False
+    by_tokens = every_tokens > 0 and new_tokens >= every_tokens
+    return by_tokens or (every_seconds > 0 and seconds >= every_seconds)

@@ -100,6 +100,8 @@ class Job:
     roles: dict[str, str] = field(default_factory=lambda: {"gpu": "gpu", "cpu": "cpu"})
     may_stand_in: bool = True  # the request allows another model to answer (X-Failsoft-Stand-In)
     stand_in_offer: str | None = None  # awaiting approval: the stand-in the user may pick instead
+    # llama-server's `cache_n` at its CPU attempt: prompt tokens its cache held (the mirror's doing, mostly).
+    cpu_cached_tokens: int | None = None
     # Its creator's key to read it back (GET /v1/jobs/{id}, a stored response): returned at creation only.
     read_token: str = field(default_factory=lambda: random_hex(16))
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -144,6 +146,7 @@ class Job:
             "model": self.model,
             "device": self.route if self.route in ("gpu", "cpu") else None,
             "stand_in_for": self.stand_in_for,
+            **({"cpu_cached_tokens": self.cpu_cached_tokens} if self.cpu_cached_tokens is not None else {}),
         }
 
     def summary(self) -> JobSummary:
@@ -344,6 +347,11 @@ class JobRegistry:
         if not job.effects_delivered:
             job.effects_delivered = True
             self.journal.update_job(job.id, effects_delivered=1)
+
+    def note_cpu_cache(self, job: Job, cached_tokens: int) -> None:
+        """What the CPU worker's prompt cache held at the job's CPU attempt (its answer's failsoft object
+        says so; not journaled: the answer carries it)."""
+        job.cpu_cached_tokens = cached_tokens
 
     def set_attempt_error(self, job: Job, number: int, error: str) -> None:
         self.journal.set_attempt_error(job.id, number, error)

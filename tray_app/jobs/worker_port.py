@@ -46,11 +46,14 @@ class Worker(Protocol):
 
 class Prompts(Protocol):
     """What the executor needs of a model's tokenizer and its workers' chat template (a resumed answer's
-    prompt and the tokens the client already has): admission.TokenCounter."""
+    prompt and the tokens the client already has; the mirror's prompt, with its tools, as token ids):
+    admission.TokenCounter."""
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]: ...
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]: ...
 
     def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,21 @@ class ExecutorSettings:
 
 @dataclass
 class CpuSpeed:
-    """Measured CPU generation speed (tokens per second), a moving average over successful CPU attempts."""
+    """Measured CPU generation speed (tokens per second), a moving average over successful CPU attempts;
+    and its prompt-reading speed, from llama-server's own timings (the mirror's reads, CPU attempts)."""
 
     tokens_per_second: float = 0.0
     samples: int = 0
+    prompt_tokens_per_second: float = 0.0
+    prompt_samples: int = 0
+
+    def record_prompt(self, tokens: int, seconds: float) -> None:
+        if tokens < 16 or seconds <= 0:  # a few tokens' time is mostly the step's fixed cost
+            return
+        measured = tokens / seconds
+        self.prompt_samples += 1
+        weight = 1.0 if self.prompt_samples == 1 else 0.3
+        self.prompt_tokens_per_second = (1 - weight) * self.prompt_tokens_per_second + weight * measured
 
     def record(self, tokens: int, seconds: float) -> None:
         if tokens < 4 or seconds <= 0:

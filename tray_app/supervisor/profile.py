@@ -9,7 +9,7 @@ from typing import Any
 from tray_app.budget.library_plan import ModelPlans, library_share
 from tray_app.budget.model_info import inspect_model
 from tray_app.budget.plan_set import PlanSet, physical_cores
-from tray_app.budget.planner import ComputeSettings, Plan
+from tray_app.budget.planner import MIB, ComputeSettings, Plan
 from tray_app.config import Config
 from tray_app.contract.roles import EMBED_ROLES, Role
 from tray_app.engine.tools import template_for
@@ -38,6 +38,7 @@ class WorkerProfile:
     warm_reason: str = ""  # why it is (not) started with the service, in words
     pooling: str = ""  # an embeddings worker (llama-server --embeddings --pooling P); empty: a chat worker
     model_name: str = ""  # what clients call the model: the worker names it so in every answer (--alias)
+    cache_ram_mib: int | None = None  # llama-server's prompt cache (--cache-ram); None: its own default
 
     @property
     def embeddings(self) -> bool:
@@ -189,6 +190,7 @@ def cpu_profile(
         n_gpu_layers=0,
         warm=warm,
         warm_reason=reason,
+        cache_ram_mib=plan.prompt_cache_bytes // MIB,
         **_from_plan(cfg, plan, model_path, threads),
     )
 
@@ -250,6 +252,7 @@ def library_profiles(
                 n_gpu_layers=0,
                 warm=entry.preload and plans.gpu is None,
                 warm_reason=warm_reason,
+                cache_ram_mib=plans.cpu.prompt_cache_bytes // MIB,
                 **_from_plan(cfg, plans.cpu, entry.path, threads, entry.chat_format, entry.name),
             )
         )

@@ -1,0 +1,258 @@
+"""The CPU mirror over stand-ins for its effects (fast tier): a scripted relay that answers each mirror
+request as llama-server does (one token and its timings), stand-in workers, the real slot pool. What it reads
+and in what order, the slot cap, pre-emption by real work, the bounded queue and a stream's answer growing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.jobs.test_executor_effects import StandInWorker
+from tray_app.jobs import mirror as mirror_module
+from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.assemble import Assembler
+from tray_app.jobs.mirror import Mirror, MirrorSettings
+from tray_app.jobs.progress import Progress
+from tray_app.jobs.registry import Job, new_id
+from tray_app.jobs.relay import Chunk, UpstreamError
+from tray_app.jobs.worker_port import CpuSpeed
+
+PIECE = 64  # policy.mirror_piece_tokens at the speed these tests record (its least: see SPEED)
+SPEED = 64.0  # prompt tokens per second: half a second is 32 tokens, under the least piece
+
+
+class ChatPrompts:
+    """A template that writes each message as <role>content and ends ready for the answer; one token per
+    character, so a prefix of the text is a prefix of its tokens, as with a real tokenizer."""
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>", []
+
+    def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int:
+        return len(text)
+
+    def tokenize(self, text: str) -> list[int]:
+        return [ord(character) for character in text]
+
+
+@dataclass
+class MirrorRelay:
+    """Answers each request with one chunk carrying llama-server's timings; `gate`, while set, holds every
+    answer until it opens (a piece being read)."""
+
+    sent: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+    open_streams: int = 0
+    most_open: int = 0
+    closed_early: int = 0
+    fail: bool = False
+
+    async def stream(
+        self, url: str, body: bytes, headers: dict[str, str], first: float, every: float, sent: Any = None
+    ) -> AsyncGenerator[Chunk, None]:
+        obj = json.loads(body)
+        self.sent.append((url, obj))
+        self.open_streams += 1
+        self.most_open = max(self.most_open, self.open_streams)
+        finished = False
+        try:
+            if self.fail:
+                raise UpstreamError("exited", "the worker went away")
+            if self.gate is not None:
+                await self.gate.wait()
+            read = len(obj["prompt"]) if "prompt" in obj else 1
+            timings = {"cache_n": 0, "prompt_n": read, "prompt_ms": read * 1000.0 / SPEED}
+            yield Chunk("", {"choices": [{"text": "x", "finish_reason": "length"}], "timings": timings}, 0, 0)
+            finished = True
+        finally:
+            self.open_streams -= 1
+            self.closed_early += 0 if finished else 1
+
+
+def job_for(content: str, *, messages: list[dict[str, Any]] | None = None, **body: Any) -> Job:
+    return Job(
+        id=new_id("job"),
+        request_id="req",
+        kind="chat",
+        body={"messages": messages or [{"role": "user", "content": content}], "max_tokens": 16, **body},
+        stream=True,
+        background=False,
+        body_hash="",
+        idempotency_key=None,
+        prompt_tokens=100,
+        max_tokens=16,
+        deadline=1e12,
+    )
+
+
+@dataclass
+class Rig:
+    mirror: Mirror
+    relay: MirrorRelay
+    slots: SlotPool
+    workers: dict[str, StandInWorker]
+    settings: dict[str, Any]
+
+    def pieces(self) -> list[list[int]]:
+        return [body["prompt"] for url, body in self.relay.sent if url.endswith("/v1/completions")]
+
+    def chats(self) -> list[dict[str, Any]]:
+        return [body for url, body in self.relay.sent if url.endswith("/v1/chat/completions")]
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    settings: dict[str, Any] = {"min_ms": 0.0}  # every prompt is worth it, unless a test says otherwise
+    relay = MirrorRelay()
+    slots = SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8)
+    workers = {"gpu": StandInWorker("gpu"), "cpu": StandInWorker("cpu", pid=4343)}
+    speed = CpuSpeed(prompt_tokens_per_second=SPEED, prompt_samples=1)
+    mirror = Mirror(lambda: MirrorSettings(**settings), workers.get, slots, relay, speed)  # type: ignore[arg-type]
+    owner = asyncio.create_task(mirror.run())
+    yield Rig(mirror, relay, slots, workers, settings)
+    owner.cancel()
+    await asyncio.gather(owner, return_exceptions=True)
+
+
+async def settle(done: Callable[[], bool], what: str) -> None:
+    for _ in range(400):
+        if done():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_prompt_is_read_in_pieces_then_as_the_replay_sends_it(rig: Rig) -> None:
+    job = job_for("x" * 80)
+    prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
+    assert rig.mirror.follow(job, ChatPrompts(), streaming=False) is not None
+    await settle(lambda: len(rig.chats()) == 1, "the replay's own request")
+    tokens = ChatPrompts().tokenize(prompt)
+    expected = [tokens[:end] for end in range(PIECE, len(tokens), PIECE)] + [tokens]
+    assert rig.pieces() == expected  # each piece a prefix one step longer: the cache holds the rest
+    chat = rig.chats()[0]
+    assert chat["messages"] == job.body["messages"] and chat["max_tokens"] == 0  # one token, the prompt read
+    assert rig.mirror.held(job) == job.prompt_tokens  # (capped at the job's own count of its prompt)
+    status = rig.mirror.status()
+    assert (status["following"], status["covered"], status["tokens_behind"]) == (1, 1, 0)
+    assert rig.slots.in_flight("cpu") == 0  # its slot is back
+
+
+async def test_a_follow_up_turn_reads_only_the_new_part(rig: Rig) -> None:
+    first = [{"role": "user", "content": "y" * 120}]
+    rig.mirror.follow(job_for("", messages=first), ChatPrompts(), streaming=False)
+    await settle(lambda: len(rig.chats()) == 1, "the first turn")
+    before = len(rig.pieces())
+    follow_up = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
+    rig.mirror.follow(job_for("", messages=follow_up), ChatPrompts(), streaming=False)
+    await settle(lambda: len(rig.chats()) == 2, "the follow-up")
+    shared = len("<user>" + "y" * 120)
+    new_pieces = rig.pieces()[before:]
+    assert len(new_pieces) == 1 and len(new_pieces[0]) == len(ChatPrompts().chat_prompt(follow_up)[0])
+    assert rig.relay.sent[-2][1]["prompt"][:shared] == ChatPrompts().tokenize("<user>" + "y" * 120)
+
+
+async def test_a_short_prompt_is_not_mirrored_and_the_switch_turns_it_off(rig: Rig) -> None:
+    rig.settings["min_ms"] = 10_000.0
+    assert rig.mirror.follow(job_for("short"), ChatPrompts(), streaming=False) is None
+    rig.settings.update(min_ms=0.0, enabled=False)
+    assert rig.mirror.follow(job_for("x" * 500), ChatPrompts(), streaming=False) is None
+    await asyncio.sleep(0.02)
+    assert rig.relay.sent == []
+
+
+async def test_real_work_pre_empts_the_mirror_at_once_and_it_resumes_after(rig: Rig) -> None:
+    rig.relay.gate = asyncio.Event()
+    job = job_for("z" * 200)
+    rig.mirror.follow(job, ChatPrompts(), streaming=False)
+    await settle(lambda: rig.relay.open_streams == 1, "a piece being read")
+    held = await rig.slots.acquire("cpu", "real-job", 1.0)  # a failover's replay wants the CPU worker
+    await settle(lambda: rig.relay.open_streams == 0, "the piece to be dropped")
+    assert rig.relay.closed_early == 1 and rig.mirror.status()["preempted"] == 1
+    rig.relay.gate.set()
+    await asyncio.sleep(0.05)
+    assert len(rig.relay.sent) == 1  # nothing new while real work holds the worker
+    rig.slots.release("cpu", held)
+    await settle(lambda: len(rig.chats()) == 1, "the read to finish once the worker is free")
+
+
+async def test_the_mirror_takes_at_most_its_slots_and_only_a_free_one(rig: Rig) -> None:
+    rig.relay.gate = asyncio.Event()
+    for letter in "abc":
+        rig.mirror.follow(job_for(letter * 100), ChatPrompts(), streaming=False)
+    await settle(lambda: rig.relay.open_streams == 1, "one read")
+    await asyncio.sleep(0.05)
+    assert rig.relay.most_open == 1 and rig.slots.in_flight("cpu") == 1  # cpu.mirror_slots = 1 of 2
+    rig.relay.gate.set()
+    await settle(lambda: len(rig.chats()) == 3, "all three reads, one at a time")
+    assert rig.relay.most_open == 1
+
+
+async def test_the_newest_conversation_goes_first_and_the_oldest_are_given_up(rig: Rig) -> None:
+    rig.relay.gate = asyncio.Event()
+    jobs = [job_for(chr(ord("a") + n) * 40) for n in range(mirror_module.QUEUE_LIMIT + 3)]
+    rig.mirror.follow(jobs[0], ChatPrompts(), streaming=False)  # read first: nothing else waits yet
+    await settle(lambda: rig.relay.open_streams == 1, "the first read")
+    for job in jobs[1:]:
+        rig.mirror.follow(job, ChatPrompts(), streaming=False)
+    rig.relay.gate.set()
+    await settle(lambda: rig.mirror.status()["tokens_behind"] == 0, "the queue to empty")
+    order = [chat["messages"][0]["content"][0] for chat in rig.chats()]
+    newest = [job.body["messages"][0]["content"][0] for job in reversed(jobs[1:])]
+    assert order[0] == "a" and order[1:] == newest[: mirror_module.QUEUE_LIMIT]
+    assert rig.mirror.status()["skipped"] == 2  # the two oldest never got their turn
+
+
+async def test_a_streams_answer_is_read_as_it_grows(rig: Rig) -> None:
+    rig.settings.update(every_tokens=2, every_seconds=0.0)
+    job = job_for("w" * 40)
+    following = rig.mirror.follow(job, ChatPrompts(), streaming=True)
+    assert following is not None
+    await settle(lambda: len(rig.chats()) == 1, "the prompt")
+    progress = Progress(Assembler("chat"))
+    for word in ("The", " sea"):
+        progress.delivered_text += word
+        following.grew(progress)
+    prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
+    await settle(lambda: rig.pieces()[-1] == ChatPrompts().tokenize(prompt + "The sea"), "the answer so far")
+    assert len(rig.chats()) == 1  # a resume is a completion of exactly those tokens: nothing else to send
+
+
+async def test_a_worker_that_refuses_ends_that_read_only(rig: Rig) -> None:
+    rig.relay.fail = True
+    job = job_for("v" * 64)
+    rig.mirror.follow(job, ChatPrompts(), streaming=False)
+    await settle(lambda: rig.mirror.status()["skipped"] == 1, "the read to be given up")
+    assert rig.mirror.held(job) == 0 and rig.slots.in_flight("cpu") == 0
+
+
+async def test_a_job_that_goes_to_the_cpu_is_not_read_for_it_any_more(rig: Rig) -> None:
+    rig.relay.gate = asyncio.Event()
+    job = job_for("u" * 200)
+    rig.mirror.follow(job, ChatPrompts(), streaming=False)
+    await settle(lambda: rig.relay.open_streams == 1, "a piece being read")
+    rig.mirror.taken(job)
+    await settle(lambda: rig.relay.open_streams == 0, "the read to stop")
+    rig.relay.gate.set()
+    await asyncio.sleep(0.05)
+    assert len(rig.relay.sent) == 1 and rig.mirror.status()["following"] == 0
+
+
+async def test_a_replay_lets_the_piece_of_its_own_prompt_finish(rig: Rig) -> None:
+    """Cancelled, the piece would keep its slot busy and the replay would miss it in another slot."""
+    rig.relay.gate = asyncio.Event()
+    job = job_for("t" * 200)
+    rig.mirror.follow(job, ChatPrompts(), streaming=False)
+    await settle(lambda: rig.relay.open_streams == 1, "a piece being read")
+    settling = asyncio.create_task(rig.mirror.settle(job))
+    await asyncio.sleep(0.05)
+    assert not settling.done()  # the replay waits for the piece...
+    rig.relay.gate.set()
+    await settling
+    assert rig.relay.closed_early == 0 and len(rig.relay.sent) == 1  # ...which finished, and was the last
+    assert rig.slots.in_flight("cpu") == 0

@@ -1,0 +1,405 @@
+"""The CPU mirror: while a job runs on the GPU, the CPU worker reads the same prompt in the background, so
+that llama-server's prompt cache holds it when the job fails over. The replay then reads only what the
+mirror had not read, and the pause before its next token is a step or two instead of the whole prompt.
+
+What is read is what a replay sends (jobs.replay): the prompt as token ids, in pieces (each a
+`/v1/completions` request for one token; llama-server keeps a prompt after its slot is reused, `--cache-ram`,
+and finds it again from any slot), then, for a chat, the job's own request for one token, so that the prompt
+as the worker renders it is cached too. A stream's answer so far is added every `cpu.mirror_every_tokens`
+tokens or `cpu.mirror_every_seconds` (a resume sends the prompt plus that text), and a finished answer once
+more: the conversation's next turn starts with it, so the mirror then reads only the new part.
+
+The work never competes with real work: one owner task (`run`) starts every read, on at most
+`cpu.mirror_slots` of the CPU worker's router slots, taken only while that worker has no real work in flight
+or waiting (SlotPool.try_acquire_background, never queued), and cancelled at once when real work asks for a
+slot there (a failover, a CPU route, an approved job). llama-server has no per-request priority (its
+`--prio` is the whole process's, real work included): the slot cap, the pre-emption and pieces of about half
+a second of reading are the levers. The newest conversation is read first; the oldest are given up when too
+many wait, and so is a read the CPU could not finish in minutes (policy.mirror_order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from array import array
+from collections.abc import Callable
+from contextlib import aclosing, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from tray_app.config import CpuConfig
+from tray_app.contract.status import MirrorStatus
+from tray_app.jobs import policy
+from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.assemble import Assembler
+from tray_app.jobs.progress import Progress, constrained_output, continues_chat
+from tray_app.jobs.registry import Job, worker_fields
+from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.jobs.replay import COMPLETION_PATH, completion_prompt, first_path, resume_request
+from tray_app.jobs.worker_port import CpuSpeed, Prompts, Worker
+
+log = logging.getLogger(__name__)
+
+QUEUE_LIMIT = 8  # conversations waiting to be read; older ones are given up
+KEPT = 32  # per CPU worker: the token sequences it was last given to read, and jobs remembered
+WAKE_SECONDS = 5.0  # the owner looks again this often even when nothing woke it (a worker became ready)
+PIECE_TIMEOUT = 120.0  # one piece's answer; a worker that takes longer is not worth waiting for
+SETTLE_SECONDS = 3.0  # a replay waits at most this long for the piece of its own prompt being read
+# Fields of a job's own request that would make its one-token answer cost more than the reading.
+_NOT_FOR_ONE_TOKEN = ("logprobs", "top_logprobs", "n_probs", "max_completion_tokens", "n_predict")
+
+
+@dataclass(frozen=True)
+class MirrorSettings:
+    enabled: bool = True
+    slots: int = 1  # the CPU worker's router slots it may hold at once
+    min_ms: float = 1000.0  # a prompt the CPU reads faster than this is not worth it (unless a stream...)
+    every_tokens: int = 64  # a stream's answer goes to the mirror every this many tokens...
+    every_seconds: float = 2.0  # ...or this often, whichever comes first (0 turns one off)
+
+
+def common_prefix(a: array[int], b: array[int]) -> int:
+    """The length of the longest common prefix (slices compare in C: fast for thousands of tokens)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+@dataclass
+class _Target:
+    """What one job's replay would send, as the CPU worker should hold it."""
+
+    job: Job
+    role: str  # the CPU worker
+    tokens: array[int]  # the replay's prompt, as token ids
+    prompt_tokens: int  # of `tokens`, the request's prompt (the rest is answer)
+    exact: tuple[str, bytes] | None  # the replay's own request, read after the tokens (the worker renders it)
+    updated_at: float = field(default_factory=time.monotonic)
+    done: int = 0  # of `tokens`, what the CPU worker holds as far as the mirror knows
+    exact_done: bool = False
+
+    @property
+    def behind(self) -> int:
+        exact = 1 if self.exact is not None and not self.exact_done else 0
+        return max(len(self.tokens) - self.done, 0) + exact
+
+
+def mirror_settings(cpu: CpuConfig) -> MirrorSettings:
+    """The mirror's settings from the config's [cpu] section (off with the CPU worker)."""
+    return MirrorSettings(
+        enabled=cpu.enabled and cpu.mirror,
+        slots=cpu.mirror_slots,
+        min_ms=cpu.mirror_min_ms,
+        every_tokens=cpu.mirror_every_tokens,
+        every_seconds=cpu.mirror_every_seconds,
+    )
+
+
+class Following:
+    """One GPU attempt of a mirrored job: hands the mirror its answer as it grows (a stream's), and whole."""
+
+    def __init__(self, mirror: Mirror, target: _Target, prompts: Prompts, extend: bool) -> None:
+        self._mirror = mirror
+        self._target = target
+        self._prompts = prompts
+        self._extend = extend  # a stream that a resume could continue: its answer so far is worth reading
+        self._new = 0
+        self._since = time.monotonic()
+        self._settings = mirror.settings()
+
+    def grew(self, progress: Progress) -> None:
+        """One more chunk reached the client (on every chunk: cheap until an extension is due)."""
+        if not self._extend:
+            return
+        self._new += 1
+        now = time.monotonic()
+        settings = self._settings
+        if not policy.extend_due(self._new, now - self._since, settings.every_tokens, settings.every_seconds):
+            return
+        self._new, self._since = 0, now
+        job = self._target.job
+        self._mirror.extend(
+            self._target, self._prompts, progress.delivered_reasoning, progress.delivered_text,
+            continues_chat(job, progress),
+        )  # fmt: skip
+
+    def finished(self, assembler: Assembler) -> None:
+        """The answer is complete: a conversation's next turn starts with it (a plain text answer; a
+        template renders reasoning and tool calls of earlier turns its own way)."""
+        plain = assembler.text and not assembler.reasoning and not assembler.has_tool_calls
+        if self._target.job.kind == "chat" and plain:
+            self._mirror.extend(self._target, self._prompts, "", assembler.text, False)
+
+
+class Mirror:
+    """The CPU mirror (module doc). `settings` is read at each decision: a config reload takes effect."""
+
+    def __init__(
+        self,
+        settings: Callable[[], MirrorSettings],
+        workers: Callable[[str], Worker | None],
+        slots: SlotPool,
+        relay: Relay,
+        speed: CpuSpeed,
+    ) -> None:
+        self.settings = settings
+        self._workers = workers
+        self._slots = slots
+        self._relay = relay
+        self.speed = speed  # the CPU worker's measured speeds, shared with the executor
+        self._targets: dict[str, _Target] = {}  # job id -> its target, oldest first
+        self._reading: dict[str, tuple[str, asyncio.Task[None]]] = {}  # job id -> (CPU role, its read)
+        self._held: dict[str, list[array[int]]] = {}  # CPU role -> sequences it was given, oldest first
+        self._pids: dict[str, int | None] = {}  # CPU role -> the process those sequences went to
+        self._wake = asyncio.Event()
+        self.read_tokens = 0  # prompt tokens the CPU read for the mirror
+        self.preempted = 0  # reads cancelled for real work
+        self.skipped = 0  # reads given up (too many waiting, too far behind)
+        slots.listen(self._on_slots)
+
+    # ------------------------------------------------------------------------------ what there is to read
+    def prompt_speed(self) -> float:
+        return policy.cpu_prompt_speed(self.speed.prompt_tokens_per_second, self.speed.tokens_per_second)
+
+    def follow(self, job: Job, prompts: Prompts, streaming: bool) -> Following | None:
+        """A GPU attempt of `job` starts: mirror its prompt if the policy finds it worth it."""
+        settings = self.settings()
+        role = job.worker_role("cpu")
+        if not settings.enabled or role is None or job.stand_in_for is not None:
+            return None
+        case = policy.MirrorCase(
+            prompt_tokens=job.prompt_tokens,
+            max_tokens=job.max_tokens,
+            streaming=streaming,
+            tools=bool(job.body.get("tools")),
+            prompt_tokens_per_second=self.prompt_speed(),
+            min_ms=settings.min_ms,
+        )
+        if not policy.mirror_reason(case):
+            return None
+        target = self._targets.get(job.id)
+        if target is None:
+            target = self._new_target(job, role, prompts)
+            if target is None:
+                return None
+        resumable = streaming and (job.kind != "chat" or not constrained_output(job.body))
+        return Following(self, target, prompts, resumable)
+
+    def _new_target(self, job: Job, role: str, prompts: Prompts) -> _Target | None:
+        exact: tuple[str, bytes] | None = None
+        if job.kind == "chat":
+            text = prompts.chat_prompt(job.body["messages"], job.body.get("tools"))[0]
+            exact = (first_path(job), self._one_token(worker_fields(job.kind, job.body)))
+        else:
+            prompt = completion_prompt(job, prompts)
+            if prompt is None:
+                return None
+            text = prompt
+        tokens = array("i", prompts.tokenize(text))
+        target = _Target(job, role, tokens, len(tokens), exact)
+        self._put(target)
+        return target
+
+    def extend(
+        self, target: _Target, prompts: Prompts, reasoning: str, text: str, continued_chat: bool
+    ) -> None:
+        """The job's answer so far (`reasoning`, `text`) goes to the mirror: a replay now would resume it."""
+        if target.job.id not in self._targets:
+            return  # given up, or the job went to the CPU
+        if continued_chat:
+            # A thinking model's answer continues as a chat that the worker renders: that request itself.
+            path, body = resume_request(target.job, prompts, reasoning, text, 1, True)
+            target.exact, target.exact_done = (path, self._one_token(body)), False
+        else:
+            base = completion_prompt(target.job, prompts)
+            if base is None:
+                return
+            target.tokens = array("i", prompts.tokenize(base + text))
+            target.exact = None  # a resume is a completion of exactly these tokens
+        target.updated_at = time.monotonic()
+        self._put(target)
+
+    def _put(self, target: _Target) -> None:
+        self._targets.pop(target.job.id, None)
+        self._targets[target.job.id] = target  # newest last
+        target.done = self._held_of(target)
+        while len(self._targets) > KEPT:
+            oldest = next(iter(self._targets))
+            if oldest in self._reading:
+                break
+            del self._targets[oldest]
+        self._wake.set()
+
+    async def settle(self, job: Job) -> None:
+        """The job is about to be replayed on its CPU worker: a read of it in progress finishes the piece it
+        is on (llama-server keeps that in the slot that read it), and no more is read for it. Cancelled, the
+        piece would keep that slot busy, and the replay, sent to another slot, would miss what it holds."""
+        self._targets.pop(job.id, None)
+        reading = self._reading.get(job.id)
+        if reading is not None:
+            _, pending = await asyncio.wait({reading[1]}, timeout=SETTLE_SECONDS)
+            for task in pending:
+                task.cancel()
+
+    def taken(self, job: Job) -> None:
+        """The job runs on its CPU worker now: that reads its prompt itself."""
+        self._targets.pop(job.id, None)
+        reading = self._reading.get(job.id)
+        if reading is not None:
+            reading[1].cancel()
+
+    def held(self, job: Job) -> int:
+        """Tokens of the job's prompt that its CPU worker holds, as far as the mirror knows, in the job's own
+        count (admission's, which may differ from the rendered prompt's by a token or two)."""
+        target = self._targets.get(job.id)
+        if target is None:
+            return 0
+        held = self._held_of(target)
+        return job.prompt_tokens if held >= target.prompt_tokens else min(held, job.prompt_tokens)
+
+    @staticmethod
+    def _one_token(body: dict[str, Any]) -> bytes:
+        body = {k: v for k, v in body.items() if k not in _NOT_FOR_ONE_TOKEN}
+        # llama-server still decodes one token for 0: the prompt's read, plus one step.
+        body.update(max_tokens=0, stream=True, cache_prompt=True, return_progress=False)
+        return json.dumps(body).encode()
+
+    # ------------------------------------------------------------------------------ what the CPU holds
+    def _held_of(self, target: _Target) -> int:
+        worker = self._workers(target.role)
+        pid = worker.pid if worker is not None else None
+        if self._pids.get(target.role) != pid:
+            self._pids[target.role] = pid
+            self._held[target.role] = []  # a new process: its cache is empty
+        return max((common_prefix(target.tokens, seen) for seen in self._held[target.role]), default=0)
+
+    def _note_read(self, role: str, tokens: array[int]) -> None:
+        held = [seen for seen in self._held.get(role, []) if common_prefix(seen, tokens) < len(seen)]
+        held.append(tokens)
+        self._held[role] = held[-KEPT:]
+
+    # ------------------------------------------------------------------------------ the owner
+    async def run(self) -> None:
+        """The owner task: starts the reads that may run now, whenever something changed."""
+        while True:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), WAKE_SECONDS)
+            self._wake.clear()
+            try:
+                self._start_reads()
+            except Exception:  # the mirror is an extra: a fault in it must not end it for good
+                log.exception("the CPU mirror failed to start its reads")
+
+    def _start_reads(self) -> None:
+        settings = self.settings()
+        if not settings.enabled:
+            for _, task in self._reading.values():
+                task.cancel()
+            self._targets.clear()
+            return
+        waiting = [
+            policy.MirrorWork(key, target.behind, target.updated_at)
+            for key, target in self._targets.items()
+            if key not in self._reading
+        ]
+        keep, drop = policy.mirror_order(waiting, QUEUE_LIMIT, self.prompt_speed())
+        for key in drop:
+            del self._targets[key]
+            self.skipped += 1
+        for key in keep:
+            target = self._targets[key]
+            worker = self._workers(target.role)
+            if worker is None or worker.state != "ready" or not worker.base_url:
+                continue
+            slot = self._slots.try_acquire_background(target.role, settings.slots)
+            if slot is None:
+                continue
+            task = asyncio.create_task(self._read(target, worker, slot), name=f"mirror-{key}")
+            self._reading[key] = (target.role, task)
+
+    def _on_slots(self, role: str, wanted: bool) -> None:
+        """SlotPool: real work wants a slot on `role` (step aside at once), or a slot was given back."""
+        if not wanted:
+            self._wake.set()
+            return
+        for reading_role, task in list(self._reading.values()):
+            if reading_role == role and not task.done():
+                task.cancel()
+                self.preempted += 1
+
+    async def _read(self, target: _Target, worker: Worker, slot: float) -> None:
+        key = target.job.id
+        try:
+            while self._targets.get(key) is target:
+                target.done = self._held_of(target)
+                if target.done < len(target.tokens):
+                    end = min(
+                        target.done + policy.mirror_piece_tokens(self.prompt_speed()), len(target.tokens)
+                    )
+                    piece = target.tokens[:end]
+                    await self._send(worker, COMPLETION_PATH, self._one_token({"prompt": piece.tolist()}))
+                    self._note_read(target.role, piece)
+                elif target.exact is not None and not target.exact_done:
+                    path, body = target.exact
+                    await self._send(worker, path, body)
+                    target.exact_done = True
+                else:
+                    return
+        except UpstreamError as error:
+            # The worker refused or went away: this read is given up (its supervisor sees to the worker).
+            log.info("mirror read for job %s given up: %s", key, error)
+            self._give_up(key, target)
+        except Exception:  # the mirror is an extra: a fault in it is logged, never a job's failure
+            log.exception("mirror read for job %s failed", key)
+            self._give_up(key, target)
+        finally:
+            self._reading.pop(key, None)
+            self._slots.release_background(target.role, slot)
+            self._wake.set()
+
+    def _give_up(self, key: str, target: _Target) -> None:
+        if self._targets.get(key) is target:
+            del self._targets[key]
+            self.skipped += 1
+
+    async def _send(self, worker: Worker, path: str, body: bytes) -> None:
+        url = (worker.base_url or "") + path
+        timings: dict[str, Any] = {}
+        stream = self._relay.stream(url, body, worker.request_headers, PIECE_TIMEOUT, PIECE_TIMEOUT)
+        async with aclosing(stream) as chunks:
+            async for chunk in chunks:
+                timings = chunk.obj.get("timings") or timings
+        read, seconds = timings.get("prompt_n"), timings.get("prompt_ms")
+        if isinstance(read, int) and isinstance(seconds, int | float):
+            self.read_tokens += read
+            self.speed.record_prompt(read, seconds / 1000.0)
+
+    # ------------------------------------------------------------------------------ status
+    def status(self) -> MirrorStatus:
+        settings = self.settings()
+        live = [target for target in self._targets.values() if not target.job.final]
+        covered = sum(1 for target in live if min(target.done, target.prompt_tokens) >= target.prompt_tokens)
+        return {
+            "enabled": settings.enabled,
+            "slots": settings.slots,
+            "following": len(live),
+            "covered": covered,
+            "tokens_behind": sum(target.behind for target in self._targets.values()),
+            "reading": len(self._reading),
+            "queued": sum(1 for key, t in self._targets.items() if t.behind and key not in self._reading),
+            "read_tokens": self.read_tokens,
+            "preempted": self.preempted,
+            "skipped": self.skipped,
+            "prompt_tokens_per_second": round(self.prompt_speed(), 1),
+        }
