@@ -143,6 +143,9 @@ class EmbeddingsConfig:
     n_ctx: int = 2048  # total over the slots
     n_parallel: int = 2
     pooling: Pooling = "mean"  # what the embedding model was trained with ("none" is not OpenAI-compatible)
+    # Input tokens one request may have in all (each input is bounded by what a worker reads at once);
+    # the workers read them all, however long that takes: a bound on one request's hold on them.
+    max_request_tokens: int = 65536
 
 
 @dataclass
@@ -237,6 +240,7 @@ _SIZE_KEYS = {
     ("server", "max_body"),
     ("device", "simulate_vram"),
 }
+_REQUIRED_SIZES = {("server", "max_body")}  # the others' empty value means "none" or "the default"
 _NON_NEGATIVE = (int, float)
 
 
@@ -295,6 +299,8 @@ def _fill_section(source: str, section_name: str, section: Any, values: dict[str
                 f"{source}: unknown key {section_name}.{key}; keys are {', '.join(sorted(hints))}"
             )
         checked = _check_value(source, f"{section_name}.{key}", hints[key], value)
+        if (section_name, key) in _REQUIRED_SIZES and not checked:
+            raise ConfigError(f'{source}: {section_name}.{key} must be a size, such as "4MiB"; it is empty')
         if (section_name, key) in _SIZE_KEYS and checked:
             try:
                 parse_size(checked)
@@ -330,6 +336,8 @@ def _check_relations(config: Config) -> None:
         raise ConfigError(f"{source}: budget.n_parallel must be at least 1")
     if config.embeddings.n_parallel < 1 or config.embeddings.n_ctx < 64:
         raise ConfigError(f"{source}: embeddings.n_parallel must be at least 1 and n_ctx at least 64")
+    if config.embeddings.max_request_tokens < 1:
+        raise ConfigError(f"{source}: embeddings.max_request_tokens must be at least 1")
     if config.device.poll_seconds <= 0 or config.gpu.max_returns < 1:
         raise ConfigError(f"{source}: device.poll_seconds must be above 0 and gpu.max_returns at least 1")
     if config.cpu.mirror_slots < 1:
@@ -443,6 +451,7 @@ LIVE_SERVER_KEYS = (
 
 
 LIVE_LIBRARY_KEYS = ("keep_alive", "stand_in")  # read at each request; a new folder or max waits
+LIVE_EMBEDDINGS_KEYS = ("max_request_tokens",)  # read at each request
 LIVE_CPU_KEYS = ("mirror", "mirror_slots", "mirror_min_ms", "mirror_every_tokens", "mirror_every_seconds")
 # What only the user writes, in the file: programs, model and template files the service would run or read,
 # and what exposes the service or locks it. `PATCH /failsoft/config` refuses them ("*": the whole section).
@@ -476,6 +485,7 @@ def is_live(section: str, key: str) -> bool:
         section in LIVE_SECTIONS
         or (section == "server" and key in LIVE_SERVER_KEYS)
         or (section == "library" and key in LIVE_LIBRARY_KEYS)
+        or (section == "embeddings" and key in LIVE_EMBEDDINGS_KEYS)
         or (section == "cpu" and key in LIVE_CPU_KEYS)
     )
 

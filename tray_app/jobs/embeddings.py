@@ -8,8 +8,12 @@ the vectors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tray_app.contract.events import EventBus, FallbackCompleted, FallbackStarted
@@ -22,8 +26,63 @@ from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.jobs.worker_port import ExecutorSettings, Worker
 
+log = logging.getLogger(__name__)
+
 ORDER = (("gpu", EMBED_ROLES["gpu"]), ("cpu", EMBED_ROLES["cpu"]))  # (device, worker role), in order
-ANSWER_SECONDS = 120.0  # one batch of inputs; more is a hung worker
+# An answer's allowance before its worker counts as hung: this, plus its input tokens read at a fraction
+# (SPEED_MARGIN) of the speed measured on that worker, or at SLOWEST_TOKENS_PER_SECOND until one is measured.
+ANSWER_SECONDS = 120.0
+SLOWEST_TOKENS_PER_SECOND = 5.0  # a large model on a few slow cores
+SPEED_MARGIN = 4.0
+MEASURED_FROM = 64  # tokens: a smaller batch's time is mostly a request's fixed cost, not reading speed
+COUNT_INLINE_CHARS = 64 * 1024  # more text than this is counted off the event loop
+
+
+def answer_seconds(tokens: int, tokens_per_second: float) -> float:
+    """How long an answer of `tokens` input tokens may take on a worker measured at `tokens_per_second`
+    (0: not measured yet) before the worker counts as hung."""
+    rate = tokens_per_second / SPEED_MARGIN if tokens_per_second > 0 else SLOWEST_TOKENS_PER_SECOND
+    return ANSWER_SECONDS + tokens / rate
+
+
+class InputTokens:
+    """Embeddings inputs' tokens as the embeddings workers count them (start and special tokens in): with
+    the chat model's tokenizer (`chat_model`), or a separate embeddings model's, loaded once (vocabulary
+    only). A token-array input is as many tokens as it holds."""
+
+    def __init__(self, chat_model: Callable[[str], int]) -> None:
+        self._chat_model = chat_model
+        self._own: dict[str, Callable[[str], int]] = {}
+
+    async def count(self, model_file: str, inputs: list[Any]) -> list[int]:
+        """Each input's tokens; `model_file`: the embeddings model (`embeddings.model`, "" for the chat
+        model)."""
+        count = self._chat_model
+        if model_file:
+            loaded = self._own.get(model_file)
+            count = loaded if loaded is not None else await asyncio.to_thread(self._load, model_file)
+        text = sum(len(item) for item in inputs if isinstance(item, str))
+        if text <= COUNT_INLINE_CHARS:
+            return _counts(count, inputs)
+        return await asyncio.to_thread(_counts, count, inputs)
+
+    def _load(self, model_file: str) -> Callable[[str], int]:
+        from tray_app.jobs.admission import TokenCounter  # the native library, loaded only when needed
+
+        try:
+            counter: Callable[[str], int] = TokenCounter(Path(model_file).expanduser()).count_text
+        except (OSError, ValueError) as error:
+            # Its worker cannot start with it either, and says why; the chat model's count stands in.
+            log.warning(
+                "embeddings model %s: no tokenizer (%s); counting with the chat model's", model_file, error
+            )
+            counter = self._chat_model
+        self._own[model_file] = counter
+        return counter
+
+
+def _counts(count: Callable[[str], int], inputs: list[Any]) -> list[int]:
+    return [count(item) if isinstance(item, str) else len(item) for item in inputs]
 
 
 def journal_summary(answer: dict[str, Any]) -> dict[str, Any]:
@@ -59,6 +118,17 @@ class EmbeddingRunner:
         self.relay = relay
         self.registry = registry
         self.bus = bus
+        self.speeds: dict[str, float] = {}  # role -> tokens per second, a moving average of its answers
+
+    def answer_seconds(self, role: str, tokens: int) -> float:
+        return answer_seconds(tokens, self.speeds.get(role, 0.0))
+
+    def _record_speed(self, role: str, tokens: int, seconds: float) -> None:
+        if tokens < MEASURED_FROM or seconds <= 0:
+            return
+        measured = tokens / seconds
+        known = self.speeds.get(role)
+        self.speeds[role] = measured if known is None else 0.7 * known + 0.3 * measured
 
     async def run(self, job: Job) -> dict[str, Any]:
         """The answer in OpenAI's shape, with the `failsoft` object; JobFailed (the job failed) else."""
@@ -130,8 +200,12 @@ class EmbeddingRunner:
             worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
             headers = worker.request_headers
             url = f"{worker.base_url}/v1/embeddings"
-            data = await self.relay.post(url, json.dumps(job.body).encode(), headers, ANSWER_SECONDS)
+            # Scaled with the tokens counted at admission: a large batch on a slow device is not a hang.
+            allowance = self.answer_seconds(role, job.prompt_tokens)
+            sent_at = time.monotonic()
+            data = await self.relay.post(url, json.dumps(job.body).encode(), headers, allowance)
             answer: dict[str, Any] = json.loads(data)
+            self._record_speed(role, job.prompt_tokens, time.monotonic() - sent_at)
             self.registry.end_attempt(job, number, "completed")
             return answer
         except UpstreamError as error:

@@ -317,7 +317,7 @@ class Executor:
                     if deliver:
                         out = self._deliverable(progress, obj, chunk.raw if not convert else None)
                         if out is not None:
-                            if progress.tool_call_delivered:
+                            if progress.tool_call_delivered and not job.holds_tool_calls:
                                 self.registry.note_effects_delivered(job)  # before the piece leaves
                             if not prepared and not out.output:
                                 held.append(out)

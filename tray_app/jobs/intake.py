@@ -52,6 +52,7 @@ class JobRequest:
     may_stand_in: bool = True
     received_at: float | None = None  # when the request reached the application (a stream's first token)
     fit_budget: bool = False  # max_tokens is an upper bound (Anthropic's clients send their output limit)
+    holds_tool_calls: bool = False  # its API writes tool calls only whole (Ollama's): see Job
 
     @property
     def model(self) -> str | None:
@@ -200,6 +201,7 @@ class Jobs:
             models=dict.fromkeys(roles, entry.name),
             roles=roles,
             may_stand_in=request.may_stand_in,
+            holds_tool_calls=request.holds_tool_calls,
         )
         self.models.touch(entry.name, request.keep_alive)
         return job

@@ -93,6 +93,8 @@ class Job:
     result: dict[str, Any] | None = None
     estimated_seconds: float | None = None
     effects_delivered: bool = False  # a tool call reached the client: its action may have run
+    # Its client's API writes a tool call only once it is whole (Ollama's): delivered when that is written.
+    holds_tool_calls: bool = False
     asked_model: str = ""  # the model the client's request named (its library name)
     # Device -> the model that answers there (the asked one; on the GPU its stand-in after a substitution)
     # and that model's worker: "gpu"/"cpu" for the main model, "gpu@name"/"cpu@name" for another.

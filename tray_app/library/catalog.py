@@ -5,6 +5,7 @@ exist is a ConfigError naming it)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,22 @@ from tray_app.config import Config, ConfigError
 from tray_app.library.keep_alive import FOREVER, parse_keep_alive
 
 DEVICES = ("gpu", "cpu")
+LATEST = ":latest"  # the tag Ollama reads into a model name that has none
+OLLAMA_LIBRARY = "registry.ollama.ai/library/"  # how Ollama spells its own library's names in full
+
+
+def resolve_name(name: str, known: Collection[str]) -> str | None:
+    """The name in `known` that a request's model name means: the name itself, or as Ollama reads names
+    (its clients send what `/api/tags` lists): letter case aside, its library's full prefix aside, and with
+    its default tag `:latest` or without it. `NAME:TAG` with another tag means a model only where the library
+    has that name with that tag. None when it means none."""
+    if name in known:
+        return name
+    wanted = name.strip().lower().removeprefix(OLLAMA_LIBRARY)
+    forms = {wanted, wanted.removesuffix(LATEST)}
+    if ":" not in wanted.rpartition("/")[2]:
+        forms.add(wanted + LATEST)
+    return next((candidate for candidate in sorted(known) if candidate.lower() in forms), None)
 
 
 @dataclass(frozen=True)
@@ -67,10 +84,15 @@ class Catalog:
         return self.entries[1:]
 
     def find(self, name: str | None) -> ModelEntry | None:
-        """The model `name` names; no name at all means the main model."""
+        """The model `name` names (any of its names, or as Ollama's clients name it: resolve_name); no name
+        at all means the main model."""
         if not name:
             return self.main
-        return self._by_name.get(name)
+        found = self._by_name.get(name)
+        if found is None:
+            resolved = resolve_name(name, self._by_name)
+            found = self._by_name.get(resolved) if resolved is not None else None
+        return found
 
     def stand_in_for(self, entry: ModelEntry) -> ModelEntry | None:
         return self._by_name.get(entry.stand_in) if entry.stand_in else None

@@ -1,12 +1,13 @@
 """`POST /v1/embeddings` bodies, checked before anything is spent on them: OpenAI's fields, 400 naming the
-field otherwise."""
+field otherwise; and their tokens, counted at admission, within what the embeddings workers take."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from tray_app.server.errors import bad_request
+from tray_app.config import Config
+from tray_app.server.errors import ApiError, bad_request
 from tray_app.server.requests import parse_json_object
 
 MAX_INPUTS = 2048  # OpenAI's own limit on inputs per request
@@ -18,6 +19,11 @@ class EmbeddingRequest:
     body: dict[str, Any]  # as the worker gets it: inputs, encoding_format
     model: str | None
     count: int  # inputs
+
+    @property
+    def inputs(self) -> list[Any]:
+        inputs: list[Any] = self.body["input"]
+        return inputs
 
 
 def _inputs(value: Any) -> list[Any]:
@@ -52,3 +58,37 @@ def parse_embedding_request(raw: bytes) -> EmbeddingRequest:
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
     return EmbeddingRequest({"input": inputs, "encoding_format": encoding}, model, len(inputs))
+
+
+def input_token_limit(cfg: Config) -> int:
+    """The most tokens one input may have: what one slot of an embeddings worker holds, and what
+    llama-server embeds in one physical batch (`--ubatch-size`; it refuses a longer input)."""
+    settings = cfg.embeddings
+    return max(min(settings.n_ctx // max(settings.n_parallel, 1), cfg.budget.n_ubatch), 1)
+
+
+def check_tokens(counts: list[int], cfg: Config) -> int:
+    """The request's tokens in all; 400 for an input longer than a worker takes, or a request over
+    `embeddings.max_request_tokens` (each is read on the workers, however long it takes)."""
+    limit = input_token_limit(cfg)
+    for index, count in enumerate(counts):
+        if count > limit:
+            raise ApiError(
+                400,
+                f"'input[{index}]' has {count} tokens; an input may have at most {limit} here (what an "
+                "embeddings worker reads at once: embeddings.n_ctx / embeddings.n_parallel, and "
+                "budget.n_ubatch): split it",
+                code="context_length_exceeded",
+                param=f"input[{index}]",
+            )
+    total = sum(counts)
+    cap = cfg.embeddings.max_request_tokens
+    if total > cap:
+        raise ApiError(
+            400,
+            f"the inputs have {total} tokens in all; at most {cap} per request "
+            "(embeddings.max_request_tokens): send them in several requests",
+            code="max_tokens_per_request",
+            param="input",
+        )
+    return total

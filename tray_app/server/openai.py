@@ -19,12 +19,13 @@ from starlette.types import ASGIApp
 
 from tray_app.contract.roles import CHAT_ROLES
 from tray_app.contract.vocabulary import Reason
+from tray_app.jobs.embeddings import InputTokens
 from tray_app.jobs.ids import new_request_id
 from tray_app.jobs.intake import BACKGROUND_DEADLINE, Admission, JobRequest, Refused
 from tray_app.jobs.outcomes import JobFailed, Piece
 from tray_app.jobs.registry import Job, new_id
 from tray_app.jobs.worker_port import retry_after_seconds
-from tray_app.server.embedding_requests import parse_embedding_request
+from tray_app.server.embedding_requests import check_tokens, parse_embedding_request
 from tray_app.server.errors import ApiError, from_job_error
 from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Writer
 from tray_app.server.health import health_answer
@@ -46,6 +47,7 @@ from tray_app.server.requests import (
     parse_request,
     stand_in_allowed,
 )
+from tray_app.server.rewrite import NamedAsAsked
 from tray_app.server.streaming import include_usage, outcome_bytes, result_to_stream
 from tray_app.sizes import parse_size
 
@@ -77,7 +79,12 @@ def deadline_seconds(request: Request, default: float) -> float:
 
 
 def job_request(
-    request: Request, parsed: ParsedRequest, deadline: float, *, fit_budget: bool = False
+    request: Request,
+    parsed: ParsedRequest,
+    deadline: float,
+    *,
+    fit_budget: bool = False,
+    holds_tool_calls: bool = False,
 ) -> JobRequest:
     """The facade's request from the HTTP one: the body without the router's own options, and what the
     headers say (identity, Idempotency-Key, stand-in, when it arrived)."""
@@ -98,6 +105,7 @@ def job_request(
         may_stand_in=may_stand_in,
         received_at=request.scope.get(RECEIVED_AT),
         fit_budget=fit_budget,
+        holds_tool_calls=holds_tool_calls,
     )
 
 
@@ -107,6 +115,9 @@ class Router:
     def __init__(self, service: ServiceView) -> None:
         self.svc = service
         self.jobs = service.jobs
+        self.input_tokens = InputTokens(
+            lambda text: self.jobs.models.count_prompt("completion", {"prompt": text})
+        )
 
     @property
     def max_body(self) -> int:
@@ -143,27 +154,40 @@ class Router:
         return await self.generate(request, kind, raw)
 
     async def generate(
-        self, request: Request, kind: Kind, raw: bytes, *, fit_budget: bool = False
+        self,
+        request: Request,
+        kind: Kind,
+        raw: bytes,
+        *,
+        fit_budget: bool = False,
+        holds_tool_calls: bool = False,
     ) -> ASGIApp:
         """Serve an OpenAI request whose body was already read (`raw`): the OpenAI routes, and the routes
         of the other APIs with the body they translated into OpenAI's. Headers and disconnects come from
-        `request`. `fit_budget`: see jobs.intake.JobRequest."""
+        `request`. `fit_budget`, `holds_tool_calls`: see jobs.intake.JobRequest."""
         try:
             parsed = parse_request(kind, raw)
-            check_model(parsed, self.svc.model_names)
+            asked = parsed.model
+            as_asked = asked != check_model(parsed, self.svc.model_names)  # an Ollama client's name for it
             deadline = self.deadline_seconds(request)
-            spec = job_request(request, parsed, deadline, fit_budget=fit_budget)
+            spec = job_request(
+                request, parsed, deadline, fit_budget=fit_budget, holds_tool_calls=holds_tool_calls
+            )
             if spec.idempotency_key:
                 replay = self.jobs.replay(spec.idempotency_key, parsed.body_hash)
                 if replay is not None:
-                    return _replayed(parsed, replay.job_id, replay.result, replay.read_token)
+                    answer = _replayed(parsed, replay.job_id, replay.result, replay.read_token)
+                    served = self.jobs.model(parsed.model).name
+                    return NamedAsAsked(answer, served, asked) if as_asked and asked else answer
             job = self.jobs.make(spec)
             admission = await self.jobs.admit(job, deadline)
         except ApiError as error:
             return error_response(error)
         except Refused as refused:
             return error_response(from_job_error(refused.error))
-        return await self._answer(request, job, admission)
+        answer = await self._answer(request, job, admission)
+        # Named as asked, as Ollama's OpenAI routes name it (the library's name otherwise, as OpenAI does).
+        return NamedAsAsked(answer, job.asked_model, asked) if as_asked and asked else answer
 
     async def _answer(self, request: Request, job: Job, admission: Admission) -> ASGIApp:
         if job.stream:
@@ -274,7 +298,10 @@ class Router:
         job: Job | None = None
         try:
             parsed = parse_embedding_request(raw)
-            check_model_name(parsed.model, self.svc.model_names)
+            asked = parsed.model
+            served = check_model_name(asked, self.svc.model_names)
+            counts = await self.input_tokens.count(self.svc.cfg.embeddings.model, parsed.inputs)
+            tokens = check_tokens(counts, self.svc.cfg)
             deadline = self.deadline_seconds(request)
             job = Job(
                 id=new_id("job"),
@@ -285,7 +312,7 @@ class Router:
                 background=False,
                 body_hash="",  # compared under an Idempotency-Key only, and an embedding takes none
                 idempotency_key=None,  # nothing to protect: an embedding has no effects
-                prompt_tokens=0,
+                prompt_tokens=tokens,  # what the answer's time allowance grows with
                 max_tokens=0,
                 deadline=time.monotonic() + deadline,
             )
@@ -297,6 +324,8 @@ class Router:
             return error_response(error, job_headers(job) if job else None)
         outcome = "completed" if job.state == "completed" else job.state
         self.svc.metrics.requests.labels(route=f"embed-{job.worker}", outcome=outcome).inc()
+        if asked is not None and asked != served:
+            answer["model"] = asked  # an Ollama client's name for it, as Ollama's OpenAI routes answer
         return Response(json.dumps(answer), media_type="application/json", headers=job_headers(job))
 
     async def health(self, request: Request) -> Response:

@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from tray_app.engine.request_fields import engine_internal_field
+from tray_app.library.catalog import resolve_name
 from tray_app.library.keep_alive import parse_keep_alive
 from tray_app.server.errors import ApiError, bad_request
 
@@ -215,13 +216,77 @@ def _check_logprobs(kind: Kind, body: dict[str, Any]) -> None:
         raise bad_request(NO_COMPLETION_LOGPROBS, "logprobs", code="unsupported_value")
 
 
+# The deepest JSON nesting a body may have: far past any request's (tool schemas included), and far short of
+# the interpreter's recursion limit, which every later json.dumps of the body would run into.
+MAX_DEPTH = 100
+
+
+def load_json(raw: bytes) -> Any:
+    """The JSON value of a body; ValueError saying why it is not one (too deeply nested included)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"it is nested more than {MAX_DEPTH} deep") from None
+
+
+def body_problem(raw: bytes, body: Any) -> tuple[str, str, str] | None:
+    """What makes a parsed body unfit however its fields are read, as (message, where, code): a string with
+    a lone UTF-16 surrogate (JSON lets `"\\ud800"` through, but no tokenizer, worker or UTF-8 encoder takes
+    it), or nesting deeper than MAX_DEPTH. Looked for only where the raw text can hold it: only an escape
+    makes a surrogate (raw surrogate bytes are not UTF-8, refused by the parser), only many brackets deep
+    nesting."""
+    surrogates = b"\\ud" in raw or b"\\uD" in raw
+    if not surrogates and raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return None
+    stack: list[tuple[str, Any, int]] = [("", body, 0)]
+    while stack:
+        where, item, depth = stack.pop()
+        if isinstance(item, str):
+            if surrogates and not _is_text(item):
+                return _surrogate(where)
+        elif isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                field = _printable(where.partition("[")[0].partition(".")[0])  # the top-level field
+                return f"'{field}' is nested more than {MAX_DEPTH} deep", field, "invalid_json"
+            if isinstance(item, list):
+                stack.extend((f"{where}[{index}]", child, depth + 1) for index, child in enumerate(item))
+                continue
+            for key, child in item.items():
+                if surrogates and not _is_text(key):
+                    return _surrogate(f"{where} (a key)" if where else "a key")
+                stack.append((f"{where}.{key[:40]}" if where else key[:40], child, depth + 1))
+    return None
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(where: str) -> str:
+    """A place in the body fit for a message (ASCII; a lone surrogate in a key as its escape)."""
+    return where.encode("utf-8", "backslashreplace").decode("ascii", "replace")[:200] or "the body"
+
+
+def _surrogate(where: str) -> tuple[str, str, str]:
+    place = _printable(where)
+    message = f"'{place}' holds a lone UTF-16 surrogate (such as \\ud800): it is not Unicode text"
+    return message, place, "invalid_unicode"
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = load_json(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise bad_request(f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
+    problem = body_problem(raw, body)
+    if problem is not None:
+        raise bad_request(*problem)
     return body
 
 
@@ -250,19 +315,29 @@ def _public_names(known: set[str]) -> list[str]:
     return sorted(name for name in known if "/" not in name and "\\" not in name)
 
 
-def check_model(request: ParsedRequest, known: set[str]) -> None:
-    """404 in the OpenAI format for a model this service does not serve (no model given: the default)."""
-    check_model_name(request.model, known)
+def check_model(request: ParsedRequest, known: set[str]) -> str | None:
+    """The name the service knows the request's model by, written into its body (an Ollama client's
+    `name:latest` becomes the library's name); 404 in the OpenAI format for a model this service does not
+    serve (no model given: the default)."""
+    name = check_model_name(request.model, known)
+    if name != request.model:
+        request.body["model"] = name
+    return name
 
 
-def check_model_name(model: str | None, known: set[str]) -> None:
-    if model is not None and model not in known:
+def check_model_name(model: str | None, known: set[str]) -> str | None:
+    """The name in `known` that `model` means (also as Ollama's clients name it: library.resolve_name)."""
+    if model is None:
+        return None
+    name = resolve_name(model, known)
+    if name is None:
         raise ApiError(
             404,
             f"The model '{model}' does not exist; this service serves {', '.join(_public_names(known))}",
             code="model_not_found",
             param="model",
         )
+    return name
 
 
 def keep_alive_option(value: Any) -> float | None:

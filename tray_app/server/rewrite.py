@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -140,3 +140,51 @@ def cached_tokens(usage: dict[str, Any]) -> int:
     """The prompt tokens a worker's cache held, from a chat's usage (`prompt_tokens_details`)."""
     details = usage.get("prompt_tokens_details")
     return int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+
+
+class NamedAsAsked(RewrittenAnswer):
+    """An answer whose model the client named as Ollama's clients do (`name:latest`): it names the model as
+    asked, as Ollama's own OpenAI routes answer, wherever it names the library's model (`served`); a stand-in
+    that answered instead keeps its own name."""
+
+    def __init__(self, inner: ASGIApp, served: str, asked: str) -> None:
+        super().__init__(inner)
+        self.served = served
+        self.asked = asked
+
+    def stream(self, headers: Headers) -> tuple[StreamRewriter, Headers]:
+        return _Renamer(self._renamed), headers
+
+    def whole(self, status: int, headers: Headers, data: bytes) -> tuple[bytes, Headers]:
+        if status != 200:
+            return data, headers
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            return data, headers
+        return (json.dumps(self._renamed(answer)).encode() if isinstance(answer, dict) else data), headers
+
+    def _renamed(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if obj.get("model") == self.served:
+            obj["model"] = self.asked
+        return obj
+
+
+class _Renamer:
+    """Each event of a stream with its object passed through `rename`; comments and [DONE] as they are."""
+
+    def __init__(self, rename: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.rename = rename
+        self.buffer = b""
+
+    def feed(self, data: bytes) -> bytes:
+        found, self.buffer = events(self.buffer + data)
+        out = []
+        for event in found:
+            obj = event_object(event) if event.startswith(b"data:") else None
+            out.append(b"data: " + json.dumps(self.rename(obj)).encode() if obj is not None else event)
+        return b"".join(event + b"\n\n" for event in out)
+
+    def finish(self) -> bytes:
+        rest, self.buffer = self.buffer, b""
+        return rest

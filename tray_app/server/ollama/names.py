@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from tray_app.library.catalog import LATEST, resolve_name
 from tray_app.server.ollama.errors import OllamaError
 
 # Open WebUI takes the lowest version over its Ollama backends and turns features off below the versions
 # that brought them (structured outputs in `format` came with 0.5, `think` with 0.9, tool calls while
 # streaming with 0.8): a recent version keeps them on. Our shapes follow Ollama 0.12's API.
 OLLAMA_VERSION = "0.12.0"
-LATEST = ":latest"
 MANAGED_IN_CONFIG = (
     "models are managed in Failsoft's config file ([model] path in config.toml, or the tray's settings), "
     "not through the Ollama API; this service serves {names}"
@@ -19,18 +19,16 @@ MANAGED_IN_CONFIG = (
 
 
 def model_name(model_id: str) -> str:
-    """The name the service's model goes by in Ollama's lists: the file's name without `.gguf`, `:latest`."""
+    """The name a model goes by in Ollama's lists: the file's name without `.gguf`, with `:latest` unless
+    it has a tag already (a model added from Ollama's store keeps its `name:tag`)."""
     base = model_id[: -len(".gguf")] if model_id.lower().endswith(".gguf") else model_id
-    return base + LATEST
+    return base if ":" in base.rpartition("/")[2] else base + LATEST
 
 
 def matches_model(name: str, known: set[str]) -> bool:
-    """Whether an Ollama model name means the service's model: one of its names (the file name, its stem,
-    the path, "default"), with or without a `:latest` tag, letter case aside (Ollama's names are too)."""
-    wanted = name.strip().lower()
-    if wanted.endswith(LATEST):
-        wanted = wanted[: -len(LATEST)]
-    return any(wanted == candidate.lower() for candidate in known)
+    """Whether an Ollama model name means one of the service's models: one of its names (the file name, its
+    stem, the path, "default"), as Ollama reads names (letter case aside, `:latest` or not: resolve_name)."""
+    return resolve_name(name, known) is not None
 
 
 def public_names(known: set[str]) -> str:

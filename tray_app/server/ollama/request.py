@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from tray_app.server.ollama.errors import OllamaError
 from tray_app.server.ollama.options import map_format, map_options, think_fields
+from tray_app.server.requests import body_problem, load_json
 
 Kind = Literal["chat", "completion"]
 NO_IMAGES = "this model reads text only: images are not supported"
@@ -20,11 +21,14 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise OllamaError(400, "missing request body")
     try:
-        body = json.loads(raw)
+        body = load_json(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise OllamaError(400, f"invalid JSON in the request body: {error}") from None
     if not isinstance(body, dict):
         raise OllamaError(400, "the request body must be a JSON object")
+    problem = body_problem(raw, body)
+    if problem is not None:
+        raise OllamaError(400, problem[0])
     return body
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -38,7 +39,6 @@ from tray_app.server.ollama.answer import (
 from tray_app.server.ollama.errors import OllamaError, openai_error
 from tray_app.server.ollama.model_card import ModelCard, model_card
 from tray_app.server.ollama.names import (
-    LATEST,
     OLLAMA_VERSION,
     capabilities,
     managed_in_config,
@@ -59,7 +59,7 @@ from tray_app.server.ollama.request import (
 from tray_app.server.ollama.stream import StreamTranslator
 from tray_app.server.openai import Router
 from tray_app.server.ports import ServiceView
-from tray_app.server.rewrite import Headers, RewrittenAnswer
+from tray_app.server.rewrite import Headers, RewrittenAnswer, header
 
 PathKind = Literal["chat", "generate"]
 NDJSON = b"application/x-ndjson"
@@ -82,14 +82,26 @@ def _from_api_error(error: ApiError) -> OllamaError:
 class OllamaAnswer(RewrittenAnswer):
     """The router's answer to a translated request, rewritten into Ollama's shape as it is sent."""
 
-    def __init__(self, inner: ASGIApp, path_kind: PathKind, model: str, timing: Timing) -> None:
+    def __init__(
+        self,
+        inner: ASGIApp,
+        path_kind: PathKind,
+        model: str,
+        timing: Timing,
+        calls_written: Callable[[str], None] = lambda job_id: None,
+    ) -> None:
         super().__init__(inner)
         self.path_kind = path_kind
         self.model = model
         self.timing = timing
+        self.calls_written = calls_written  # told the job's id when its tool calls go out
 
     def stream(self, headers: Headers) -> tuple[StreamTranslator, Headers]:
-        return StreamTranslator(self.path_kind, self.model, self.timing), _replace_type(headers, NDJSON)
+        job_id = header(headers, b"x-failsoft-job")
+        translator = StreamTranslator(
+            self.path_kind, self.model, self.timing, lambda: self.calls_written(job_id)
+        )
+        return translator, _replace_type(headers, NDJSON)
 
     def whole(self, status: int, headers: Headers, data: bytes) -> tuple[bytes, Headers]:
         if status == 200:
@@ -146,8 +158,14 @@ class OllamaRoutes:
             return error_response(error)
         except ApiError as error:
             return error_response(_from_api_error(error))
-        answer = await self.router.generate(request, kind, json.dumps(openai).encode())
-        return OllamaAnswer(answer, path_kind, model, timing)
+        # Tool calls leave whole, when complete (StreamTranslator): delivered when that line is written.
+        answer = await self.router.generate(request, kind, json.dumps(openai).encode(), holds_tool_calls=True)
+        return OllamaAnswer(answer, path_kind, model, timing, self._calls_written)
+
+    def _calls_written(self, job_id: str) -> None:
+        job = self.svc.registry.get(job_id)
+        if job is not None:
+            self.svc.registry.note_effects_delivered(job)
 
     # ------------------------------------------------------------------------------ embeddings
     async def embed(self, request: Request) -> Response:
@@ -181,11 +199,10 @@ class OllamaRoutes:
 
     def _entry(self, name: str) -> ModelEntry:
         """The library's model an Ollama name means (any case, with or without `:latest`)."""
-        wanted = name.strip().lower().removesuffix(LATEST)
-        for entry in self.svc.catalog.entries:
-            if any(wanted == candidate.lower() for candidate in entry.names()):
-                return entry
-        raise not_found(name)
+        entry = self.svc.catalog.find(name) if name.strip() else None
+        if entry is None:
+            raise not_found(name)
+        return entry
 
     async def _load_or_unload(self, entry: ModelEntry, body: dict[str, Any]) -> None:
         library = self.svc.library
@@ -194,11 +211,17 @@ class OllamaRoutes:
         if is_zero_keep_alive(body.get("keep_alive")):
             await library.unload(entry.name, if_idle=True)  # a model with requests in flight stays
             return
-        device = "gpu" if "gpu" in library.roles(entry) else "cpu"
-        try:
-            await library.load(entry, device, self.svc.cfg.supervisor.start_timeout)
-        except LoadRefused:
-            await library.load(entry, "cpu", self.svc.cfg.supervisor.start_timeout)
+        roles = library.roles(entry)
+        wait = self.svc.cfg.supervisor.start_timeout
+        refusals: list[str] = []
+        for device in [device for device in ("gpu", "cpu") if device in roles] or ["gpu"]:
+            try:
+                await library.load(entry, device, wait)
+                return
+            except LoadRefused as refused:
+                refusals.append(str(refused))  # the GPU has no room now: the CPU next, if it may run there
+        # Refused on every device it may run on: "not now" (room may come free), in Ollama's error shape.
+        raise OllamaError(503, "; ".join(refusals), {"Retry-After": "30"})
 
     # ------------------------------------------------------------------------------ models
     async def _card(self, entry: ModelEntry | None = None) -> ModelCard:

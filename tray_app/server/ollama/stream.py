@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from tray_app.server.ollama.answer import (
@@ -21,13 +22,21 @@ class StreamTranslator:
 
     Feed it the bytes as they come (`feed`), then `finish`; each returns the lines to send. Content goes
     out as it comes; tool calls (whose arguments stream in pieces) go out whole in one line when the call is
-    complete; the last line is `done: true` with the counts and durations. An error event becomes Ollama's
+    complete, and `calls_written` hears of it as that line is handed out (only then can the client act on
+    them); the last line is `done: true` with the counts and durations. An error event becomes Ollama's
     `{"error": "..."}` line and ends the stream."""
 
-    def __init__(self, path_kind: Literal["chat", "generate"], model: str, timing: Timing) -> None:
+    def __init__(
+        self,
+        path_kind: Literal["chat", "generate"],
+        model: str,
+        timing: Timing,
+        calls_written: Callable[[], None] = lambda: None,
+    ) -> None:
         self.path_kind = path_kind
         self.model = model
         self.timing = timing
+        self.calls_written = calls_written
         self.buffer = b""
         self.text: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
@@ -123,6 +132,7 @@ class StreamTranslator:
         calls = [self.calls[index] for index in sorted(self.calls)]
         line = self._partial("")
         line["message"]["tool_calls"] = ollama_tool_calls(calls)
+        self.calls_written()  # the tool calls' effects are the client's from here on
         return [ndjson_line(line)]
 
     def _partial(self, text: str, thinking: str = "") -> dict[str, Any]:
