@@ -1,6 +1,7 @@
 """`failsoft drill`: run the scenarios (and optionally memory pressure) against a service with faults enabled,
 print the table, write JSON and Markdown reports into the data directory, and exit non-zero if any scenario
-lost a job, answered twice, repeated a tool or got an unexpected decision."""
+lost a job, answered twice, repeated a tool or got an unexpected decision. `--soak MINUTES` runs the chaos
+mix instead (soak_command)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tray_app.drill.pressure import apply_pressure
 from tray_app.drill.records import ScenarioRecord
 from tray_app.drill.registry import SCENARIOS
 from tray_app.drill.report import DrillReport, text, write
+from tray_app.drill.soak import soak_minutes
 from tray_app.sizes import parse_size
 
 DEFAULT_SIMULATED_VRAM = "4GiB"
@@ -67,7 +69,7 @@ def service_summary(url: str, status: ServiceStatus, launched: bool) -> dict[str
     }
 
 
-async def _checked_status(client: ServiceClient) -> ServiceStatus:
+async def checked_status(client: ServiceClient) -> ServiceStatus:
     try:
         status = await client.status()
     except httpx.HTTPError as error:
@@ -129,7 +131,7 @@ async def drill(
     events = EventLog(client)
     started = time.time()
     try:
-        await _checked_status(client)
+        await checked_status(client)
         await client.wait_ready()
         await events.start()
         status = await _measured_status(client)
@@ -191,12 +193,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"failsoft drill: {message}", file=sys.stderr, flush=True)
 
     try:
+        minutes = soak_minutes(args)
         keys = selected_scenarios(args.scenario, pressure=bool(args.pressure))
         pressure = parse_size(args.pressure) if args.pressure else None
     except ValueError as error:
         print(f"failsoft drill: {error}", file=sys.stderr)
         return 2
     try:
+        if minutes is not None:
+            from tray_app.drill.soak_command import run_soak  # it builds on this module
+
+            return run_soak(args, minutes, progress)
         report = _run_drill(args, keys, pressure, progress)
     except (DrillError, LaunchError) as error:
         print(f"failsoft drill: {error}", file=sys.stderr)
