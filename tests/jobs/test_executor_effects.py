@@ -19,6 +19,7 @@ from tray_app.contract.events import EventBus
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.assemble import Assembler
 from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.journal import Journal
@@ -681,6 +682,22 @@ async def test_the_first_tokens_deadline_allows_for_a_slow_cpus_prompt_read(make
     assert executor._prompt_rate("cpu") == pytest.approx(4 * policy.PROMPT_SPEEDUP / 2)
     assert executor._prompt_rate("cpu@notes") == executor._prompt_rate("cpu")
     assert executor._prompt_rate("gpu") == 100.0
+    executor.cpu_speed.record_prompt(300, 10.0)  # measured reading (the mirror's, llama-server's timings)
+    assert executor._prompt_rate("cpu") == pytest.approx(30 / 2)
+
+
+class Followed:
+    """What the executor hands a mirror about one GPU attempt: each chunk, and the whole answer."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.answer: str | None = None
+
+    def grew(self, progress: object) -> None:
+        self.chunks += 1
+
+    def finished(self, assembler: Assembler) -> None:
+        self.answer = assembler.text
 
 
 class HeldPrompt:
@@ -689,9 +706,11 @@ class HeldPrompt:
     def __init__(self) -> None:
         self.speed = CpuSpeed()
         self.on_cpu: list[str] = []
+        self.followed: list[Followed] = []
 
-    def follow(self, job: Job, prompts: object, streaming: bool) -> None:
-        return None
+    def follow(self, job: Job, prompts: object, streaming: bool) -> Followed:
+        self.followed.append(Followed())
+        return self.followed[-1]
 
     async def settle(self, job: Job) -> None:
         self.on_cpu.append(job.id)
@@ -743,3 +762,35 @@ async def test_a_mirrored_prompt_runs_on_the_cpu_without_asking_and_says_what_wa
     assert (job.state, job.worker) == ("completed", "cpu")
     assert job.result is not None and job.result["failsoft"]["cpu_cached_tokens"] == 3999
     assert mirror.on_cpu == [job.id]  # the mirror stops reading for a job the CPU now reads itself
+
+
+async def test_the_mirror_hears_a_gpu_answer_grow_and_end(journal: Journal) -> None:
+    """Each chunk the client gets (a resume would continue after it), then the whole answer (the
+    conversation's next turn starts with it)."""
+    relay = ScriptedRelay([chat_chunk("The sea"), chat_chunk(" is blue.", finish="stop")])
+    bus = EventBus()
+    registry = JobRegistry(journal, bus)
+    workers = {"gpu": StandInWorker("gpu"), "cpu": StandInWorker("cpu", pid=4343)}
+    mirror = HeldPrompt()
+
+    async def cpu_state(time_left: float, role: str | None = "cpu") -> policy.CpuState:
+        return CPU_FAST
+
+    settings = ExecutorSettings(
+        policy=policy.Settings(), stall_seconds=5, queue_timeout=5, cpu_tokens_per_second=0
+    )
+    executor = Executor(
+        settings,
+        workers.get,  # type: ignore[arg-type]
+        SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8),
+        relay,  # type: ignore[arg-type]
+        registry,
+        bus,
+        cpu_state,
+        lambda model: ScriptedPrompts(),
+        mirror=mirror,  # type: ignore[arg-type]
+    )
+    job = new_job(registry)
+    await run(executor, job)
+    assert job.state == "completed" and len(mirror.followed) == 1
+    assert (mirror.followed[0].chunks, mirror.followed[0].answer) == (2, "The sea is blue.")

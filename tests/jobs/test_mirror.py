@@ -256,3 +256,24 @@ async def test_a_replay_lets_the_piece_of_its_own_prompt_finish(rig: Rig) -> Non
     await settling
     assert rig.relay.closed_early == 0 and len(rig.relay.sent) == 1  # ...which finished, and was the last
     assert rig.slots.in_flight("cpu") == 0
+
+
+async def test_a_finished_answer_is_read_for_the_next_turn(rig: Rig) -> None:
+    """While the user reads the answer, the CPU reads it too: the next turn then starts past it."""
+    first = [{"role": "user", "content": "s" * 70}]
+    following = rig.mirror.follow(job_for("", messages=first), ChatPrompts(), streaming=False)
+    assert following is not None
+    await settle(lambda: len(rig.chats()) == 1, "the prompt")
+    assembler = Assembler("chat")
+    assembler.feed({"choices": [{"delta": {"content": "The answer."}, "finish_reason": "stop"}]})
+    following.finished(assembler)
+    answered = [*first, {"role": "assistant", "content": "The answer."}]
+    rendered = ChatPrompts().tokenize(ChatPrompts().chat_prompt(answered)[0])  # as the next turn renders it
+    await settle(lambda: rig.pieces()[-1] == rendered, "the answer")
+    before = len(rig.pieces())
+    follow_up = [*answered, {"role": "user", "content": "ok"}]
+    rig.mirror.follow(job_for("", messages=follow_up), ChatPrompts(), streaming=False)
+    await settle(lambda: len(rig.chats()) == 2, "the follow-up")
+    # One piece for the whole follow-up: it started where the answer ended (from the start, it would be
+    # two pieces of 64 and the rest).
+    assert [len(piece) for piece in rig.pieces()[before:]] == [len(ChatPrompts().chat_prompt(follow_up)[0])]

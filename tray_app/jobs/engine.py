@@ -340,6 +340,8 @@ class Executor:
             if worker_role == "cpu" and first_chunk_at is not None:
                 # The main model's CPU worker: the speed the policy estimates with.
                 self.cpu_speed.record(chunks_seen - 1, time.monotonic() - first_chunk_at)
+            if following is not None:
+                following.finished(progress.assembler)  # a conversation's next turn starts with it
         except UpstreamError as failure:
             if number:
                 self.registry.end_attempt(job, number, "failed", f"{failure.kind}: {failure.message}")
@@ -354,12 +356,13 @@ class Executor:
             self.slots.release(worker_role, slot)
 
     def _prompt_rate(self, worker_role: str) -> float:
-        """Prompt tokens per second the first token's deadline allows for: a GPU's are many; a CPU reads
-        at a few times its generation speed (jobs.policy.PROMPT_SPEEDUP), or slower than any when unknown,
-        so a long prompt read on a slow CPU is not taken for a hung worker."""
+        """Prompt tokens per second the first token's deadline allows for: a GPU's are many; a CPU reads as
+        fast as it was measured to (else a few times its generation speed, jobs.policy.PROMPT_SPEEDUP), or
+        slower than any when unknown, so a long prompt read on a slow CPU is not taken for a hung worker."""
         if not worker_role.startswith("cpu"):
             return 100.0
-        measured = self.cpu_speed.tokens_per_second * policy.PROMPT_SPEEDUP
+        speed = self.cpu_speed
+        measured = policy.cpu_prompt_speed(speed.prompt_tokens_per_second, speed.tokens_per_second)
         return max(measured / 2, SLOWEST_CPU_PROMPT_RATE)  # half the measured: a margin for a busy machine
 
     def _note_cpu_read(self, job: Job, timings: Any) -> None:

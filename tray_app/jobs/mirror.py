@@ -115,7 +115,7 @@ class Following:
         self._prompts = prompts
         self._extend = extend  # a stream that a resume could continue: its answer so far is worth reading
         self._new = 0
-        self._since = time.monotonic()
+        self._since: float | None = None  # from the first chunk: the prompt's read is not the answer's time
         self._settings = mirror.settings()
 
     def grew(self, progress: Progress) -> None:
@@ -124,6 +124,8 @@ class Following:
             return
         self._new += 1
         now = time.monotonic()
+        if self._since is None:
+            self._since = now
         settings = self._settings
         if not policy.extend_due(self._new, now - self._since, settings.every_tokens, settings.every_seconds):
             return
@@ -139,7 +141,7 @@ class Following:
         template renders reasoning and tool calls of earlier turns its own way)."""
         plain = assembler.text and not assembler.reasoning and not assembler.has_tool_calls
         if self._target.job.kind == "chat" and plain:
-            self._mirror.extend(self._target, self._prompts, "", assembler.text, False)
+            self._mirror.answered(self._target, self._prompts, assembler.text)
 
 
 class Mirror:
@@ -227,6 +229,18 @@ class Mirror:
                 return
             target.tokens = array("i", prompts.tokenize(base + text))
             target.exact = None  # a resume is a completion of exactly these tokens
+        target.updated_at = time.monotonic()
+        self._put(target)
+
+    def answered(self, target: _Target, prompts: Prompts, text: str) -> None:
+        """The job's whole answer: the conversation as its next turn renders it, the answer as an assistant
+        message of its own (the template closes it as it will then)."""
+        if target.job.id not in self._targets:
+            return
+        job = target.job
+        turn = [*job.body["messages"], {"role": "assistant", "content": text}]
+        target.tokens = array("i", prompts.tokenize(prompts.chat_prompt(turn, job.body.get("tools"))[0]))
+        target.exact = None
         target.updated_at = time.monotonic()
         self._put(target)
 
