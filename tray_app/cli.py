@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument(
         "--scenario", action="append", help="run only these scenarios (a..j, e.g. h,i,j), repeatable"
     )
+    drill.add_argument(
+        "--soak",
+        type=float,
+        metavar="MINUTES",
+        help="instead of the scenarios, the chaos mix (every dialect, misbehaving clients, GPU kills and "
+        "hangs) in rounds for this long: the invariants after each round, the service's memory growth",
+    )
     drill.add_argument("--json", action="store_true", help="print the JSON report")
 
     bench = sub.add_parser(

@@ -21,6 +21,7 @@ many wait, and so is a read the CPU could not finish in minutes (policy.mirror_o
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -192,7 +193,11 @@ class Mirror:
             return None
         target = self._targets.get(job.id)
         if target is None:
-            target = self._new_target(job, role, prompts)
+            try:
+                target = self._new_target(job, role, prompts)
+            except Exception as error:  # the mirror is an extra: a prompt it cannot render is not mirrored
+                log.info("job %s not mirrored: its prompt did not render (%r)", job.id, error)
+                return None
             if target is None:
                 return None
         resumable = streaming and (job.kind != "chat" or not constrained_output(job.body))
@@ -219,6 +224,15 @@ class Mirror:
         """The job's answer so far (`reasoning`, `text`) goes to the mirror: a replay now would resume it."""
         if target.job.id not in self._targets:
             return  # given up, or the job went to the CPU
+        try:
+            self._extend(target, prompts, reasoning, text, continued_chat)
+        except Exception as error:  # on the job's own path: never its failure
+            log.info("mirror of job %s given up: its answer did not render (%r)", target.job.id, error)
+            self._give_up(target.job.id, target)
+
+    def _extend(
+        self, target: _Target, prompts: Prompts, reasoning: str, text: str, continued_chat: bool
+    ) -> None:
         if continued_chat:
             # A thinking model's answer continues as a chat that the worker renders: that request itself.
             path, body = resume_request(target.job, prompts, reasoning, text, 1, True)
@@ -239,7 +253,12 @@ class Mirror:
             return
         job = target.job
         turn = [*job.body["messages"], {"role": "assistant", "content": text}]
-        target.tokens = array("i", prompts.tokenize(prompts.chat_prompt(turn, job.body.get("tools"))[0]))
+        try:
+            target.tokens = array("i", prompts.tokenize(prompts.chat_prompt(turn, job.body.get("tools"))[0]))
+        except Exception as error:  # on the job's own path: never its failure
+            log.info("mirror of job %s given up: its answer did not render (%r)", job.id, error)
+            self._give_up(job.id, target)
+            return
         target.exact = None
         target.updated_at = time.monotonic()
         self._put(target)
@@ -341,6 +360,9 @@ class Mirror:
                 continue
             task = asyncio.create_task(self._read(target, worker, slot), name=f"mirror-{key}")
             self._reading[key] = (target.role, task)
+            # Released when the task ends however it ends: a task cancelled before it first ran (real
+            # work wanted the slot at once) never runs its own `finally`.
+            task.add_done_callback(functools.partial(self._read_ended, key, target.role, slot))
 
     def _on_slots(self, role: str, wanted: bool) -> None:
         """SlotPool: real work wants a slot on `role` (step aside at once), or a slot was given back."""
@@ -377,10 +399,12 @@ class Mirror:
         except Exception:  # the mirror is an extra: a fault in it is logged, never a job's failure
             log.exception("mirror read for job %s failed", key)
             self._give_up(key, target)
-        finally:
-            self._reading.pop(key, None)
-            self._slots.release_background(target.role, slot)
-            self._wake.set()
+
+    def _read_ended(self, key: str, role: str, slot: float, task: asyncio.Task[None]) -> None:
+        if self._reading.get(key, (None, None))[1] is task:
+            del self._reading[key]
+        self._slots.release_background(role, slot)
+        self._wake.set()
 
     def _give_up(self, key: str, target: _Target) -> None:
         if self._targets.get(key) is target:
