@@ -45,7 +45,10 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
         "8",
         "--json",
     ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400, check=False)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400, check=False)
+    except subprocess.TimeoutExpired as timeout:
+        pytest.fail(f"the bench did not end in 400 s; it printed:\n{timeout.stderr!r}")
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(done.stdout)
 

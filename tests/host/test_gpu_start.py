@@ -10,7 +10,7 @@ import pytest
 from tray_app.budget.device import SimulatedDevice
 from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan_set import PlanSet, plan_from_config
-from tray_app.config import Config
+from tray_app.config import Config, from_dict
 from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot
 from tray_app.host.gpu_start import GpuStarts, weigh
 from tray_app.supervisor.profile import WorkerProfile, profiles_from_plans
@@ -57,6 +57,18 @@ def test_a_start_that_fits_keeps_its_plan_and_meets_the_device_as_it_is(
     assert weighed.profile.n_ctx == gpu.n_ctx
     assert weighed.profile.simulated_vram_bytes == 3 * GIB  # free now, not the size of the card
     assert weighed.need_bytes == plans.plan_set.gpu.used_bytes
+
+
+def test_a_context_cap_below_the_gpu_floor_still_starts_as_configured() -> None:
+    """max_ctx 512 over two slots plans 256 tokens per request, below gpu.min_ctx 512: that is the user's
+    choice, not a squeeze, so the start is made as planned."""
+    cfg = from_dict({"budget": {"max_ctx": 512}})
+    capped = Plans(cfg, plan_from_config(cfg, gpu=SimulatedDevice(TOTAL)))
+    profile = profiles_from_plans(cfg, capped.plan_set).gpu
+    assert profile is not None and capped.plan_set.gpu.n_ctx_per_seq < cfg.gpu.min_ctx
+    weighed = weigh(capped, profile, device_with(0), "normal")
+    assert weighed.decision.action == "start", weighed.decision.reason
+    assert weighed.profile is not None and weighed.profile.n_ctx == profile.n_ctx
 
 
 def test_a_start_that_only_fits_smaller_gets_the_smaller_plan(plans: Plans, gpu: WorkerProfile) -> None:

@@ -100,7 +100,9 @@ def weigh(
         reserve_bytes=reserve,
         n_ctx_per_seq=plan.n_ctx_per_seq,
         n_gpu_layers=plan.n_gpu_layers,
-        min_ctx=0 if embeddings else cfg.gpu.min_ctx,
+        # The user's own context cap can plan below gpu.min_ctx (max_ctx 512 over 2 slots): the plan as
+        # configured is always startable; only a smaller plan made for the device now is held to the floor.
+        min_ctx=0 if embeddings else min(cfg.gpu.min_ctx, plan.n_ctx_per_seq),
         min_layers=cfg.gpu.min_layers,
         holders=holders(snapshot, profile.role),
         path=path,

@@ -22,6 +22,7 @@ from tray_app.contract.status import ServiceStatus
 from tray_app.engine import WORKER_KEY_ENV
 from tray_app.paths import private_dir
 from tray_app.supervisor.ports import free_port
+from tray_app.supervisor.process import die_with_parent
 
 STOP_TIMEOUT = 20.0
 
@@ -83,7 +84,10 @@ def spawn_serve(
     output_path = root / f"serve-{port}.log"
     output_path.parent.mkdir(parents=True, exist_ok=True)
     with output_path.open("wb") as output:
-        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+        # A bench or drill killed outright (a timeout's SIGKILL) takes its service with it.
+        process = subprocess.Popen(
+            command, env=env, stdout=output, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+        )
     return ServeProcess(process, port, output_path, worker_key, admin, runtime_dir)
 
 

@@ -140,7 +140,7 @@ class WorkerProcess:
         log_file.parent.mkdir(parents=True, exist_ok=True)
 
         def in_child() -> None:
-            _die_with_parent()
+            die_with_parent()
             if preexec is not None:
                 preexec()
 
@@ -291,7 +291,7 @@ def notable_lines(chunk: bytes) -> bytes:
     return b"".join(line for line in chunk.splitlines(keepends=True) if _NOTABLE.match(line))
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: SIGKILL when the process that started it dies (Linux), so no worker outlives a crashed
     service."""
     if not sys.platform.startswith("linux"):
