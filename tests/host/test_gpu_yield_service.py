@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.fake_worker import fake_llama_server
-from tests.support.helpers import base_settings, client_for, failsoft_of, job_state
+from tests.support.helpers import base_settings, client_for, events_until_completed, failsoft_of, job_state
 from tests.support.hog import FAILSOFT, hog
 from tests.support.service import ServiceHandle, running_service
 from tray_app.device.ledger import LEDGER_FILE, Ledger
@@ -118,7 +118,11 @@ def test_failsoft_yield_and_resume_give_the_gpu_away_until_asked_back(svc: Servi
     assert "GPU path: yielded (asked with failsoft yield)" in done.stdout
     status = svc.status()
     assert status["workers"]["gpu"]["state"] == "stopped" and failsoft_share(svc, status) == 0
-    assert ask(svc, answers)["worker"] == "cpu"
+    with events_until_completed(svc) as events:
+        assert ask(svc, answers)["worker"] == "cpu"
+    (route,) = [data for kind, data in events if kind == "route_decided"]
+    assert (route["route"], route["reason"]) == ("cpu", "gpu_unavailable")
+    assert route["detail"] == "the GPU is yielded to another program: asked with failsoft yield", route
     time.sleep(RETURN_AFTER + 2 * POLL)  # memory free, but a yield asked for is held until resumed
     assert svc.status()["gpu_path"]["state"] == "yielded"
     resumed = subprocess.run(

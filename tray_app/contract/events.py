@@ -65,6 +65,7 @@ class RouteDecided(Event):
     job_id: str
     route: str  # gpu, cpu, approval, refused
     reason: str
+    detail: str = ""  # off the GPU because of the GPU path: which program squeezed it or took it back
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,7 @@ class Service:
             lambda: self.cfg,
             lambda: self._speed_task,
             lambda route, outcome: self.metrics.requests.labels(route=route, outcome=outcome).inc(),
+            lambda: (self.gpu.path.state, self.gpu.path.reason),
         )
         self.embeddings = EmbeddingRunner(
             self._executor_settings(), self.worker, self.slots, self.relay, self.registry, self.bus

@@ -23,6 +23,7 @@ from tray_app.engine.tools import worker_tool_choice
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, requested_tokens
 from tray_app.jobs.engine import Executor
+from tray_app.jobs.gpu_policy import GpuPath
 from tray_app.jobs.ids import new_request_id, random_seed
 from tray_app.jobs.journal import Journal, StoredJob
 from tray_app.jobs.outcomes import JobError
@@ -105,6 +106,7 @@ class Jobs:
         config: Callable[[], Config],
         cpu_speed_ready: Callable[[], asyncio.Task[None] | None] = lambda: None,
         count: Callable[[str, str], None] = lambda route, outcome: None,
+        gpu_path: Callable[[], tuple[GpuPath, str]] = lambda: ("normal", ""),
     ) -> None:
         self.models = models
         self.registry = registry
@@ -116,7 +118,7 @@ class Jobs:
         self.config = config
         self.count = count  # requests by route and outcome (the service's metrics)
         self.routing = Routing(
-            models, registry, executor, slots, bus, workers, config, cpu_speed_ready, count
+            models, registry, executor, slots, bus, workers, config, cpu_speed_ready, count, gpu_path
         )
         # Where a job goes, asked of the routing by the facade and by the host.
         self.model = self.routing.model

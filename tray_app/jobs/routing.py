@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import psutil
@@ -14,7 +15,8 @@ import psutil
 from tray_app.budget.planner import Plan
 from tray_app.config import Config
 from tray_app.contract.events import EventBus, RouteDecided
-from tray_app.jobs import policy
+from tray_app.contract.vocabulary import Reason
+from tray_app.jobs import gpu_policy, policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.outcomes import JobError
@@ -77,6 +79,7 @@ class Routing:
         config: Callable[[], Config],
         cpu_speed_ready: Callable[[], asyncio.Task[None] | None],
         count: Callable[[str, str], None],
+        gpu_path: Callable[[], tuple[gpu_policy.GpuPath, str]] = lambda: ("normal", ""),
     ) -> None:
         self.models = models
         self.registry = registry
@@ -87,6 +90,7 @@ class Routing:
         self.config = config
         self.cpu_speed_ready = cpu_speed_ready  # the first CPU speed measurement, while it runs
         self.count = count  # requests by route and outcome (the service's metrics)
+        self.gpu_path = gpu_path  # the device side's path state and why (host.gpu_path owns it)
 
     def model(self, name: str | None) -> ModelEntry:
         """The model a request names (none: the main model); 404 listing what exists otherwise."""
@@ -113,9 +117,21 @@ class Routing:
         if decision is None:
             cpu = await self.cpu_state(deadline, job.worker_role("cpu"))
             decision = policy.decide_route(request, cpu, self.executor.settings.policy)
+        decision = self._with_gpu_path(decision)
         route = "refused" if decision.refused else decision.action
-        self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason))
+        self.bus.publish(
+            RouteDecided(job_id=job.id, route=route, reason=decision.reason, detail=decision.detail)
+        )
         return decision
+
+    def _with_gpu_path(self, decision: policy.Decision) -> policy.Decision:
+        """A job kept off the GPU by the GPU path (squeezed, yielded, lost) says so, naming who."""
+        if decision.reason != Reason.GPU_UNAVAILABLE or decision.action == "gpu":
+            return decision
+        words = gpu_policy.why_not_gpu(*self.gpu_path())
+        if not words:
+            return decision
+        return replace(decision, detail=f"{decision.detail}; {words}" if decision.detail else words)
 
     async def _gpu_available(self, job: Job, entry: ModelEntry, n_ctx: int) -> bool:
         """Whether the job's model can answer on the GPU: the main model's worker is up; another model's
