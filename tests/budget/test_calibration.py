@@ -10,8 +10,8 @@ from pathlib import Path
 from tray_app import paths
 from tray_app.budget import calibration
 from tray_app.budget.llama_log import BufferSizes
+from tray_app.budget.plan import ComputeSettings
 from tray_app.budget.plan_set import plan_from_config
-from tray_app.budget.planner import ComputeSettings
 from tray_app.config import Config
 
 MIB = 1024**2

@@ -16,17 +16,16 @@ import llama_cpp
 import pytest
 
 from tray_app.budget import calibration
-from tray_app.budget.llama_log import BufferSizes, as_printed, capture_llama_log, parse_buffer_sizes
-from tray_app.budget.model_info import ModelInfo, inspect_model
-from tray_app.budget.planner import (
-    ComputeSettings,
-    PlanRequest,
+from tray_app.budget.footprint import (
     estimate_compute_bytes,
     kv_cache_bytes,
     output_buffer_bytes,
     padded_context,
-    plan_gpu,
 )
+from tray_app.budget.llama_log import BufferSizes, as_printed, capture_llama_log, parse_buffer_sizes
+from tray_app.budget.model_info import ModelInfo, inspect_model
+from tray_app.budget.plan import ComputeSettings, PlanRequest
+from tray_app.budget.planner import plan_gpu
 
 from .conftest import GIB, gpu
 

@@ -20,7 +20,8 @@ import pytest
 from tests.support.tiny_moe import write_tiny_moe
 from tests.support.waits import wait_until
 from tray_app.budget.model_info import inspect_model
-from tray_app.budget.planner import PlanRequest, plan_gpu
+from tray_app.budget.plan import PlanRequest
+from tray_app.budget.planner import plan_gpu
 from tray_app.engine import binary
 from tray_app.engine.argv import llama_server_argv
 from tray_app.host.launch import free_port

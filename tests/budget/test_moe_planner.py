@@ -13,18 +13,15 @@ import pytest
 from tests.support.tiny_moe import TinyMoe, write_tiny_moe
 from tray_app.budget import model_info, speed
 from tray_app.budget.device import DeviceMemory
-from tray_app.budget.model_info import ModelInfo, inspect_model
-from tray_app.budget.planner import (
-    ComputeSettings,
-    Plan,
-    PlanRequest,
+from tray_app.budget.footprint import (
     estimate_compute_bytes,
     gpu_weights_bytes,
     host_weights_bytes,
     kv_cache_bytes,
-    plan_cpu,
-    plan_gpu,
 )
+from tray_app.budget.model_info import ModelInfo, inspect_model
+from tray_app.budget.plan import ComputeSettings, Plan, PlanRequest
+from tray_app.budget.planner import plan_cpu, plan_gpu
 from tray_app.budget.ram_check import both_workers
 from tray_app.engine.argv import expert_split_args, llama_server_argv
 from tray_app.supervisor.profile import WorkerProfile

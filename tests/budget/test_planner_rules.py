@@ -6,22 +6,18 @@ from dataclasses import replace
 
 import pytest
 
-from tray_app.budget.model_info import ModelInfo
-from tray_app.budget.planner import (
+from tray_app.budget.footprint import (
     CTX_PAD,
-    PLAN_PARTS,
-    ComputeSettings,
-    PlanError,
-    PlanRequest,
     estimate_compute_bytes,
     gpu_weights_bytes,
     host_weights_bytes,
     kv_cache_bytes,
     padded_context,
-    plan_cpu,
-    plan_gpu,
     reserve_bytes,
 )
+from tray_app.budget.model_info import ModelInfo
+from tray_app.budget.plan import PLAN_PARTS, ComputeSettings, PlanError, PlanRequest
+from tray_app.budget.planner import plan_cpu, plan_gpu
 
 from .conftest import GIB, MIB, gpu
 

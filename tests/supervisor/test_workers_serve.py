@@ -15,8 +15,9 @@ from tests.supervisor.helpers import HELLO, client_for
 from tests.support.tools import WEATHER_TOOL
 from tests.support.waits import wait_until_async
 from tray_app.budget import calibration
+from tray_app.budget.footprint import kv_cache_bytes
 from tray_app.budget.model_info import inspect_model
-from tray_app.budget.planner import ComputeSettings, PlanRequest, kv_cache_bytes
+from tray_app.budget.plan import ComputeSettings, PlanRequest
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE, tool_call_opener, worker_tool_choice
 from tray_app.jobs.registry import upstream_stream

@@ -17,8 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tray_app import paths
+from tray_app.budget.footprint import padded_context
 from tray_app.budget.llama_log import BufferSizes
-from tray_app.budget.planner import ComputeSettings, MeasuredCompute, padded_context
+from tray_app.budget.plan import ComputeSettings, MeasuredCompute
 
 log = logging.getLogger(__name__)
 _FORMAT = 1

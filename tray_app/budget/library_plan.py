@@ -10,8 +10,9 @@ from typing import Any
 from tray_app.budget import calibration
 from tray_app.budget.device import DeviceMemory
 from tray_app.budget.model_info import ModelInfo, inspect_model
+from tray_app.budget.plan import Plan
 from tray_app.budget.plan_set import PlanSet, cpu_request, cpu_slots, gpu_request
-from tray_app.budget.planner import Plan, plan_cpu, plan_gpu
+from tray_app.budget.planner import plan_cpu, plan_gpu
 from tray_app.config import Config
 from tray_app.library.catalog import ModelEntry
 from tray_app.sizes import format_size

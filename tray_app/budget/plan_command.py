@@ -10,8 +10,8 @@ from tray_app import cli, config
 from tray_app.budget import speed
 from tray_app.budget.experts import expert_split_words
 from tray_app.budget.library_plan import ModelPlans, library_share, plan_library_model
+from tray_app.budget.plan import Plan, PlanError
 from tray_app.budget.plan_set import PlanSet, plan_from_config
-from tray_app.budget.planner import Plan, PlanError
 from tray_app.library.catalog import catalog_from_config
 from tray_app.sizes import BAR_WIDTH, format_size, parse_size, text_bar
 

@@ -11,7 +11,8 @@ import psutil
 from tray_app.budget import calibration
 from tray_app.budget.device import DeviceMemory, GpuDevice, SimulatedDevice, probe_gpu, system_ram
 from tray_app.budget.model_info import ModelInfo, inspect_model
-from tray_app.budget.planner import Plan, PlanRequest, plan_cpu, plan_gpu
+from tray_app.budget.plan import Plan, PlanRequest
+from tray_app.budget.planner import plan_cpu, plan_gpu
 from tray_app.budget.ram_check import RamCheck, both_workers
 from tray_app.config import Config
 from tray_app.engine import binary

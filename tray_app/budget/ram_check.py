@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tray_app.budget.planner import Plan
+from tray_app.budget.plan import Plan
 from tray_app.sizes import format_size
 
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tray_app.budget import calibration
+from tray_app.budget.footprint import reserve_bytes
 from tray_app.budget.library_plan import ModelPlans
+from tray_app.budget.plan import Plan
 from tray_app.budget.plan_set import PlanSet, gpu_request
-from tray_app.budget.planner import Plan, plan_gpu, reserve_bytes
+from tray_app.budget.planner import plan_gpu
 from tray_app.config import Config
 from tray_app.contract.roles import EMBED_ROLES
 from tray_app.device.snapshot import DeviceSnapshot

@@ -14,8 +14,8 @@ from tray_app import __version__, admin_token, paths
 from tray_app import config as config_module
 from tray_app.budget.device import SimulatedDevice
 from tray_app.budget.library_plan import ModelPlans
+from tray_app.budget.plan import Plan
 from tray_app.budget.plan_set import PlanSet, plan_from_config
-from tray_app.budget.planner import Plan
 from tray_app.config import Config, ConfigError
 from tray_app.contract.events import (
     BudgetUpdated,

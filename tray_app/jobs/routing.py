@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from tray_app.budget.planner import Plan
+from tray_app.budget.plan import Plan
 from tray_app.config import Config
 from tray_app.contract.events import EventBus, RouteDecided
 from tray_app.contract.vocabulary import Reason

@@ -6,10 +6,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tray_app.budget.footprint import MIB
 from tray_app.budget.library_plan import ModelPlans, library_share
 from tray_app.budget.model_info import inspect_model
+from tray_app.budget.plan import ComputeSettings, Plan
 from tray_app.budget.plan_set import PlanSet, physical_cores
-from tray_app.budget.planner import MIB, ComputeSettings, Plan
 from tray_app.config import Config
 from tray_app.contract.roles import EMBED_ROLES, Role
 from tray_app.engine.tools import template_for

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from tray_app.budget.planner import Plan
+from tray_app.budget.plan import Plan
 from tray_app.engine.thinking import model_thinks
 from tray_app.library.catalog import ModelEntry
 from tray_app.library.errors import LoadRefused

@@ -1,0 +1,214 @@
+"""What fits on a device: a model and a request against its memory, and the searches over layers, context,
+slots and a MoE model's expert split. The planner (tray_app.budget.planner) chooses among what fits here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tray_app.budget import speed
+from tray_app.budget.device import DeviceMemory
+from tray_app.budget.experts import experts_kept_on_cpu, offloaded_blocks
+from tray_app.budget.footprint import (
+    CACHE_TYPE_BLOCKS,
+    CTX_PAD,
+    estimate_compute_bytes,
+    gpu_weights_bytes,
+    host_weights_bytes,
+    kv_cache_bytes,
+    output_buffer_bytes,
+    reserve_bytes,
+)
+from tray_app.budget.model_info import ModelInfo
+from tray_app.budget.plan import ComputeSettings, MeasuredCompute, Plan, PlanError, PlanRequest, Verdict
+
+
+def _gpu_blocks(model: ModelInfo, n_gpu_layers: int) -> range:
+    return offloaded_blocks(model, n_gpu_layers)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One device, model and request: what a split needs, whether it fits, and the searches."""
+
+    device: DeviceMemory
+    model: ModelInfo
+    request: PlanRequest
+    measured: MeasuredCompute | None
+    reserve: int
+    usable: int  # total - others - reserve
+    host: bool = False  # planning system RAM: every weight and cache row lives there
+    _computed: dict[tuple[int, int], tuple[int, Literal["estimate", "measured"]]] = field(
+        default_factory=dict
+    )
+
+    def weights(self, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
+        if self.host:
+            return self.model.weights_bytes if n_gpu_layers else 0
+        return gpu_weights_bytes(self.model, n_gpu_layers, n_cpu_moe)
+
+    def offload_copy(self, n_cpu_moe: int) -> int:
+        """GPU compute memory an expert split adds: ggml's scheduler runs a prompt batch's expert matmul on
+        the GPU even when the experts sit in RAM (op offload, batches of 32 tokens and more), copying the
+        expert tensor into the GPU's compute buffer; one at a time, the largest counts."""
+        return self.model.expert_tensor_max_bytes if n_cpu_moe and not self.host else 0
+
+    def compute(self, n_ctx: int, n_parallel: int) -> tuple[int, Literal["estimate", "measured"]]:
+        if (n_ctx, n_parallel) not in self._computed:
+            self._computed[n_ctx, n_parallel] = self._compute(n_ctx, n_parallel)
+        return self._computed[n_ctx, n_parallel]
+
+    def _compute(self, n_ctx: int, n_parallel: int) -> tuple[int, Literal["estimate", "measured"]]:
+        settings = ComputeSettings(
+            n_ctx=n_ctx,
+            n_parallel=n_parallel,
+            cache_type_k=self.request.cache_type_k,
+            cache_type_v=self.request.cache_type_v,
+            flash_attn=self.request.flash_attn,
+            n_ubatch=self.request.n_ubatch,
+            embeddings=self.request.embeddings,
+        )
+        found = self.measured(settings) if self.measured else None
+        if found is not None:
+            return found, "measured"
+        return estimate_compute_bytes(self.model, settings), "estimate"
+
+    def output(self, n_parallel: int) -> int:
+        # The logits buffer is host memory: it counts against RAM, never against a GPU.
+        return output_buffer_bytes(self.model, n_parallel) if self.host else 0
+
+    def need(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, n_cpu_moe: int = 0) -> int:
+        if n_gpu_layers == 0:
+            return 0
+        kv = kv_cache_bytes(
+            self.model, n_ctx, self.request, _gpu_blocks(self.model, n_gpu_layers), n_parallel
+        )
+        compute = self.compute(n_ctx, n_parallel)[0] + self.offload_copy(n_cpu_moe)
+        return self.weights(n_gpu_layers, n_cpu_moe) + kv + compute + self.output(n_parallel)
+
+    def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, n_cpu_moe: int = 0) -> bool:
+        return self.need(n_gpu_layers, n_ctx, n_parallel, n_cpu_moe) <= self.usable
+
+    def context_cap(self, n_parallel: int) -> int:
+        return min(self.request.max_ctx, self.model.n_ctx_train * n_parallel)
+
+    def largest_ctx(self, n_gpu_layers: int, n_parallel: int, floor: int, n_cpu_moe: int = 0) -> int | None:
+        """The largest padded context (at least `floor`) at which these layers fit, or None."""
+        step = CTX_PAD * n_parallel
+        n_ctx = self.context_cap(n_parallel) // step * step
+        while n_ctx >= max(floor, step):
+            if self.fits(n_gpu_layers, n_ctx, n_parallel, n_cpu_moe):
+                return n_ctx
+            n_ctx -= step
+        return None
+
+    def fewest_cpu_moe(self, n_ctx: int, n_parallel: int) -> int | None:
+        """With every layer on the GPU, the fewest blocks whose experts must stay in RAM for the rest to fit
+        (dense-first); None for a dense model, or when the dense part, KV cache and compute do not fit."""
+        if not self.model.is_moe:
+            return None
+        full = self.model.n_layers + 1
+        for n_cpu_moe in range(1, self.model.n_layers + 1):
+            if self.fits(full, n_ctx, n_parallel, n_cpu_moe):
+                return n_cpu_moe
+        return None
+
+    def largest_layers(self, n_ctx: int, n_parallel: int) -> int:
+        for n_gpu_layers in range(self.model.n_layers, 0, -1):  # n_layers blocks: all but the output layer
+            if self.fits(n_gpu_layers, n_ctx, n_parallel):
+                return n_gpu_layers
+        return 0
+
+    def reads(self, n_gpu_layers: int, n_cpu_moe: int, kv: int, host_kv: int, n_parallel: int) -> speed.Reads:
+        if self.host:  # the whole model and its cache in RAM
+            return speed.reads_per_token(self.model, 0, 0, 0, kv, n_parallel)
+        return speed.reads_per_token(self.model, n_gpu_layers, n_cpu_moe, kv, host_kv, n_parallel)
+
+    def plan(
+        self,
+        verdict: Verdict,
+        n_gpu_layers: int,
+        n_ctx: int,
+        n_parallel: int,
+        reason: str,
+        n_cpu_moe: int = 0,
+    ) -> Plan:
+        model, request, device = self.model, self.request, self.device
+        on_gpu = _gpu_blocks(model, n_gpu_layers)
+        kv = kv_cache_bytes(model, n_ctx, request, on_gpu, n_parallel) if n_gpu_layers else 0
+        host_kv = kv_cache_bytes(model, n_ctx, request, None, n_parallel) - kv
+        compute, source = self.compute(n_ctx, n_parallel) if n_gpu_layers else (0, "estimate")
+        compute += self.offload_copy(n_cpu_moe)
+        weights = self.weights(n_gpu_layers, n_cpu_moe)
+        other = min(device.used_by_others_bytes, device.total_bytes)
+        reserve = min(self.reserve, device.total_bytes - other)
+        used = weights + kv + compute + (self.output(n_parallel) if n_gpu_layers else 0)
+        reads = self.reads(n_gpu_layers, n_cpu_moe, kv, host_kv, n_parallel)
+        return Plan(
+            verdict=verdict,
+            reason=reason,
+            fits=used <= self.usable or n_gpu_layers == 0,
+            n_gpu_layers=0 if self.host else n_gpu_layers,
+            n_layers=model.n_layers + 1,
+            n_ctx=n_ctx,
+            n_parallel=n_parallel,
+            n_ctx_per_seq=n_ctx // n_parallel,
+            weights_bytes=weights,
+            kv_bytes=kv,
+            compute_bytes=compute,
+            output_bytes=output_buffer_bytes(model, n_parallel),
+            reserve_bytes=reserve,
+            other_bytes=other,
+            free_bytes=max(0, device.total_bytes - other - reserve - used),
+            total_bytes=device.total_bytes,
+            simulated=device.simulated,
+            device_name=device.name,
+            device_kind=device.kind,
+            cache_type_k=request.cache_type_k,
+            cache_type_v=request.cache_type_v,
+            flash_attn=request.flash_attn,
+            n_ubatch=request.n_ubatch,
+            compute_source=source,
+            host_weights_bytes=0 if self.host else host_weights_bytes(model, n_gpu_layers, n_cpu_moe),
+            host_kv_bytes=host_kv,
+            n_cpu_moe=n_cpu_moe,
+            cpu_expert_bytes=0 if self.host else experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe),
+            tokens_per_second=reads.tokens_per_second(request.gpu_bandwidth, request.cpu_bandwidth),
+            gpu_read_bytes=reads.gpu_bytes,
+            cpu_read_bytes=reads.cpu_bytes,
+            gpu_bandwidth=request.gpu_bandwidth,
+            cpu_bandwidth=request.cpu_bandwidth,
+        )
+
+
+def _check_request(request: PlanRequest) -> None:
+    for name, cache_type in (("K", request.cache_type_k), ("V", request.cache_type_v)):
+        if cache_type not in CACHE_TYPE_BLOCKS:
+            raise PlanError(
+                f"unknown {name} cache type {cache_type!r}; use one of {', '.join(CACHE_TYPE_BLOCKS)}"
+            )
+    if request.cache_type_v != "f16" and not request.flash_attn:
+        raise PlanError(
+            f"a quantised V cache ({request.cache_type_v}) needs flash attention: llama.cpp refuses it "
+            "otherwise; enable flash attention or use f16 for V"
+        )
+    if request.n_parallel < 1:
+        raise PlanError(f"n_parallel must be at least 1, got {request.n_parallel}")
+    if request.n_ctx is not None and request.n_ctx < 1:
+        raise PlanError(f"n_ctx must be positive, got {request.n_ctx}")
+    if request.n_ubatch < 1:
+        raise PlanError(f"n_ubatch must be positive, got {request.n_ubatch}")
+
+
+def budget_for(
+    device: DeviceMemory,
+    model: ModelInfo,
+    request: PlanRequest,
+    measured: MeasuredCompute | None,
+    host: bool = False,
+) -> Budget:
+    _check_request(request)
+    reserve = reserve_bytes(device.total_bytes, request.reserve_percent, request.reserve_min_bytes)
+    usable = device.total_bytes - device.used_by_others_bytes - reserve
+    return Budget(device, model, request, measured, reserve, usable, host)
