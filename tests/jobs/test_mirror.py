@@ -277,3 +277,30 @@ async def test_a_finished_answer_is_read_for_the_next_turn(rig: Rig) -> None:
     # One piece for the whole follow-up: it started where the answer ended (from the start, it would be
     # two pieces of 64 and the rest).
     assert [len(piece) for piece in rig.pieces()[before:]] == [len(ChatPrompts().chat_prompt(follow_up)[0])]
+
+
+class Unrenderable(ChatPrompts):
+    """A template that cannot render this request (the worker then says so to the job itself)."""
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
+        raise ValueError("'dict object' has no attribute 'name'")
+
+
+async def test_a_prompt_the_router_cannot_render_is_not_mirrored_and_the_job_goes_on(rig: Rig) -> None:
+    assert rig.mirror.follow(job_for("x" * 100), Unrenderable(), streaming=True) is None
+    following = rig.mirror.follow(job := job_for("y" * 100), ChatPrompts(), streaming=True)
+    assert following is not None
+    assembler = Assembler("chat")
+    assembler.feed({"choices": [{"delta": {"content": "Fine."}, "finish_reason": "stop"}]})
+    following._prompts = Unrenderable()  # its answer, rendered for the next turn, fails the same way
+    following.finished(assembler)
+    assert rig.mirror.held(job) == 0 and rig.mirror.status()["skipped"] == 1
+
+
+async def test_the_owner_ends_when_cancelled_as_it_is_woken(rig: Rig) -> None:
+    owner = asyncio.create_task(rig.mirror.run())
+    await asyncio.sleep(0.01)  # waiting to be woken
+    rig.mirror._wake.set()  # something changed, and the service stops in the same step
+    owner.cancel()
+    done, _ = await asyncio.wait({owner}, timeout=2.0)
+    assert done == {owner} and owner.cancelled()

@@ -324,15 +324,23 @@ class Mirror:
 
     # ------------------------------------------------------------------------------ the owner
     async def run(self) -> None:
-        """The owner task: starts the reads that may run now, whenever something changed."""
-        while True:
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), WAKE_SECONDS)
-            self._wake.clear()
-            try:
-                self._start_reads()
-            except Exception:  # the mirror is an extra: a fault in it must not end it for good
-                log.exception("the CPU mirror failed to start its reads")
+        """The owner task: starts the reads that may run now, whenever something changed. Cancelled, it
+        cancels the reads it started (none outlives the service)."""
+        try:
+            while True:
+                # Not asyncio.wait_for: on Python 3.11 a cancel that lands as the wake is set is swallowed,
+                # and the owner would outlive the service's shutdown.
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(WAKE_SECONDS):
+                        await self._wake.wait()
+                self._wake.clear()
+                try:
+                    self._start_reads()
+                except Exception:  # the mirror is an extra: a fault in it must not end it for good
+                    log.exception("the CPU mirror failed to start its reads")
+        finally:
+            for _, task in list(self._reading.values()):
+                task.cancel()
 
     def _start_reads(self) -> None:
         settings = self.settings()
