@@ -60,9 +60,11 @@ def test_bench_json_has_every_section_with_numbers(tmp_path: Path) -> None:
             assert all(number(router[side][key]) for key in keys)
         assert router["direct"]["p50_ms"] > 0 and router["router"]["p50_ms"] > 0
         assert number(router["router_own_ms"]) and router["router_cpu_ms_per_request"] >= 0
-        # The router's own clock on each routed stream's way to its first token: one figure per round.
+        # The router's own clock on each routed stream's way to its first token: at most one figure per
+        # round (a first token that found the previous write still queued is not timed: the wait is the
+        # client's, not the router's).
         own = router["own_ms"]
-        assert own["requests"] == rounds and own["to_worker_ms"] > 0 and own["to_client_ms"] > 0
+        assert 0 < own["requests"] <= rounds and own["to_worker_ms"] > 0 and own["to_client_ms"] > 0
         assert own["total_ms"] < router["router"]["ttft_p50_ms"]
     # One-token rounds are five times as many: 15 pairs give an interval, 3 are too few for one.
     low, high = results["router_fixed_cost"]["added_interval_ms"]["ttft_p50_ms"]
