@@ -9,10 +9,10 @@ from pathlib import Path
 
 from tray_app import paths
 from tray_app.budget import calibration
-from tray_app.budget.llama_log import BufferSizes
 from tray_app.budget.plan import ComputeSettings
 from tray_app.budget.plan_set import plan_from_config
 from tray_app.config import Config
+from tray_app.engine.llama_log import BufferSizes
 
 MIB = 1024**2
 SETTINGS = ComputeSettings(

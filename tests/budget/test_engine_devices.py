@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tray_app.budget.device import DeviceMemory, no_gpu
+from tray_app.budget.target import plan_target
 from tray_app.engine import binary
 from tray_app.engine.devices import DeviceListError, is_gpu_buffer, list_devices, parse_device_list
-from tray_app.engine.target import plan_target
 
 MIB = 1024**2
 FAILSOFT = Path(sys.executable).parent / "failsoft"

@@ -18,10 +18,10 @@ import pytest
 from tests.support import models
 from tray_app.budget import model_info
 from tray_app.budget.footprint import gpu_weights_bytes, kv_cache_bytes
-from tray_app.budget.llama_log import as_printed, capture_llama_log, parse_buffer_sizes
 from tray_app.budget.model_info import ModelInfo, inspect_model
 from tray_app.budget.plan import PlanRequest
 from tray_app.budget.planner import plan_gpu
+from tray_app.engine.llama_log import as_printed, capture_llama_log, parse_buffer_sizes
 
 from .conftest import GIB, MIB, gpu
 

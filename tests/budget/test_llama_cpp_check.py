@@ -22,10 +22,10 @@ from tray_app.budget.footprint import (
     output_buffer_bytes,
     padded_context,
 )
-from tray_app.budget.llama_log import BufferSizes, as_printed, capture_llama_log, parse_buffer_sizes
 from tray_app.budget.model_info import ModelInfo, inspect_model
 from tray_app.budget.plan import ComputeSettings, PlanRequest
 from tray_app.budget.planner import plan_gpu
+from tray_app.engine.llama_log import BufferSizes, as_printed, capture_llama_log, parse_buffer_sizes
 
 from .conftest import GIB, gpu
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tray_app.budget.llama_log import BufferSizes, as_printed, parse_buffer_sizes
+from tray_app.engine.llama_log import BufferSizes, as_printed, parse_buffer_sizes
 
 MIB = 1024**2
 DATA = Path(__file__).parent / "data"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tray_app.budget import llama_log
+from tray_app.engine import llama_log
 from tray_app.jobs.admission import TokenCounter
 
 

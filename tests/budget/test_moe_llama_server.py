@@ -24,8 +24,8 @@ from tray_app.budget.plan import PlanRequest
 from tray_app.budget.planner import plan_gpu
 from tray_app.engine import binary
 from tray_app.engine.argv import llama_server_argv
+from tray_app.engine.profile import WorkerProfile
 from tray_app.host.launch import free_port
-from tray_app.supervisor.profile import WorkerProfile
 
 from .conftest import MIB, gpu
 

@@ -24,7 +24,7 @@ from tray_app.budget.plan import ComputeSettings, Plan, PlanRequest
 from tray_app.budget.planner import plan_cpu, plan_gpu
 from tray_app.budget.ram_check import both_workers
 from tray_app.engine.argv import expert_split_args, llama_server_argv
-from tray_app.supervisor.profile import WorkerProfile
+from tray_app.engine.profile import WorkerProfile
 
 from .conftest import GIB, MIB, gpu
 

@@ -12,8 +12,9 @@ from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.config import Config, from_dict
 from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot
+from tray_app.engine.profile import WorkerProfile
 from tray_app.host.gpu_start import GpuStarts, weigh
-from tray_app.supervisor.profile import WorkerProfile, profiles_from_plans
+from tray_app.supervisor.profile import profiles_from_plans
 
 GIB = 1024**3
 TOTAL = 4 * GIB

@@ -16,7 +16,7 @@ from tests.support.service import free_port, running_service, write_config
 from tray_app import config
 from tray_app.budget.device import no_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
-from tray_app.engine.target import PlanTarget
+from tray_app.budget.target import PlanTarget
 from tray_app.host.bind import listening_socket
 from tray_app.host.serve_command import devices_line
 

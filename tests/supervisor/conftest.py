@@ -12,8 +12,9 @@ import pytest
 
 from tray_app.config import SupervisorConfig
 from tray_app.contract.events import Event, EventBus
+from tray_app.engine.profile import WorkerProfile
 from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE
-from tray_app.supervisor import WorkerProfile, WorkerSupervisor
+from tray_app.supervisor import WorkerSupervisor
 
 SIMULATED_VRAM = 4 * 1024**3
 # Small contexts and one thread per worker: two workers share two cores during these tests.

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tray_app.config import SupervisorConfig
 from tray_app.contract.events import EventBus
-from tray_app.supervisor import WorkerProfile, WorkerSupervisor
+from tray_app.engine.profile import WorkerProfile
+from tray_app.supervisor import WorkerSupervisor
 
 
 async def main(model: Path, log_dir: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fake_worker import fake_llama_server
+from tray_app.budget.model_info import inspect_model
 from tray_app.engine import binary
 from tray_app.engine.thinking import model_thinks, template_thinks
 from tray_app.engine.tools import (
@@ -117,10 +118,11 @@ def test_a_model_thinks_when_its_workers_template_opens_a_reasoning_block(
     model_path: Path, tmp_path: Path
 ) -> None:
     thinking = Path(__file__).parent.parent / "support" / "thinking-chatml.jinja"
-    assert model_thinks(model_path, str(thinking))
-    assert not model_thinks(model_path, "")  # SmolLM2's own template (the bundled tool template) does not
-    assert not model_thinks(model_path, "chatml")
-    assert not model_thinks(model_path, str(tmp_path / "missing.jinja"))
+    template = inspect_model(model_path).chat_template
+    assert model_thinks(template, str(thinking))
+    assert not model_thinks(template, "")  # SmolLM2's own template (the bundled tool template) does not
+    assert not model_thinks(template, "chatml")
+    assert not model_thinks(template, str(tmp_path / "missing.jinja"))
     assert template_thinks("{% if enable_thinking %}{% endif %}")
     assert template_thinks("<|start|>assistant<|channel|>analysis<|message|>")  # gpt-oss
     assert template_thinks("{{ content.split('</think>')[-1] }}")  # a DeepSeek-R1 distill

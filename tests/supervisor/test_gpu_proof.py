@@ -13,11 +13,12 @@ import pytest
 
 from tests.supervisor.conftest import Recorder, SupervisorFactory
 from tests.support.fake_worker import fake_llama_server
-from tray_app.budget.llama_log import parse_buffer_sizes
 from tray_app.config import SupervisorConfig
 from tray_app.engine import binary, offload
 from tray_app.engine.devices import DeviceListing
-from tray_app.supervisor import WorkerProfile, WorkerSupervisor
+from tray_app.engine.llama_log import parse_buffer_sizes
+from tray_app.engine.profile import WorkerProfile
+from tray_app.supervisor import WorkerSupervisor
 
 # llama.cpp's load lines on a CUDA build (src/llama-model.cpp, llama_model::load_tensors), as printed.
 CUDA_LOAD = """\

@@ -14,7 +14,7 @@ import pytest
 from tests.supervisor.conftest import SupervisorFactory
 from tests.supervisor.helpers import process_alive
 from tests.support.waits import wait_until_async
-from tray_app.supervisor import WorkerProfile
+from tray_app.engine.profile import WorkerProfile
 
 pytestmark = pytest.mark.integration
 

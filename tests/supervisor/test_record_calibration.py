@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from tray_app.budget import calibration
-from tray_app.budget.llama_log import BufferSizes
-from tray_app.supervisor import WorkerProfile
+from tray_app.engine.llama_log import BufferSizes
+from tray_app.engine.profile import WorkerProfile
 from tray_app.supervisor import calibration as supervisor_calibration
 
 MIB = 1024**2
@@ -21,10 +21,12 @@ def test_an_embeddings_worker_is_kept_apart_from_the_chat_worker(gpu_profile: Wo
     supervisor_calibration.record_calibration(embed, replace(BUFFERS, compute_bytes=103 * MIB))
     supervisor_calibration.record_calibration(gpu_profile, BUFFERS)
     model = gpu_profile.model_path
-    assert calibration.lookup_measurement(model, embed.compute_settings()) == replace(
+    assert calibration.lookup_measurement(model, supervisor_calibration.compute_settings(embed)) == replace(
         BUFFERS, compute_bytes=103 * MIB
     )
-    assert calibration.lookup_measurement(model, gpu_profile.compute_settings()) == BUFFERS
+    assert (
+        calibration.lookup_measurement(model, supervisor_calibration.compute_settings(gpu_profile)) == BUFFERS
+    )
 
 
 @pytest.mark.parametrize("gpu_build", [False, True])
@@ -37,7 +39,7 @@ def test_a_cpu_worker_is_kept_only_without_a_gpu_backend(
     for profile in (cpu_profile, embed):
         supervisor_calibration.record_calibration(profile, BUFFERS)
     kept = [
-        calibration.lookup_measurement(profile.model_path, profile.compute_settings())
+        calibration.lookup_measurement(profile.model_path, supervisor_calibration.compute_settings(profile))
         for profile in (cpu_profile, embed)
     ]
     assert kept == ([None, None] if gpu_build else [BUFFERS, BUFFERS])

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from tray_app import config
-from tray_app.budget.llama_log import BufferSizes
 from tray_app.budget.plan_set import PlanSet, cpu_request, physical_cores, plan_from_config
 from tray_app.budget.planner import plan_cpu
 from tray_app.engine import simulated
 from tray_app.engine.argv import llama_server_argv, worker_env
 from tray_app.engine.faults import check_fault
+from tray_app.engine.llama_log import BufferSizes
 from tray_app.supervisor import profiles_from_plans
 
 MIB = 1024 * 1024

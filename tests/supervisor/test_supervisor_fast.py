@@ -16,7 +16,8 @@ from tests.support.fake_worker import fake_llama_server
 from tests.support.waits import wait_until_async
 from tray_app.config import SupervisorConfig
 from tray_app.engine import binary
-from tray_app.supervisor import WorkerProfile, WorkerSupervisor
+from tray_app.engine.profile import WorkerProfile
+from tray_app.supervisor import WorkerSupervisor
 
 
 def alive(pid: int) -> bool:

@@ -16,7 +16,7 @@ import pytest
 from tests.supervisor.conftest import Recorder, SupervisorFactory
 from tests.supervisor.helpers import HELLO, client_for, process_alive
 from tests.support.waits import wait_until_async
-from tray_app.supervisor import WorkerProfile
+from tray_app.engine.profile import WorkerProfile
 
 pytestmark = pytest.mark.integration
 

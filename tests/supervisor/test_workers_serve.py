@@ -19,10 +19,10 @@ from tray_app.budget.footprint import kv_cache_bytes
 from tray_app.budget.model_info import inspect_model
 from tray_app.budget.plan import ComputeSettings, PlanRequest
 from tray_app.engine.argv import PROMPT_BATCH
+from tray_app.engine.profile import WorkerProfile
 from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE, tool_call_opener, worker_tool_choice
 from tray_app.jobs.registry import upstream_stream
 from tray_app.jobs.relay import Relay
-from tray_app.supervisor import WorkerProfile
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,8 @@ from tray_app.config import Config
 from tray_app.contract.status import ServiceStatus
 from tray_app.device.cost import watcher_cost_figures
 from tray_app.drill.client import DrillError, ServiceClient
-from tray_app.drill.command import default_simulated_vram, service_summary
 from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_service
+from tray_app.drill.service_check import default_simulated_vram, service_summary
 
 PROFILE_TOKENS = 32
 Progress = Callable[[str], None]

@@ -16,8 +16,8 @@ import httpx
 
 from tray_app.engine import binary
 from tray_app.engine.argv import llama_server_argv
+from tray_app.engine.profile import WorkerProfile
 from tray_app.host.launch import free_port, stop_process_tree
-from tray_app.supervisor.profile import WorkerProfile
 
 READY_TIMEOUT = 180.0
 

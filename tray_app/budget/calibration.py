@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tray_app import paths
 from tray_app.budget.footprint import padded_context
-from tray_app.budget.llama_log import BufferSizes
 from tray_app.budget.plan import ComputeSettings, MeasuredCompute
+from tray_app.engine.llama_log import BufferSizes
 
 log = logging.getLogger(__name__)
 _FORMAT = 1

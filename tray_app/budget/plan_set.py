@@ -14,10 +14,10 @@ from tray_app.budget.model_info import ModelInfo, inspect_model
 from tray_app.budget.plan import Plan, PlanRequest
 from tray_app.budget.planner import plan_cpu, plan_gpu
 from tray_app.budget.ram_check import RamCheck, both_workers
+from tray_app.budget.target import PlanTarget, plan_target
 from tray_app.config import Config
 from tray_app.engine import binary
 from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
-from tray_app.engine.target import PlanTarget, plan_target
 from tray_app.sizes import format_size, parse_size
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from tray_app import paths
 from tray_app.cli import load_config
 from tray_app.drill.client import ServiceClient
-from tray_app.drill.command import Progress, checked_status, default_simulated_vram
 from tray_app.drill.launcher import drill_config, launched_service
+from tray_app.drill.service_check import Progress, checked_status, default_simulated_vram
 from tray_app.drill.soak import SoakResult, soak
 from tray_app.drill.soak_memory import serve_pid_of
 from tray_app.host.launch import ServeProcess

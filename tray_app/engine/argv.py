@@ -11,13 +11,10 @@ planner's per-sequence context, and the router never admits a request that would
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tray_app.engine.cpu_quirks import amx_in_a_virtual_machine
+from tray_app.engine.profile import WorkerProfile
 from tray_app.engine.tools import is_template_file
-
-if TYPE_CHECKING:
-    from tray_app.supervisor.profile import WorkerProfile
 
 # The logical batch (`-b`, llama-server's own default, passed so the router can count on it): the most prompt
 # tokens one step reads. A prompt no longer than this is read in one step (see registry.upstream_stream).

@@ -146,3 +146,19 @@ def inspect(path: Path) -> EngineInfo:
 
 def find(configured: str) -> EngineInfo:
     return inspect(locate(configured))
+
+
+def build_fix() -> str:
+    """The command that gives this machine a llama.cpp build with a GPU backend (see the Makefile)."""
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return "install the CUDA toolkit (nvcc), then run `make engine GPU_BACKEND=cuda`"
+    if Path("/dev/kfd").exists():
+        return "install ROCm's HIP SDK (hipcc), then run `make engine GPU_BACKEND=hip`"
+    return (
+        "for an NVIDIA card install the CUDA toolkit, then run `make engine GPU_BACKEND=cuda`; for another "
+        "card `make engine GPU_BACKEND=vulkan` (needs glslc and libvulkan-dev) or GPU_BACKEND=hip (AMD ROCm)"
+    )
+
+
+def no_gpu_backend_reason() -> str:
+    return f"this llama.cpp build has no GPU backend (CPU only): {build_fix()}"

@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tray_app.budget.llama_log import BufferSizes
+from tray_app.engine.binary import no_gpu_backend_reason
 from tray_app.engine.devices import DeviceListing, is_gpu_buffer
-from tray_app.engine.target import no_gpu_backend_reason
+from tray_app.engine.llama_log import BufferSizes
 
 _OFFLOADED = re.compile(r"offloaded (?P<layers>\d+)/(?P<total>\d+) layers to GPU")
 

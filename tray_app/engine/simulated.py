@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tray_app.budget.llama_log import BufferSizes
+from tray_app.engine.llama_log import BufferSizes
 
 MIB = 1024 * 1024
 MARK = "(simulated)"

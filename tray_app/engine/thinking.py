@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from tray_app.budget.model_info import inspect_model
 from tray_app.engine.tools import is_template_file, template_for
 
 MARKS = ("<think>", "</think>", "enable_thinking", "reasoning_content", "<|channel|>")
@@ -25,11 +24,12 @@ def template_thinks(template: str) -> bool:
 
 
 @functools.cache
-def model_thinks(model_path: Path, configured_chat_format: str) -> bool:
-    """Whether the workers of this model (with this configured `chat_format`) think."""
-    chat_format = template_for(inspect_model(model_path).chat_template, configured_chat_format)
+def model_thinks(model_template: str, configured_chat_format: str) -> bool:
+    """Whether the workers of a model whose GGUF carries `model_template` (with this configured
+    `chat_format`) think."""
+    chat_format = template_for(model_template, configured_chat_format)
     if not chat_format:
-        return template_thinks(inspect_model(model_path).chat_template)
+        return template_thinks(model_template)
     if is_template_file(chat_format):
         try:
             return template_thinks(Path(chat_format).read_text(encoding="utf-8", errors="replace"))

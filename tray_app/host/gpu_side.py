@@ -25,11 +25,11 @@ from tray_app.contract.events import (
     WorkerStateChanged,
 )
 from tray_app.device.snapshot import DeviceSnapshot
+from tray_app.engine.profile import WorkerProfile
 from tray_app.host.gpu_path import GpuPathTracker
 from tray_app.host.gpu_start import GpuStarts, configured_reserve, on_gpu_side, weigh
 from tray_app.host.gpu_watch import GpuWatch
 from tray_app.host.gpu_yield import GpuWorker, GpuYield
-from tray_app.supervisor.profile import WorkerProfile
 
 log = logging.getLogger(__name__)
 MARKERS = 500

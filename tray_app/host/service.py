@@ -28,6 +28,7 @@ from tray_app.contract.events import (
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
+from tray_app.engine.profile import WorkerProfile
 from tray_app.host import sd_notify
 from tray_app.host.gpu_side import GpuSide
 from tray_app.host.gpu_watch import PlanningDevice
@@ -45,7 +46,7 @@ from tray_app.jobs.registry import JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.jobs.worker_port import CpuSpeed, ExecutorSettings, Worker
 from tray_app.library.catalog import ModelEntry, catalog_from_config
-from tray_app.supervisor.profile import WorkerProfile, library_profiles
+from tray_app.supervisor.profile import library_profiles
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tray_app.budget.llama_log import capture_llama_log
+from tray_app.engine.llama_log import capture_llama_log
 from tray_app.engine.tools import workers_template
 from tray_app.jobs import grammar_check
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tray_app.budget.llama_log import capture_llama_log
+from tray_app.engine.llama_log import capture_llama_log
 
 
 def grammar_error(vocab: Any, grammar: str, root: str = "root") -> str | None:

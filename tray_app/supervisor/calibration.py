@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 
 from tray_app.budget import calibration
-from tray_app.budget.llama_log import BufferSizes
-from tray_app.supervisor.profile import WorkerProfile
+from tray_app.budget.plan import ComputeSettings
+from tray_app.engine.llama_log import BufferSizes
+from tray_app.engine.profile import WorkerProfile
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +20,22 @@ def record_calibration(profile: WorkerProfile, buffers: BufferSizes) -> None:
     if profile.n_gpu_layers == 0 and gpu_offload_build():
         return  # with a GPU build a CPU worker's compute buffer is not the one a VRAM plan needs
     try:
-        calibration.record_measurement(profile.model_path, profile.compute_settings(), buffers)
+        calibration.record_measurement(profile.model_path, compute_settings(profile), buffers)
     except OSError as error:
         log.warning("could not record the measured buffers: %s", error)
+
+
+def compute_settings(profile: WorkerProfile) -> ComputeSettings:
+    """What a worker's compute buffer depends on: the key its measured buffers are kept under."""
+    return ComputeSettings(
+        n_ctx=profile.n_ctx,
+        n_parallel=profile.n_parallel,
+        cache_type_k=profile.cache_type_k,
+        cache_type_v=profile.cache_type_v,
+        flash_attn=profile.flash_attn,
+        n_ubatch=profile.n_ubatch,
+        embeddings=profile.embeddings,  # kept apart: its logits are a whole batch's, not one per slot
+    )
 
 
 def gpu_offload_build() -> bool:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from tray_app.engine import simulated
 from tray_app.engine.argv import llama_server_argv, worker_env
+from tray_app.engine.profile import WorkerProfile
 from tray_app.supervisor import load_check
 from tray_app.supervisor.process import WorkerProcess
-from tray_app.supervisor.profile import WorkerProfile
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tray_app.budget.llama_log import BufferSizes
 from tray_app.budget.model_info import inspect_model
 from tray_app.engine import offload, simulated
 from tray_app.engine.devices import DeviceListError, list_devices
+from tray_app.engine.llama_log import BufferSizes
+from tray_app.engine.profile import WorkerProfile
 from tray_app.supervisor.classify import Failure
-from tray_app.supervisor.profile import WorkerProfile
 
 
 @dataclass(frozen=True)

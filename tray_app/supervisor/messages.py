@@ -10,8 +10,8 @@ from typing import Any, Literal
 import psutil
 
 from tray_app.engine import offload
+from tray_app.engine.profile import WorkerProfile
 from tray_app.supervisor.process import WorkerProcess
-from tray_app.supervisor.profile import WorkerProfile
 
 
 class SupervisorError(RuntimeError):

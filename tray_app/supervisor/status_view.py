@@ -8,12 +8,12 @@ from typing import Any
 
 import psutil
 
-from tray_app.budget.llama_log import BufferSizes
 from tray_app.contract.status import WorkerStatus
 from tray_app.contract.vocabulary import WorkerState
 from tray_app.engine import binary, offload
+from tray_app.engine.llama_log import BufferSizes
+from tray_app.engine.profile import WorkerProfile
 from tray_app.supervisor.messages import Attempt
-from tray_app.supervisor.profile import WorkerProfile
 
 
 def worker_status(

@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from tray_app import paths
-from tray_app.budget.llama_log import parse_buffer_sizes
 from tray_app.config import SupervisorConfig
 from tray_app.contract.events import EventBus, WorkerRestarted, WorkerStateChanged, WorkerUnhealthy
 from tray_app.contract.status import WorkerStatus
 from tray_app.contract.vocabulary import WORKER_STATES, WorkerState
 from tray_app.engine import WORKER_KEY_ENV, binary, offload
 from tray_app.engine.faults import ArmedFault
+from tray_app.engine.llama_log import parse_buffer_sizes
+from tray_app.engine.profile import WorkerProfile
 from tray_app.supervisor import drill_faults, health_probe, launch_plan, load_check, status_view
 from tray_app.supervisor.backoff import Backoff
 from tray_app.supervisor.calibration import record_calibration
@@ -43,7 +44,6 @@ from tray_app.supervisor.mailbox import Mailbox
 from tray_app.supervisor.messages import Attempt, Command, Exited, HealthResult, Message, SupervisorError
 from tray_app.supervisor.ports import free_port
 from tray_app.supervisor.process import worker_log_path
-from tray_app.supervisor.profile import WorkerProfile
 
 __all__ = ["STATES", "State", "SupervisorError", "WorkerSupervisor"]
 

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from tray_app.budget.model_info import inspect_model
 from tray_app.budget.plan import Plan
 from tray_app.engine.thinking import model_thinks
 from tray_app.library.catalog import ModelEntry
@@ -147,7 +148,7 @@ class OllamaRoutes:
                 await self._load_or_unload(entry, body)
                 return JSONResponse(load_answer(path_kind, model, body))
             kind: Kind = "chat"
-            thinks = model_thinks(entry.path, entry.chat_format)
+            thinks = model_thinks(inspect_model(entry.path).chat_template, entry.chat_format)
             if path_kind == "chat":
                 openai = chat_request(body, entry.name, thinks)
             else:
@@ -273,7 +274,9 @@ class OllamaRoutes:
                 "template": card.chat_template,
                 "details": card.details(),
                 "model_info": card.model_info,
-                "capabilities": capabilities(model_thinks(entry.path, entry.chat_format)),
+                "capabilities": capabilities(
+                    model_thinks(inspect_model(entry.path).chat_template, entry.chat_format)
+                ),
                 "modified_at": iso(card.modified),
             }
         )

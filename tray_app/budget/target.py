@@ -8,10 +8,10 @@ one) and the devices llama.cpp's build lists (tray_app.engine.devices). A card t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from tray_app.budget.device import DeviceMemory
+from tray_app.engine.binary import no_gpu_backend_reason
 from tray_app.engine.devices import DeviceListing
 
 TargetKind = Literal["gpu", "simulated", "what-if", "cpu", "unknown"]
@@ -27,22 +27,6 @@ class PlanTarget:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def build_fix() -> str:
-    """The command that gives this machine a llama.cpp build with a GPU backend (see the Makefile)."""
-    if any(Path("/dev").glob("nvidia[0-9]*")):
-        return "install the CUDA toolkit (nvcc), then run `make engine GPU_BACKEND=cuda`"
-    if Path("/dev/kfd").exists():
-        return "install ROCm's HIP SDK (hipcc), then run `make engine GPU_BACKEND=hip`"
-    return (
-        "for an NVIDIA card install the CUDA toolkit, then run `make engine GPU_BACKEND=cuda`; for another "
-        "card `make engine GPU_BACKEND=vulkan` (needs glslc and libvulkan-dev) or GPU_BACKEND=hip (AMD ROCm)"
-    )
-
-
-def no_gpu_backend_reason() -> str:
-    return f"this llama.cpp build has no GPU backend (CPU only): {build_fix()}"
 
 
 def plan_target(
