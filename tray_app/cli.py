@@ -148,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--url",
         help="with --against: a Failsoft service already running (default: start one from the config)",
     )
+    bench.add_argument(
+        "--mirror",
+        action="store_true",
+        help="only the CPU mirror's figures: the failover pause by prompt length with and without it, and "
+        "the GPU worker's throughput beside its work (a sixth of --rounds rounds: 3 by default)",
+    )
     bench.add_argument("--json", action="store_true", help="print JSON")
 
     doctor = sub.add_parser(

@@ -18,6 +18,8 @@ from tray_app import paths
 from tray_app.bench.against import against_figures, failsoft_target, other_target
 from tray_app.bench.byte_proxy import byte_proxy
 from tray_app.bench.measure import failover_figures, planner_figures, profile_figures
+from tray_app.bench.mirror import mirror_figures
+from tray_app.bench.mirror_report import mirror_lines
 from tray_app.bench.overhead import measure_overhead
 from tray_app.bench.report import against_lines, text
 from tray_app.bench.split import split_profile, split_worker
@@ -32,6 +34,7 @@ from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_serv
 from tray_app.drill.service_check import default_simulated_vram, service_summary
 
 PROFILE_TOKENS = 32
+MIRROR_HEALTH_TIMEOUT = 10.0  # the first token's deadline follows: 3 x (interval + this) + prompt / 100
 Progress = Callable[[str], None]
 
 
@@ -206,9 +209,15 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     settings = bench_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
+    if args.mirror:
+        # A simulated GPU reads a long prompt at CPU speed: on a busy machine its first token can come after
+        # the fast drill's deadline (15 s + 1 s per 100 tokens). The kill is what is measured, not a hang.
+        settings["supervisor"]["health_timeout"] = MIRROR_HEALTH_TIMEOUT
     progress("starting `failsoft serve --enable-faults` for the bench (stopped at the end)")
     try:
         with launched_service(settings) as service:
+            if args.mirror:
+                return _mirror_only(args, service.base_url, progress, service.worker_key, service.admin_token)
             results = bench(
                 service.base_url,
                 args.rounds,
@@ -219,10 +228,22 @@ def run(args: argparse.Namespace) -> int:
                 args.tokens,
                 admin=service.admin_token,
             )
-    except (DrillError, LaunchError, RuntimeError) as error:
+    except (DrillError, LaunchError, RuntimeError, httpx.HTTPError) as error:
         print(f"failsoft bench: {error}", file=sys.stderr)
         return 2
     _report(args, "bench", results, text(results))
+    return 0
+
+
+def _mirror_only(args: argparse.Namespace, url: str, progress: Progress, key: str, admin: str) -> int:
+    """`--mirror`: only the CPU mirror's figures (failover pause by prompt length, throughput beside it),
+    in a sixth of --rounds rounds (3 by default; at least 1). Not in the full bench: its long prompts, read at
+    CPU speed beside a simulated GPU, take minutes a round."""
+    started = time.time()
+    rounds = max(args.rounds // 6, 1)
+    figures = asyncio.run(mirror_figures(url, rounds, args.tokens, progress, key, admin))
+    results = {"started_at": started, "seconds": round(time.time() - started, 1), "mirror": figures}
+    _report(args, "bench-mirror", results, "\n".join(mirror_lines(figures)).strip())
     return 0
 
 
