@@ -4,8 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Debian packages: a compiler, CMake and Ninja for llama.cpp (built once: tray_app/engine_build/build.py),
-# and for the GUI tests a virtual X server, an XEmbed tray host and a screenshot tool.
-SYSTEM_PACKAGES := g++ cmake ninja-build systemd xvfb trayer xdotool x11-utils imagemagick libxcb-cursor0 libegl1 libxkbcommon-x11-0 libxcb-icccm4 \
+# for the GUI tests a virtual X server, an XEmbed tray host and a screenshot tool, and for the status page's
+# browser test Debian's chromium (Playwright drives it; it never downloads a browser of its own).
+SYSTEM_PACKAGES := g++ cmake ninja-build systemd chromium xvfb trayer xdotool x11-utils imagemagick libxcb-cursor0 libegl1 libxkbcommon-x11-0 libxcb-icccm4 \
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 

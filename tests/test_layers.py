@@ -41,6 +41,8 @@ FORBIDDEN = {
         "ui",
     },
     "view": {"host", "server", "supervisor", "jobs", "ui"},
+    # Notifications and the signed links: told by events, asked by the server, wired by the host.
+    "reach": {"host", "server", "supervisor", "jobs", "budget", "engine", "library", "ui"},
 }
 
 

@@ -15,7 +15,8 @@ from typing import Any, Literal, get_args, get_type_hints
 
 import tomli_w
 
-from tray_app import paths
+from tray_app import notify_settings, paths
+from tray_app.notify_settings import NotifyConfig
 from tray_app.origins import normalize_origin
 from tray_app.sizes import parse_size
 
@@ -164,6 +165,8 @@ class ServerConfig:
     allowed_hosts: list[str] = field(default_factory=list)
     # Browser origins allowed to call the API (e.g. "http://localhost:3000", Open WebUI). "*" needs api_key.
     allowed_origins: list[str] = field(default_factory=list)
+    # The address a phone can reach (a LAN name, a reverse proxy): the base of the links in notifications.
+    public_url: str = ""
 
 
 @dataclass
@@ -211,6 +214,7 @@ class Config:
     journal: JournalConfig = field(default_factory=JournalConfig)
     library: LibraryConfig = field(default_factory=LibraryConfig)
     models: list[LibraryModelConfig] = field(default_factory=list)  # [[models]]
+    notify: list[NotifyConfig] = field(default_factory=list)  # [[notify]]: notify_settings
     source: str = ""  # the file this came from, for messages
     # Command-line values ("section.key" -> value) that win over the file, also when it is read again.
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -279,6 +283,12 @@ def from_dict(data: dict[str, Any], source: str = "config") -> Config:
     for section_name, section_value in data.items():
         if section_name == "models":
             config.models = _library_models(source, section_value)
+            continue
+        if section_name == "notify":
+            try:
+                config.notify = notify_settings.channels_from_config(source, section_value)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
             continue
         section = getattr(config, section_name, None)
         if not dataclasses.is_dataclass(section):
@@ -351,6 +361,9 @@ def _check_relations(config: Config) -> None:
         )
     if not 1 <= config.server.port <= 65535:
         raise ConfigError(f"{source}: server.port = {config.server.port} must be in 1..65535")
+    url_error = config.server.public_url and notify_settings.public_url_error(config.server.public_url)
+    if url_error:
+        raise ConfigError(f"{source}: server.public_url = {config.server.public_url!r} {url_error}")
     _check_allow_lists(config)
 
 
@@ -445,6 +458,7 @@ LIVE_SERVER_KEYS = (
     "jobs_max",
     "max_body",
     "keepalive_seconds",
+    "public_url",
     "allowed_hosts",
     "allowed_origins",
 )
@@ -465,6 +479,8 @@ FILE_ONLY = frozenset(
         ("embeddings", "model"),
         ("server", "host"),
         ("server", "api_key"),
+        ("server", "public_url"),  # its host is let through the Host check (server/origin_guard.py)
+        ("notify", "*"),  # where the service sends what it knows, and its tokens
     }
 )
 
@@ -499,7 +515,10 @@ def with_live_changes(current: Config, fresh: Config) -> tuple[Config, list[str]
     old, new = current.to_dict(), fresh.to_dict()
     for section, values in new.items():
         if not isinstance(values, dict):  # [[models]]: the library's workers follow it at a restart
-            if old[section] != values:
+            if old[section] != values and section == "notify":  # read at each message: live
+                merged.notify = copy.deepcopy(fresh.notify)
+                applied.append(section)
+            elif old[section] != values:
                 needs_restart.append(section)
             continue
         for key, value in values.items():
@@ -552,4 +571,5 @@ def public_view(config: Config) -> dict[str, Any]:
     """The config as the control API shows it: the API key is not repeated, only whether one is set."""
     data = config.to_dict()
     data["server"]["api_key"] = "(set)" if config.server.api_key else ""
+    data["notify"] = notify_settings.redacted(config.notify)
     return data

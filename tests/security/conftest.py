@@ -21,6 +21,7 @@ from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.library.catalog import Catalog, ModelEntry
+from tray_app.reach.capability import Signer
 from tray_app.server.routes import create_app
 
 BASE_URL = "http://127.0.0.1:8750"
@@ -74,6 +75,7 @@ class StandInService:
     def __post_init__(self) -> None:
         self.registry = JobRegistry(self.journal, self.bus)
         self.executor = StandInExecutor(self.registry, self.spawned)
+        self.signer = Signer(b"signing key of the test".ljust(32, b"."))  # links and the page's login
         self.workers = {"gpu": SimpleNamespace(state="ready"), "cpu": SimpleNamespace(state="ready")}
         self.plan_set = SimpleNamespace(
             gpu=SimpleNamespace(n_ctx_per_seq=2048), device=SimpleNamespace(simulated=True)

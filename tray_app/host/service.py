@@ -46,6 +46,8 @@ from tray_app.jobs.registry import JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.jobs.worker_port import CpuSpeed, ExecutorSettings, Worker
 from tray_app.library.catalog import ModelEntry, catalog_from_config
+from tray_app.reach.capability import signer_for
+from tray_app.reach.dispatcher import Dispatcher
 from tray_app.supervisor.profile import library_profiles
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,11 @@ class Service:
         # Every name a request may use: the main model's, and the library's models' and aliases.
         self.model_names = {name for entry in self.catalog.entries for name in entry.names()}
         self.admin_token = admin_token.ensure()  # the control API's credential (tray_app.admin_token)
+        # The phone's signed Approve/Reject links and the status page's login; the [[notify]] channels.
+        self.signer = signer_for(paths.data_dir())
+        self.notify = Dispatcher(
+            self.bus, lambda: self.cfg.notify, lambda: self.cfg.server.public_url, self.signer
+        )
         self.metrics = Metrics()
         self.bus.add_listener(self.metrics.on_event)
         self.bus.add_listener(self._slots_follow_workers)
@@ -254,6 +261,7 @@ class Service:
             if worker.profile.warm:
                 # Not awaited: the API answers (status "starting") while the workers load.
                 self._tasks.append(asyncio.create_task(worker.start(), name=f"start-{worker.role}"))
+        self.notify.start()
         self._tasks.append(asyncio.create_task(self.executor.desk.run_approved(), name="approved-jobs"))
         self._tasks.append(asyncio.create_task(self.mirror.run(), name="cpu-mirror"))
         self._tasks.append(asyncio.create_task(self.library.reap(), name="keep-alive"))
@@ -289,6 +297,7 @@ class Service:
         await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.gather(*(worker.aclose() for worker in self.workers.values()), return_exceptions=True)
         await self.gpu.stop()
+        await self.notify.stop()
         await self.relay.aclose()
         self.journal.flush()
         self.journal.close()
@@ -443,6 +452,7 @@ class Service:
             "mirror": self.mirror.status(),
             "device_now": gpu["device_now"],  # the device watcher's latest reading
             "gpu_path": gpu["gpu_path"],  # normal, squeezed, yielded or lost, and why
+            "notify": self.notify.status(),  # each [[notify]] channel: sent, failed, its last error
             "uptime_seconds": round(time.time() - self.started_at, 1),
         }
 

@@ -23,6 +23,7 @@ from tray_app.server.errors import ApiError
 from tray_app.server.health import HEALTH_PATHS
 from tray_app.server.origin_guard import OriginGuard
 from tray_app.server.requests import parse_json_object
+from tray_app.server.status_page import session
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,10 @@ class AuthAndErrors:
         server: Callable[[], ServerConfig] | None = None,
         admin: str = "",
         dialects: tuple[Dialect, ...] = (),
+        session_valid: Callable[[str], bool] | None = None,
     ) -> None:
         self.app = app
+        self.session_valid = session_valid  # the status page's login cookie (reach.capability.Signer)
         self.api_key = api_key
         self.admin = admin  # the control API's token (tray_app.admin_token); "" refuses every admin route
         self.dialects = dialects  # refusals come in the caller's API's error shape
@@ -85,7 +88,17 @@ class AuthAndErrors:
             return
         if verdict.cors_headers:
             send = _with_headers(send, verdict.cors_headers)
-        if self.api_key and scope["path"] not in HEALTH_PATHS and not self._authorized(scope):
+        # The status page's login stands for the owner: the API key and the admin token both.
+        logged_in = self.session_valid is not None and session.has_session(
+            scope, self.guard.server(), self.session_valid
+        )
+        if (
+            self.api_key
+            and scope["path"] not in HEALTH_PATHS
+            and not session.is_page_path(scope["path"])
+            and not logged_in
+            and not self._authorized(scope)
+        ):
             error = ApiError(
                 401,
                 "Incorrect or missing API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
@@ -93,7 +106,7 @@ class AuthAndErrors:
             )
             await error_response(error, {"WWW-Authenticate": "Bearer"}, api)(scope, receive, send)
             return
-        if admin_token.needs_token(scope["path"]) and not self._admin(scope):
+        if admin_token.needs_token(scope["path"]) and not logged_in and not self._admin(scope):
             error = ApiError(
                 401,
                 f"this control route needs the admin token: send {admin_token.HEADER}: <token>, read from "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from starlette.types import Scope
 
@@ -59,6 +60,16 @@ class Verdict:
 
 
 PASS = Verdict()
+
+
+def public_origin(cfg: ServerConfig) -> tuple[str, str, int] | None:
+    """`server.public_url`'s origin (scheme, host, port), None when it is not set."""
+    if not cfg.public_url:
+        return None
+    parts = urlsplit(cfg.public_url)
+    return normalize_origin(f"{parts.scheme}://{parts.netloc}")
+
+
 # Distinct Host values whose verdict is kept: a client uses one or two; a flood of made-up ones is checked
 # each time rather than kept.
 HOST_VERDICTS = 64
@@ -87,6 +98,9 @@ class OriginGuard:
             return True
         if "*" in cfg.allowed_hosts and self.api_key:
             return True
+        public = public_origin(cfg)
+        if public is not None and public[1] == name:
+            return True  # the address the user gave for links (server.public_url): a reverse proxy's name
         for entry in cfg.allowed_hosts:
             allowed = split_host(entry)
             if allowed is not None and allowed[0] == name and allowed[1] in (None, port):
@@ -110,6 +124,8 @@ class OriginGuard:
             return True  # same origin as the request's (already allowed) Host
         if "*" in cfg.allowed_origins and self.api_key:
             return True
+        if parsed == public_origin(cfg):
+            return True  # the status page as the phone reaches it (server.public_url)
         return any(normalize_origin(entry) == parsed for entry in cfg.allowed_origins if entry != "*")
 
     # ----------------------------------------------------------------------------------------- check

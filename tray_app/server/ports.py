@@ -20,6 +20,7 @@ from tray_app.jobs.journal import Journal
 from tray_app.jobs.path_timing import PathTimings
 from tray_app.jobs.registry import JobRegistry
 from tray_app.library.catalog import Catalog, ModelEntry
+from tray_app.reach.capability import Signer
 
 
 class RequestMetrics(Protocol):
@@ -90,6 +91,7 @@ class ServiceView(Protocol):
     bus: EventBus
     path_timings: PathTimings
     admin_token: str
+    signer: Signer  # the phone's Approve/Reject links and the status page's login (reach.capability)
 
     @property
     def cfg(self) -> Config: ...

@@ -30,6 +30,7 @@ from tray_app.server.openai import Router
 from tray_app.server.ports import ServiceView
 from tray_app.server.responses.routes import PATH as RESPONSES
 from tray_app.server.responses.routes import ResponsesRoute
+from tray_app.server.status_page.routes import StatusPage
 
 # The APIs besides OpenAI's whose paths answer in their own error shape (the Responses API is OpenAI's).
 DIALECTS: tuple[Dialect, ...] = (OLLAMA, ANTHROPIC)
@@ -82,6 +83,7 @@ def create_app(service: ServiceView, *, manage_lifecycle: bool = True) -> ASGIAp
         Route("/v1/jobs/{job_id}", jobs_api.get, methods=["GET"]),
         Route("/v1/jobs/{job_id}", jobs_api.delete, methods=["DELETE"]),
         *ctl.routes(),
+        *StatusPage(service).routes(),  # /ui/: the status page, its login, the phone's action links
         *ollama.routes(post_only),  # Ollama's API: none of its paths is a control route (ollama/paths.py)
     ]
 
@@ -114,4 +116,5 @@ def create_app(service: ServiceView, *, manage_lifecycle: bool = True) -> ASGIAp
         server=lambda: service.cfg.server,
         admin=service.admin_token,
         dialects=DIALECTS,
+        session_valid=service.signer.session_valid,
     )

@@ -1,0 +1,63 @@
+"""`[[notify]]` and `server.public_url` in the config: checked on load, secrets kept out of the API."""
+
+from __future__ import annotations
+
+import pytest
+
+from tray_app import config
+
+
+def test_channels_are_read_with_their_defaults() -> None:
+    cfg = config.from_dict(
+        {"notify": [{"kind": "webhook", "url": "http://127.0.0.1:9/hook", "events": ["approval"]}]}
+    )
+    [channel] = cfg.notify
+    assert (channel.name, channel.kind, channel.events, channel.coalesce_seconds) == (
+        "webhook-1",
+        "webhook",
+        ["approval"],
+        10.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ({"kind": "pager", "url": "http://x/y"}, r"notify\[1\]\.kind"),
+        ({"kind": "ntfy"}, "needs a url"),
+        ({"url": "ftp://x/y"}, "http:// or https://"),
+        ({"url": "http://x/y", "events": ["everything"]}, r"notify\[1\]\.events"),
+        ({"url": "http://x/y", "quiet_hours": "late"}, "22:00-07:00"),
+        ({"url": "http://x/y", "coalesce_seconds": -1}, "coalesce_seconds"),
+        ({"url": "http://x/y", "colour": "red"}, "unknown key"),
+    ],
+)
+def test_a_wrong_channel_names_its_key(table: dict[str, object], says: str) -> None:
+    with pytest.raises(config.ConfigError, match=says):
+        config.from_dict({"notify": [table]})
+
+
+def test_public_url_must_be_an_address() -> None:
+    assert config.from_dict({"server": {"public_url": "https://ai.example.org"}}).server.public_url
+    with pytest.raises(config.ConfigError, match=r"server\.public_url"):
+        config.from_dict({"server": {"public_url": "ai.example.org"}})
+
+
+def test_tokens_and_topics_stay_out_of_the_control_api() -> None:
+    cfg = config.from_dict({"notify": [{"url": "https://ntfy.sh/secret-topic", "token": "tk_secret"}]})
+    shown = str(config.public_view(cfg))
+    assert "secret-topic" not in shown and "tk_secret" not in shown
+
+
+def test_channels_and_public_url_are_set_in_the_file_only() -> None:
+    assert config.file_only({"notify": [], "server": {"public_url": "https://x"}}) == [
+        "notify.*",
+        "server.public_url",
+    ]
+
+
+def test_a_reload_takes_new_channels_over_live() -> None:
+    old = config.from_dict({})
+    fresh = config.from_dict({"notify": [{"url": "https://ntfy.sh/t"}]})
+    merged, applied, needs_restart = config.with_live_changes(old, fresh)
+    assert applied == ["notify"] and not needs_restart and merged.notify == fresh.notify

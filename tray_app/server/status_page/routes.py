@@ -1,0 +1,142 @@
+"""The status page's routes: its files (`/ui/`), the login that turns the admin token into a cookie, and
+`/failsoft/view`, everything the page shows in one answer (an admin route: the cookie or the token)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from importlib import resources
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from tray_app.contract.events import FallbackCompleted, FallbackRefused, FallbackStarted
+from tray_app.server.http import read_body
+from tray_app.server.ports import ServiceView
+from tray_app.server.status_page import session
+from tray_app.server.status_page.actions import Actions
+from tray_app.sizes import format_size
+from tray_app.view.budget_split import caps_text, status_segments
+
+FILES = {"index.html": "text/html", "app.css": "text/css", "app.js": "text/javascript"}
+# The page's own files and nothing else: no inline script, no other site, no framing (clickjacking a
+# button that approves).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+LOGIN_MAX_BODY = 4096
+FAILOVER_EVENTS = (FallbackStarted, FallbackCompleted, FallbackRefused)
+RECENT_FAILOVERS = 10
+
+
+def _file(name: str) -> bytes:
+    return (resources.files(__package__) / "static" / name).read_bytes()
+
+
+class StatusPage:
+    def __init__(self, service: ServiceView) -> None:
+        self.svc = service
+        self.actions = Actions(service)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/ui", self.to_page, methods=["GET"]),
+            Route("/ui/", self.page, methods=["GET"]),
+            Route("/ui/login", self.login, methods=["POST"]),
+            Route("/ui/logout", self.logout, methods=["POST"]),
+            *self.actions.routes(),
+            Route("/ui/{name}", self.page, methods=["GET"]),
+            Route("/failsoft/view", self.view, methods=["GET"]),
+        ]
+
+    async def to_page(self, request: Request) -> Response:
+        return RedirectResponse("/ui/", status_code=308)
+
+    async def page(self, request: Request) -> Response:
+        name = request.path_params.get("name", "index.html")
+        if name not in FILES:
+            return Response("not found\n", status_code=404, media_type="text/plain")
+        return Response(_file(name), media_type=FILES[name], headers=SECURITY_HEADERS)
+
+    async def login(self, request: Request) -> Response:
+        """`{"token": "<admin token>"}` -> the session cookie (HttpOnly: the page's script never holds it;
+        SameSite=Strict: no other site's request carries it; Secure over HTTPS)."""
+        try:
+            body = json.loads(await read_body(request, LOGIN_MAX_BODY) or b"{}")
+        except ValueError:
+            body = {}
+        token = body.get("token") if isinstance(body, dict) else None
+        expected = self.svc.admin_token
+        if not isinstance(token, str) or not expected or not hmac.compare_digest(token.strip(), expected):
+            return JSONResponse(
+                {"error": {"message": "that is not this service's admin token", "code": "bad_token"}}, 401
+            )
+        response = JSONResponse({"logged_in": True})
+        response.set_cookie(
+            session.COOKIE,
+            self.svc.signer.session_cookie(),
+            max_age=int(self.svc.signer.session_ttl),
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=_over_https(request),
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        response = JSONResponse({"logged_in": False})
+        response.delete_cookie(session.COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
+    async def view(self, request: Request) -> Response:
+        """The page's data: the status, the VRAM bar as the tray draws it, the jobs waiting for a decision
+        and those queued or running, the recent failovers, the notification channels."""
+        status = self.svc.status()
+        segments = status_segments(status)
+        jobs = [
+            _summary(job)
+            for state in ("awaiting_approval", "queued", "running")
+            for job in self.svc.registry.by_state(state)
+        ]
+        failovers = [event.to_dict() for event in self.svc.bus.recent() if isinstance(event, FAILOVER_EVENTS)]
+        return JSONResponse(
+            {
+                "status": status,
+                "bar": {
+                    "segments": [
+                        {
+                            "key": s.key,
+                            "label": s.label,
+                            "color": s.color,
+                            "bytes": s.bytes,
+                            "size": format_size(s.bytes),
+                            "detail": s.detail,
+                        }
+                        for s in segments
+                    ],
+                    "total": format_size(sum(s.bytes for s in segments)),
+                    "caps": caps_text(status.get("plan") or {}, status.get("caps") or {}),
+                },
+                "approvals": [job for job in jobs if job["state"] == "awaiting_approval"],
+                "jobs": [job for job in jobs if job["state"] != "awaiting_approval"],
+                "failovers": failovers[-RECENT_FAILOVERS:][::-1],
+            }
+        )
+
+
+def _summary(job: Any) -> dict[str, Any]:
+    return {key: value for key, value in job.summary().items() if key != "result"}
+
+
+def _over_https(request: Request) -> bool:
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return request.url.scheme == "https" or forwarded == "https"
