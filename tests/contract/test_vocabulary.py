@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tray_app.contract.vocabulary import (
     FAILURE_KINDS,
     FINAL_JOB_STATES,
+    JOB_KINDS,
     JOB_STATES,
     UNFINISHED_JOB_STATES,
     WORKER_STATES,
     JobState,
     Reason,
+    job_kind,
 )
 from tray_app.jobs import journal, policy, registry
 from tray_app.supervisor import STATES, classify
@@ -49,3 +53,10 @@ def test_every_reason_a_job_ends_with_in_the_source_is_a_code_of_the_contract() 
         if code and code not in known
     ]
     assert strangers == []
+
+
+def test_a_stored_job_kind_reads_back_as_one_of_the_kinds() -> None:
+    assert JOB_KINDS == ("chat", "completion", "embedding")
+    assert [job_kind(kind) for kind in ("chat", "completion", "embedding")] == list(JOB_KINDS)
+    with pytest.raises(ValueError, match="unknown job kind 'chats'"):
+        job_kind("chats")

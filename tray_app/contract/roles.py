@@ -6,5 +6,6 @@ from __future__ import annotations
 from typing import Literal
 
 Role = Literal["gpu", "cpu", "gpu-embed", "cpu-embed"]
-CHAT_ROLES: tuple[Role, ...] = ("gpu", "cpu")
+ChatRole = Literal["gpu", "cpu"]  # a chat worker's role: the device a job is routed to
+CHAT_ROLES: tuple[ChatRole, ...] = ("gpu", "cpu")
 EMBED_ROLES: dict[str, Role] = {"gpu": "gpu-embed", "cpu": "cpu-embed"}  # by the chat worker's role

@@ -4,7 +4,7 @@ in events and in the tray. Each is defined here once; every other module takes t
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, get_args
 
 
 class JobState(StrEnum):
@@ -15,6 +15,19 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     REJECTED = "rejected"
+
+
+# What a job asks of a worker: a chat, a text completion, or embeddings.
+JobKind = Literal["chat", "completion", "embedding"]
+JOB_KINDS: tuple[JobKind, ...] = get_args(JobKind)
+
+
+def job_kind(value: str) -> JobKind:
+    """A stored kind read back as a JobKind; ValueError for any other string."""
+    for kind in JOB_KINDS:
+        if kind == value:
+            return kind
+    raise ValueError(f"unknown job kind {value!r}; kinds are {', '.join(JOB_KINDS)}")
 
 
 FINAL_JOB_STATES: frozenset[str] = frozenset(

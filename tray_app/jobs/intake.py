@@ -18,7 +18,7 @@ from typing import Any
 
 from tray_app.config import Config
 from tray_app.contract.events import EventBus, RouteDecided
-from tray_app.contract.vocabulary import JobState, Reason
+from tray_app.contract.vocabulary import JobKind, JobState, Reason, job_kind
 from tray_app.engine.tools import worker_tool_choice
 from tray_app.jobs import idempotency, policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, requested_tokens
@@ -41,7 +41,7 @@ RESUMED_MAX_TOKENS = 256  # a resumed job whose body names no budget (it was cou
 class JobRequest:
     """A checked request, as the HTTP layer hands it over (its own checks of shape and types done)."""
 
-    kind: str  # chat | completion
+    kind: JobKind
     body: dict[str, Any]  # without the router's own options (keep_alive, stand_in)
     stream: bool
     max_tokens: int | None  # as the client asked (None: not said)
@@ -231,7 +231,7 @@ class Jobs:
             return Admission(held=held)
         self.registry.add(job)  # registers its Idempotency-Key too
         decision = await self.route(job, deadline)
-        if decision.refused:
+        if decision.action == "refuse":
             raise self.refusal(job, decision)
         if decision.action == "approval":
             self.registry.name_fallback(job, decision.reason)
@@ -408,7 +408,7 @@ class Jobs:
         job = self.make(request, background=True)
         self.registry.add(job)
         decision = await self.route(job, BACKGROUND_DEADLINE)
-        if decision.refused:
+        if decision.action == "refuse":
             raise self.refusal(job, decision)
         if decision.action == "approval":
             await self.ask_approval(job, decision)
@@ -475,7 +475,7 @@ class Jobs:
             job = Job(
                 id=stored.id,
                 request_id=stored.request_id,
-                kind=stored.kind,
+                kind=job_kind(stored.kind),
                 body=stored.body,
                 stream=stored.stream,
                 background=True,
@@ -519,7 +519,7 @@ class Jobs:
         """A resumed job's route, decided again (a long prompt goes to the CPU, as it did the first time)."""
         try:
             decision = await self.route(job, BACKGROUND_DEADLINE)
-            if decision.refused:
+            if decision.action == "refuse":
                 self.refusal(job, decision)
                 return
             if decision.action == "approval":

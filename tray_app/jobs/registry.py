@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
+from tray_app.contract.roles import ChatRole
 from tray_app.contract.status import JobSummary
-from tray_app.contract.vocabulary import ENDED_WITHOUT_ANSWER, FINAL_JOB_STATES, JOB_STATES, JobState
+from tray_app.contract.vocabulary import ENDED_WITHOUT_ANSWER, FINAL_JOB_STATES, JOB_STATES, JobKind, JobState
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.engine.request_fields import forwarded
 from tray_app.jobs.ids import random_hex
@@ -72,7 +73,7 @@ def new_id(prefix: str) -> str:
 class Job:
     id: str
     request_id: str
-    kind: str  # chat | completion
+    kind: JobKind
     body: dict[str, Any]  # as sent upstream: seed pinned
     stream: bool
     background: bool
@@ -85,7 +86,7 @@ class Job:
     # A stream's way to its first token: made with the job, stamped by its first attempt (jobs.path_timing).
     path: FirstTokenPath | None = None
     state: JobState = JobState.QUEUED
-    route: str = "gpu"
+    route: ChatRole = "gpu"  # the device it runs on (an embedding: its embeddings worker's device)
     worker: str | None = None
     attempts: int = 0
     fallback_reason: str | None = None
@@ -303,7 +304,7 @@ class JobRegistry:
     def end_attempt(self, job: Job, number: int, outcome: str, error: str | None = None) -> None:
         self.journal.end_attempt(job.id, number, outcome, error)
 
-    def set_route(self, job: Job, route: str, fallback_reason: str | None = None) -> None:
+    def set_route(self, job: Job, route: ChatRole, fallback_reason: str | None = None) -> None:
         """Where the job runs next (gpu or cpu) and, when it leaves its first choice, why."""
         reason = fallback_reason or job.fallback_reason
         if (job.route, job.fallback_reason) == (route, reason):
