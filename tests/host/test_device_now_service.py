@@ -170,7 +170,8 @@ def test_a_library_model_load_is_weighed_on_the_memory_free_now(tmp_path: Path, 
     with running_service(tmp_path / "service", settings=settings, ready_timeout=30) as svc:
         status = svc.status()
         assert next(m for m in status["models"] if m["name"] == "other")["plan"] is not None
-        free = status["device_now"]["free_bytes"]
+        # The ledger itself, not the watcher's last reading: that may predate a worker's own holding.
+        free = Ledger(svc.runtime_dir / LEDGER_FILE).read().free_bytes
         with hog(svc, str(free - 16 * MIB), "comfyui") as process:
             wait_status(svc, lambda s: holding(s, process.pid) is not None)
             load = httpx.post(
