@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from tray_app.contract.events import FallbackCompleted, FallbackRefused, FallbackStarted
+from tray_app.contract.events import ApprovalNeeded, FallbackCompleted, FallbackRefused, FallbackStarted
 from tray_app.server.http import read_body
 from tray_app.server.ports import ServiceView
 from tray_app.server.status_page import session
@@ -34,7 +34,8 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-cache",
 }
 LOGIN_MAX_BODY = 4096
-FAILOVER_EVENTS = (FallbackStarted, FallbackCompleted, FallbackRefused)
+# A job's way off the GPU: moved, finished there, refused, or put in the user's hands.
+FAILOVER_EVENTS = (FallbackStarted, FallbackCompleted, FallbackRefused, ApprovalNeeded)
 RECENT_FAILOVERS = 10
 
 

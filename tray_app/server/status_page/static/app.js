@@ -7,6 +7,8 @@ const $ = (id) => document.getElementById(id);
 const EVENTS = ["worker_state", "worker_unhealthy", "worker_restarted", "budget", "route_decided", "job_state",
   "queue", "fallback_started", "fallback_completed", "fallback_refused", "approval_needed", "device_changed",
   "gpu_path", "journal_failed"];
+const FAILOVER_WORDS = { fallback_started: "moved to the CPU", fallback_completed: "finished on the CPU",
+  fallback_refused: "not moved to the CPU", approval_needed: "asked for approval" };
 const POLL_MS = 15000; // also without events: the uptime moves, and a dropped stream is noticed
 let source = null;
 let pending = null;
@@ -153,8 +155,9 @@ function render(view) {
     stateBadge(job.state))));
 
   fill($("failovers"), view.failovers.map((e) => el("li", {},
-    el("span", { class: "grow" }, el("strong", {}, e.job_id), ` · ${e.type.replace("fallback_", "")}: ${e.reason}`,
-      e.seconds ? ` · ${duration(e.seconds)}` : ""),
+    el("span", { class: "grow" }, el("strong", {}, e.job_id), ` · ${FAILOVER_WORDS[e.type] || e.type}`,
+      e.reason ? `: ${e.reason}` : "", e.estimated_seconds ? ` (about ${duration(e.estimated_seconds)})` : "",
+      e.seconds ? ` · took ${duration(e.seconds)}` : ""),
     el("span", { class: "muted" }, ago(e.at)))), $("no-failovers"));
 
   fill($("notify"), (status.notify || []).map((c) => el("li", {},
