@@ -81,6 +81,8 @@ def test_the_wheel_installs_and_serves_outside_the_checkout(tmp_path: Path, mode
     with tarfile.open(sdist) as archive:
         in_sdist = {member.name.split("/", 1)[1] for member in archive.getmembers() if member.isfile()}
     assert {f"tray_app/{name}" for name in RESOURCES} <= in_sdist
+    page = {f"tray_app/server/status_page/static/{n}" for n in ("index.html", "app.css", "app.js")}
+    assert page <= set(zipfile.ZipFile(wheel).namelist()) and page <= in_sdist  # the status page's files
 
     venv = fresh_venv(tmp_path / "venv")
     work = tmp_path / "work"  # the commands run here: nothing of the checkout is on their path
