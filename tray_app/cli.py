@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_and_device(drill)
     drill.add_argument("--pressure", metavar="SIZE", help="take this much VRAM away from the GPU worker")
     drill.add_argument(
-        "--scenario", action="append", help="run only these scenarios (a..j, e.g. h,i,j), repeatable"
+        "--scenario", action="append", help="run only these scenarios (a..l, e.g. h,i,j), repeatable"
     )
     drill.add_argument(
         "--soak",

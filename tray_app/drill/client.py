@@ -48,6 +48,8 @@ class Answer:
     transport_error: str = ""
     started_at: float = 0.0
     first_content_at: float | None = None
+    content_at: list[float] = field(default_factory=list)  # when each chunk with text arrived
+    prompt_tokens: int = 0  # the usage's, where the request asked for it (stream_options.include_usage)
     ended_at: float = 0.0
 
     @property
@@ -71,6 +73,8 @@ def _apply_chunk(answer: Answer, obj: dict[str, Any]) -> None:
         answer.error = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
         return
     answer.chunks += 1
+    usage = obj.get("usage") or {}
+    answer.prompt_tokens = int(usage.get("prompt_tokens") or answer.prompt_tokens)
     if obj.get("failsoft"):
         answer.failsoft = obj["failsoft"]
         answer.failsoft_chunks += 1
@@ -81,7 +85,8 @@ def _apply_chunk(answer: Answer, obj: dict[str, Any]) -> None:
         content = delta.get("content") or choice.get("text")
         if content:
             answer.text += content
-            answer.first_content_at = answer.first_content_at or time.time()
+            answer.content_at.append(time.time())
+            answer.first_content_at = answer.first_content_at or answer.content_at[-1]
         for call in delta.get("tool_calls") or []:
             _merge_tool_call(answer.tool_calls, call)
 

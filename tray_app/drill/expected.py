@@ -20,6 +20,7 @@ TITLES = {
     "i": "GPU pressure, stand-in refused: the big model on its CPU",
     "j": "eviction: an idle model makes room, a busy one never",
     "k": "another program takes the GPU: seen, named, acted on; the GPU back after it exits",
+    "l": "a conversation over 1,500 tokens loses its GPU worker mid-stream: the CPU has read it already",
 }
 
 # How a GPU worker killed by SIGABRT is named: by the failure signature, or by how the process ended once its
@@ -43,6 +44,8 @@ EXPECTED: dict[str, Expectation] = {
     # refused, the asked model on its own CPU worker.
     "h": Expectation("gpu", ("stand_in",), "completed"),
     "i": Expectation("cpu", ("gpu_unavailable",), "completed"),
+    # The GPU worker is killed (SIGKILL) in the last turn's stream: resumed once on the CPU.
+    "l": Expectation("cpu", ABORT_KINDS, "completed", REPLAYED),
 }
 
 # d: every job completes once, and the one on the GPU at the crash is replayed on the CPU (the others may

@@ -7,6 +7,7 @@ user's journal. Its config is the user's effective config with the changes a dri
 from __future__ import annotations
 
 import contextlib
+import copy
 import signal
 import tempfile
 import threading
@@ -28,6 +29,10 @@ READY_TIMEOUT = 180.0
 DRILL_SLOTS = 4
 DRILL_GPU_MAX_CTX = 512 * DRILL_SLOTS
 DRILL_CPU_MAX_CTX = 2048 * DRILL_SLOTS
+# Scenario l's own service: a conversation of about 2,000 tokens and its answer in one slot, GPU and CPU.
+LONG_SLOTS = 2
+LONG_SLOT_CTX = 2560
+LONG_HEALTH_TIMEOUT = 10.0
 # Quick failure detection, so a hung or crashed GPU worker is found within about a second.
 DRILL_SUPERVISOR = {
     "health_interval": 0.5,
@@ -68,6 +73,18 @@ def drill_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
     data["models"] = [*drill_models(cfg), *data["models"]]  # first: the scenarios take the first that fit
     # Fails here, with the key or model named, rather than in the child.
     catalog_from_config(from_dict(data, source="drill config"))
+    return data
+
+
+def long_slot_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """The drill's config with GPU and CPU slots long enough for a conversation of about 2,000 tokens
+    (scenario l)."""
+    data = copy.deepcopy(settings)
+    data["budget"].update(max_ctx=LONG_SLOT_CTX * LONG_SLOTS, n_parallel=LONG_SLOTS)
+    data["cpu"].update(max_ctx=LONG_SLOT_CTX * DRILL_SLOTS, n_parallel=DRILL_SLOTS)
+    # A simulated GPU reads a long prompt at CPU speed, beside the mirror's reading: on a busy machine its
+    # /health can take more than the drill's 1 s. l kills its worker outright, which is seen at once anyway.
+    data["supervisor"]["health_timeout"] = LONG_HEALTH_TIMEOUT
     return data
 
 

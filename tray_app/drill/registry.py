@@ -1,10 +1,10 @@
-"""Which coroutine plays each scenario, a to k, in the order the drill runs them (titles: `expected`)."""
+"""Which coroutine plays each scenario, a to l, in the order the drill runs them (titles: `expected`)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from tray_app.drill import eviction, ladder, scenarios, takeover
+from tray_app.drill import conversation_failover, eviction, ladder, scenarios, takeover
 from tray_app.drill.context import DrillContext
 from tray_app.drill.records import ScenarioRecord
 
@@ -21,4 +21,8 @@ SCENARIOS: dict[str, Scenario] = {
     "i": ladder.cpu_under_pressure,
     "j": eviction.eviction,
     "k": takeover.takeover,
+    "l": conversation_failover.conversation_failover,
 }
+
+# Played on a service of their own with longer GPU slots when the drill starts the service itself.
+LONG_SLOT_SCENARIOS = ("l",)
