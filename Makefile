@@ -10,7 +10,7 @@ SYSTEM_PACKAGES := g++ cmake ninja-build systemd chromium xvfb trayer xdotool x1
 	libxcb-keysyms1 libxcb-shape0 libxcb-xinerama0 libxcb-image0 libxcb-render-util0 libxcb-randr0 \
 	libgl1 libfontconfig1 libdbus-1-3 fonts-dejavu-core
 
-.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine dist test-models gpu-check gpu-check-pack install uninstall clean
+.PHONY: run serve test lint typecheck unit bench drill plan system-deps engine dist test-models gpu-check gpu-check-pack moe-check install uninstall clean
 
 # llama-cpp-python and llama.cpp's llama-server come from one compile of the same llama.cpp source, built
 # once per (version, GPU backend) into the user cache dir; GPU_BACKEND=cuda|vulkan|hip|cpu chooses one. The
@@ -106,6 +106,12 @@ gpu-check-pack: $(STAMP)
 
 gpu-check:
 	$(PYTHON) packaging/gpu_check.py run
+
+# By hand, not in CI: the planner's Mixture-of-Experts placement against llama.cpp on Mesa's software Vulkan
+# device (docs/gpu-check.md, "The MoE check on a software GPU"). Builds the Vulkan engine once (needs
+# mesa-vulkan-drivers libvulkan-dev glslc spirv-headers); report: moe-check.json.
+moe-check: $(STAMP)
+	$(BIN)/python packaging/moe_check.py
 
 # For this user: `failsoft` on PATH (~/.local/bin), the menu entry and icon, the systemd user unit (not
 # enabled); AUTOSTART=1 also starts the tray at login. `make uninstall` removes exactly that.

@@ -30,6 +30,8 @@ set, else `gpu-check.json`), each phase with its time, its budget and what it fo
   model        the bundled model, or the model rebuilt from the carried skeleton
   service      `failsoft doctor --json`, then `failsoft serve` on the real GPU until both workers are ready
   planner      per buffer: the planner's prediction, llama.cpp's printed sizes and NVML's measurement
+  moe          the tiny MoE model planned for budgets on CUDA0: the plan against llama.cpp's printed buffers
+               and override lines, and against llama.cpp's own --fit by the planner's tokens/s estimate
   pressure     torch takes the GPU's free memory until a real CUDA allocation fails; then requests of
                growing size until one needs new memory in the GPU worker: it must fail over exactly once
   teardown     the service stopped, its logs kept

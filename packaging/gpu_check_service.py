@@ -22,6 +22,7 @@ from typing import Any
 
 import tomli_w
 from check_report import MIB, PhaseStop, Report, say, tail
+from gpu_check_moe import phase_moe
 from gpu_check_watcher import phase_watcher
 
 from tray_app.budget.device import nvml_memory
@@ -474,6 +475,7 @@ def service_phases(report_path: Path, deadline: float, model: Path, state: Path)
         service, status = phase_service(report, model, root)
         phase_planner(report, status, root)
         phase_watcher(report, service)
+        phase_moe(report, state)
         phase_pressure(report, service, root)
     except PhaseStop:
         pass
