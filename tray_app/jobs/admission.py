@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -16,10 +17,13 @@ from typing import Any
 from tray_app.engine.llama_log import capture_llama_log
 from tray_app.engine.tools import workers_template
 from tray_app.jobs import grammar_check
+from tray_app.jobs.count_cache import CountCache, text_bytes
 
 DEFAULT_CHAT_TEMPLATE_STOP = "<|im_end|>"
-CONTENT_CACHE_SIZE = 4096
-FRAMING_CACHE_SIZE = 256  # role shapes and tool lists: an agent sends the same few again and again
+# What the cached counts' keys may hold: messages' texts, and role shapes with tool lists (an agent sends the
+# same few again and again). Bounded by bytes: a key is as long as the text it counts.
+CONTENT_CACHE_BYTES = 32 * 1024 * 1024
+FRAMING_CACHE_BYTES = 4 * 1024 * 1024
 
 
 class TokenCounter:
@@ -43,8 +47,10 @@ class TokenCounter:
                 raise ValueError(f"{error}: {said}" if said else str(error)) from None
         self._llama_cpp = llama_cpp
         self._vocab = self._llama._model.vocab
-        self._framing_cache: dict[tuple[tuple[str, ...], str], int] = {}
-        self._content_cache: dict[str, int] = {}
+        self._framing_cache: CountCache[tuple[tuple[str, ...], str]] = CountCache(
+            FRAMING_CACHE_BYTES, _framing_bytes
+        )
+        self._content_cache: CountCache[str] = CountCache(CONTENT_CACHE_BYTES, text_bytes)
         metadata: dict[str, str] = self._llama.metadata
         template = workers_template(metadata.get("tokenizer.chat_template") or "", chat_format)
         self._formatter: Jinja2ChatFormatter | None = None
@@ -89,9 +95,7 @@ class TokenCounter:
             if tools and prompt == self.chat_prompt(empty)[0]:
                 # A template that does not write tools: llama-server describes them itself, in JSON.
                 cached += self._content_tokens(json.dumps(tools))
-            if len(self._framing_cache) >= FRAMING_CACHE_SIZE:
-                self._framing_cache.pop(next(iter(self._framing_cache)))
-            self._framing_cache[key] = cached
+            self._framing_cache.put(key, cached)
         return cached
 
     def _content_tokens(self, text: str) -> int:
@@ -99,9 +103,7 @@ class TokenCounter:
         cached = self._content_cache.get(text)
         if cached is None:
             cached = self.count_text(text, special=False, add_bos=False)
-            if len(self._content_cache) >= CONTENT_CACHE_SIZE:
-                self._content_cache.pop(next(iter(self._content_cache)))
-            self._content_cache[text] = cached
+            self._content_cache.put(text, cached)
         return cached
 
     def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
@@ -132,9 +134,19 @@ class TokenCounter:
                 total += self._content_tokens(json.dumps(body[name]))
         return total
 
+    @property
+    def cached_bytes(self) -> int:
+        """What the cached counts' keys hold, in bytes (at most CONTENT_CACHE_BYTES + FRAMING_CACHE_BYTES)."""
+        return self._content_cache.held_bytes + self._framing_cache.held_bytes
+
     def count_completion(self, body: dict[str, Any]) -> int:
         prompt = body["prompt"]
         return self.count_text(prompt if isinstance(prompt, str) else "".join(prompt))
+
+
+def _framing_bytes(key: tuple[tuple[str, ...], str]) -> int:
+    roles, tools = key
+    return sys.getsizeof(roles) + sum(sys.getsizeof(role) for role in roles) + sys.getsizeof(tools)
 
 
 def _text(message: dict[str, Any]) -> str:
