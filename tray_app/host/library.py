@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -66,6 +67,7 @@ class Library:
         self._registry = registry
         self._main_tokens = main_tokens
         self._tokens: dict[str, TokenCounter] = {}
+        self._tokens_lock = threading.Lock()  # prompts are counted on threads too (jobs.prompt_count)
         self._last_used: dict[str, float] = {}
         self._keep_alive: dict[str, float] = {}  # a request's keep_alive, by model (the latest wins)
         self._loading: set[str] = set()
@@ -92,10 +94,11 @@ class Library:
         entry = self.catalog.find(name)
         if entry is None or entry.main:
             return self._main_tokens()
-        counter = self._tokens.get(entry.name)
-        if counter is None:
-            counter = self._tokens[entry.name] = TokenCounter(entry.path, entry.chat_format)
-        return counter
+        with self._tokens_lock:
+            counter = self._tokens.get(entry.name)
+            if counter is None:
+                counter = self._tokens[entry.name] = TokenCounter(entry.path, entry.chat_format)
+            return counter
 
     def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int:
         plans = self.plans.get(entry.name)

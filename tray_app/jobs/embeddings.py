@@ -22,6 +22,7 @@ from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
 from tray_app.jobs.engine import CAUSE_WAIT_SECONDS
 from tray_app.jobs.outcomes import JobError, JobFailed, cannot_serve
+from tray_app.jobs.prompt_count import COUNT_INLINE_CHARS
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.jobs.worker_port import ExecutorSettings, Worker
@@ -35,7 +36,6 @@ ANSWER_SECONDS = 120.0
 SLOWEST_TOKENS_PER_SECOND = 5.0  # a large model on a few slow cores
 SPEED_MARGIN = 4.0
 MEASURED_FROM = 64  # tokens: a smaller batch's time is mostly a request's fixed cost, not reading speed
-COUNT_INLINE_CHARS = 64 * 1024  # more text than this is counted off the event loop
 
 
 def answer_seconds(tokens: int, tokens_per_second: float) -> float:

@@ -28,6 +28,7 @@ from tray_app.jobs.ids import new_request_id, random_seed
 from tray_app.jobs.journal import Journal, StoredJob
 from tray_app.jobs.outcomes import JobError
 from tray_app.jobs.path_timing import FirstTokenPath
+from tray_app.jobs.prompt_count import COUNT_INLINE_CHARS, prompt_chars
 from tray_app.jobs.registry import Job, JobRegistry, new_id, stored_summary
 from tray_app.jobs.routing import Models, Refused, Routing, refused
 from tray_app.jobs.worker_port import Worker
@@ -142,8 +143,18 @@ class Jobs:
         entry = self.model(model)
         return self.models.count_prompt(kind, self.as_workers_take(kind, body, entry), entry.name)
 
-    def make(self, request: JobRequest, *, background: bool = False) -> Job:
-        """The job for this request, checked and counted, not registered yet."""
+    async def count_request(self, request: JobRequest) -> int | None:
+        """A long request's prompt tokens, counted on a thread (jobs.prompt_count) for make() to take; None
+        for a short one, which make() counts at once. ApiError or Refused as make() for an unknown model."""
+        if prompt_chars(request.kind, request.body) <= COUNT_INLINE_CHARS:
+            return None
+        entry = self.model(request.model)
+        body = self.as_workers_take(request.kind, dict(request.body), entry)
+        return await asyncio.to_thread(self.models.count_prompt, request.kind, body, entry.name)
+
+    def make(self, request: JobRequest, *, background: bool = False, prompt_tokens: int | None = None) -> Job:
+        """The job for this request, checked and counted (unless `prompt_tokens`, from count_request), not
+        registered yet."""
         entry = self.model(request.model)
         body = self.as_workers_take(request.kind, dict(request.body), entry)
         body["model"] = entry.name  # otherwise llama.cpp names the model by its file path in every chunk
@@ -163,7 +174,8 @@ class Jobs:
                 type="invalid_request_error",
                 param="grammar",
             )
-        prompt_tokens = self.models.count_prompt(request.kind, body, entry.name)
+        if prompt_tokens is None:
+            prompt_tokens = self.models.count_prompt(request.kind, body, entry.name)
         if prompt_tokens == 0:
             # Nothing to continue from: this model adds no start token to an empty prompt.
             raise refused(
@@ -390,6 +402,7 @@ class Jobs:
         Idempotency-Key (its summary and 202/200). Refused when it cannot be accepted."""
         if self.journal.failure is not None:
             raise journal_unavailable(self.journal.failure)
+        prompt_tokens = await self.count_request(request)  # before the key check: see below
         key = request.idempotency_key
         if key:
             existing = self._existing_background(key, request.body_hash)
@@ -405,7 +418,7 @@ class Jobs:
                 retry_after=30,
             )
         # No await between the key check and registration: a second request with the same key finds this job.
-        job = self.make(request, background=True)
+        job = self.make(request, background=True, prompt_tokens=prompt_tokens)
         self.registry.add(job)
         decision = await self.route(job, BACKGROUND_DEADLINE)
         if decision.action == "refuse":

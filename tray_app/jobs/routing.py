@@ -20,6 +20,7 @@ from tray_app.jobs import gpu_policy, policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.outcomes import JobError
+from tray_app.jobs.prompt_count import count_off_loop
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.worker_port import StandIn, Worker
 from tray_app.library.catalog import ModelEntry
@@ -222,7 +223,9 @@ class Routing:
         if stand is None or role is None:
             return None
         n_ctx = self.models.n_ctx_per_seq(stand, "gpu")
-        prompt_tokens = self.models.count_prompt(job.kind, job.body, stand.name)
+        prompt_tokens = await count_off_loop(
+            lambda: self.models.count_prompt(job.kind, job.body, stand.name), job.kind, job.body
+        )
         if prompt_tokens + job.max_tokens > n_ctx:
             return None
         wait = min(max(job.time_left(), 0.0), cfg.supervisor.start_timeout)

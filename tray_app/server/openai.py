@@ -23,6 +23,7 @@ from tray_app.jobs.embeddings import InputTokens
 from tray_app.jobs.ids import new_request_id
 from tray_app.jobs.intake import BACKGROUND_DEADLINE, Admission, JobRequest, Refused
 from tray_app.jobs.outcomes import JobFailed, Piece
+from tray_app.jobs.prompt_count import count_off_loop
 from tray_app.jobs.registry import Job, new_id
 from tray_app.jobs.worker_port import retry_after_seconds
 from tray_app.server.embedding_requests import check_tokens, parse_embedding_request
@@ -126,13 +127,16 @@ class Router:
     def deadline_seconds(self, request: Request) -> float:
         return deadline_seconds(request, self.svc.cfg.failover.deadline)
 
-    def count_chat(self, raw: bytes) -> int:
+    async def count_chat(self, raw: bytes) -> int:
         """The prompt tokens of a chat request (`raw`, OpenAI's shape) on the model it names, counted as
-        admission counts them; ApiError (400, 404) when the request is not one the router would take."""
+        admission counts them (a long prompt on a thread); ApiError (400, 404) when the request is not one
+        the router would take."""
         parsed = parse_request("chat", raw)
         check_model(parsed, self.svc.model_names)
         try:
-            return self.jobs.count_prompt("chat", parsed.body, parsed.model)
+            return await count_off_loop(
+                lambda: self.jobs.count_prompt("chat", parsed.body, parsed.model), "chat", parsed.body
+            )
         except Refused as refused:
             raise from_job_error(refused.error) from None
 
@@ -179,7 +183,7 @@ class Router:
                     answer = _replayed(parsed, replay.job_id, replay.result, replay.read_token)
                     served = self.jobs.model(parsed.model).name
                     return NamedAsAsked(answer, served, asked) if as_asked and asked else answer
-            job = self.jobs.make(spec)
+            job = self.jobs.make(spec, prompt_tokens=await self.jobs.count_request(spec))
             admission = await self.jobs.admit(job, deadline)
         except ApiError as error:
             return error_response(error)

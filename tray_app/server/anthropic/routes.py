@@ -41,7 +41,7 @@ class MessagesRoutes:
     async def count_tokens(self, request: Request) -> ASGIApp:
         try:
             _, raw = await read_translated(request, self.router.max_body, counted_request)
-            tokens = self.router.count_chat(raw)
+            tokens = await self.router.count_chat(raw)
         except ApiError as error:
             return error_response(error, api=DIALECT)
         return JSONResponse({"input_tokens": tokens})

@@ -47,7 +47,7 @@ class ResponsesRoute:
         counts them (with the stored conversation it continues, if it names one)."""
         try:
             _, raw = await read_translated(request, self.router.max_body, self._chat_request)
-            tokens = self.router.count_chat(raw)
+            tokens = await self.router.count_chat(raw)
         except ApiError as error:
             return error_response(error)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": tokens})
