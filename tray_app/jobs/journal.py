@@ -259,6 +259,15 @@ class Journal:
 
         self._queue.put(update)
 
+    def replace_body(self, job_id: str, shrink: Callable[[], dict[str, Any]]) -> None:
+        """Store `shrink()` as the job's body from now on (called on the writer thread: it may encode a
+        large body), for a job no attempt will send again (jobs.excerpt)."""
+
+        def replace(c: sqlite3.Connection) -> None:
+            c.execute("UPDATE jobs SET body = ? WHERE id = ?", (json.dumps(shrink()), job_id))
+
+        self._queue.put(replace)
+
     def start_attempt(self, job_id: str, number: int, worker: str, started_at: float) -> None:
         params = (job_id, number, worker, started_at)
         self._queue.put(

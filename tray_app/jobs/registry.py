@@ -18,9 +18,11 @@ from tray_app.contract.status import JobSummary
 from tray_app.contract.vocabulary import ENDED_WITHOUT_ANSWER, FINAL_JOB_STATES, JOB_STATES, JobKind, JobState
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.engine.request_fields import forwarded
+from tray_app.jobs.excerpt import body_excerpt
 from tray_app.jobs.ids import random_hex
 from tray_app.jobs.journal import Journal, StoredJob
 from tray_app.jobs.path_timing import FirstTokenPath
+from tray_app.jobs.weight import approx_bytes
 
 FINAL_STATES = FINAL_JOB_STATES
 STATES = JOB_STATES
@@ -34,7 +36,11 @@ TRANSITIONS: dict[JobState, frozenset[str]] = {
     JobState.AWAITING_APPROVAL: frozenset({JobState.QUEUED, *_ENDED}),
     **{JobState(state): frozenset() for state in FINAL_STATES},
 }
-KEEP_FINISHED = 2000  # finished jobs kept in memory; older ones are read from the journal
+# Finished jobs kept in memory, the latest first: at most this many, weighing at most this much (with the one
+# just finished, whatever it weighs); older ones are read from the journal, which keeps every answer. An
+# answer with log probabilities is several MiB: 2000 of them would be gigabytes.
+KEEP_FINISHED = 2000
+KEEP_FINISHED_BYTES = 32 * 1024 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -118,6 +124,13 @@ class Job:
             body.update(upstream_stream(self.prompt_tokens))
             self._upstream = json.dumps(body).encode()
         return self._upstream
+
+    def drop_upstream_body(self) -> int:
+        """Its last attempt was sent: the encoded body (as large as the request) is not kept. Its size in
+        bytes (0 if none was encoded)."""
+        size = len(self._upstream) if self._upstream is not None else 0
+        self._upstream = None
+        return size
 
     @property
     def final(self) -> bool:
@@ -214,7 +227,9 @@ class JobRegistry:
         self.journal = journal
         self.bus = bus
         self._live: dict[str, Job] = {}
-        self._finished: OrderedDict[str, Job] = OrderedDict()
+        # The finished jobs held here, oldest first, each with its weight (jobs.weight), and their sum.
+        self._finished: OrderedDict[str, tuple[Job, int]] = OrderedDict()
+        self._finished_bytes = 0
         # Idempotency-Key -> the latest job made under it, for the jobs held here; older ones are found in
         # the journal. Written only by add() and dropped with the job it names.
         self._keys: dict[str, str] = {}
@@ -254,7 +269,13 @@ class JobRegistry:
         return self.get(job_id) if job_id else None
 
     def get(self, job_id: str) -> Job | None:
-        return self._live.get(job_id) or self._finished.get(job_id)
+        held = self._finished.get(job_id)
+        return self._live.get(job_id) or (held[0] if held is not None else None)
+
+    @property
+    def finished_bytes(self) -> int:
+        """What the finished jobs held here weigh (jobs.weight), in bytes."""
+        return self._finished_bytes
 
     def live(self) -> list[Job]:
         return list(self._live.values())
@@ -268,7 +289,7 @@ class JobRegistry:
         return sum(1 for job in self._live.values() if job.background)
 
     def by_state(self, state: str | None) -> list[Job]:
-        jobs = [*self._live.values(), *self._finished.values()]
+        jobs = [*self._live.values(), *(job for job, _ in self._finished.values())]
         return [job for job in jobs if state is None or job.state == state]
 
     @staticmethod
@@ -425,11 +446,27 @@ class JobRegistry:
             error=error,
             result=result,
         )
+        if state in _ENDED and job.attempts == 0:
+            # Refused, or ended while it waited: no worker saw it and none will. Its job is read back by
+            # its model and a Responses request's note; the rest of a body of megabytes is not kept.
+            body = job.body
+            self.journal.replace_body(job.id, lambda: body_excerpt(body, ("model", RESPONSE_NOTE)))
         self._live.pop(job.id, None)
-        self._finished[job.id] = job
-        while len(self._finished) > KEEP_FINISHED:
-            old_id, old = self._finished.popitem(last=False)
-            if old.idempotency_key and self._keys.get(old.idempotency_key) == old_id:
-                del self._keys[old.idempotency_key]
+        self._keep_finished(job)
         job.finished.set()
         self.bus.publish(JobStateChanged(job_id=job.id, state=state, worker=job.worker, reason=reason))
+
+    def _keep_finished(self, job: Job) -> None:
+        """Hold a job that just finished, and let go of the oldest ones beyond the count or the bytes."""
+        # The body as sent counts where its estimate (a sample of a long conversation) may fall short.
+        body = max(approx_bytes(job.body), job.drop_upstream_body())
+        weight = body + approx_bytes(job.result) + approx_bytes(job.error)
+        self._finished[job.id] = (job, weight)
+        self._finished_bytes += weight
+        while len(self._finished) > KEEP_FINISHED or (
+            self._finished_bytes > KEEP_FINISHED_BYTES and len(self._finished) > 1
+        ):
+            old_id, (old, old_weight) = self._finished.popitem(last=False)
+            self._finished_bytes -= old_weight
+            if old.idempotency_key and self._keys.get(old.idempotency_key) == old_id:
+                del self._keys[old.idempotency_key]
