@@ -16,7 +16,7 @@ Run by hand, not in CI (the Vulkan build takes a long while once; the check then
    block, so that llama.cpp's MiB-granular `--fit` can tell blocks apart).
 3. For each budget: Failsoft's plan for a simulated GPU of that size standing for `Vulkan0` (no reserve: the
    budget is what the worker may use), and llama-server started with the command line Failsoft gives it
-   (`-ngl`, `--n-cpu-moe`, `-c`, `-np`, ... plus `-lv 4` for the override lines). What llama.cpp printed per
+   (`-ngl`, `--n-cpu-moe`, `-c`, `-np`, ... plus `-lv 5` for the override lines). What llama.cpp printed per
    device must equal the plan: weights and KV cache exactly, the compute buffer within 5 %, the experts
    kept in RAM as planned (packaging/moe_compare.py).
 4. llama-server again with `--fit on` in the same budget (`--fit-target`: Vulkan0's free memory less the
@@ -245,11 +245,11 @@ def fit_argv(failsoft: list[str], target_mib: int) -> list[str]:
 def run_server(
     server: Path, argv: list[str], env: dict[str, str], log_path: Path, timeout: float = LOAD_TIMEOUT
 ) -> str:
-    """Start llama-server (`-lv 4`: the override lines are debug output), wait until it has loaded or
+    """Start llama-server (`-lv 5`: the override lines are debug output), wait until it has loaded or
     ended, stop it; its log."""
     from tray_app.supervisor.ports import free_port
 
-    command = [str(server), *_with_port(argv, free_port()), "--log-verbosity", "4"]
+    command = [str(server), *_with_port(argv, free_port()), "--log-verbosity", "5"]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with log_path.open("w") as log:
@@ -368,22 +368,27 @@ def _plan_words(plan: Any) -> str:
 
 # ------------------------------------------------------------------------------------------------ report
 def table(results: list[dict[str, Any]], device: str) -> str:
+    """One line per budget: Failsoft's placement with its planned/printed sizes on the device and its
+    estimate; --fit's placement, what it put on the device, and its estimate."""
     header = (
-        f"{'budget':>7}  {'Failsoft (' + device + ')':<38} {'weights MiB':>12} {'KV MiB':>11} "
-        f"{'compute MiB':>13} {'tok/s':>7}  {'--fit':<38} {'tok/s':>7}  ok"
+        f"{'budget':>7}  {'Failsoft on ' + device:<40} {'weights MiB':>13} {'KV MiB':>11} "
+        f"{'compute MiB':>13} {'tok/s':>6}  {'--fit':<40} {'MiB':>6} {'tok/s':>6}  ok"
     )
     lines = [header, "-" * len(header)]
     for result in results:
         rows = result["compare"]["buffers"]
         fit = result.get("fit") or {}
         fit_words = (fit.get("placement") or {}).get("words", "-")
-        fit_speed = ((fit.get("estimate") or {}).get("tokens_per_second")) or 0.0
+        fit_speed = (fit.get("estimate") or {}).get("tokens_per_second") or 0.0
+
+        def pair(name: str, rows: dict[str, Any] = rows) -> str:
+            return f"{rows[name]['planned_mib']:.2f}/{rows[name]['printed_mib']:.2f}"
+
+        ours = result["failsoft_estimate"]["tokens_per_second"]
         lines.append(
-            f"{result['budget_mib']:>4} MiB  {result['plan']['placement']:<38} "
-            f"{rows['weights']['planned_mib']:>5.2f}/{rows['weights']['printed_mib']:<6.2f} "
-            f"{rows['kv']['planned_mib']:>5.2f}/{rows['kv']['printed_mib']:<5.2f} "
-            f"{rows['compute']['planned_mib']:>6.2f}/{rows['compute']['printed_mib']:<6.2f} "
-            f"{result['failsoft_estimate']['tokens_per_second']:>7.0f}  {fit_words:<38} {fit_speed:>7.0f}  "
+            f"{result['budget_mib']:>3} MiB  {result['plan']['placement']:<40} {pair('weights'):>13} "
+            f"{pair('kv'):>11} {pair('compute'):>13} {ours:>6.0f}  "
+            f"{fit_words:<40} {fit.get('device_used_mib', 0.0):>6.2f} {fit_speed:>6.0f}  "
             f"{'yes' if not result['problems'] else 'NO'}"
         )
     return "\n".join(lines)

@@ -6,7 +6,7 @@ phase (packaging/gpu_check_moe.py, CUDA) start llama-server with the plan's comm
 load log:
 
     load_tensors: offloaded 9/9 layers to GPU
-    tensor blk.0.ffn_gate_exps.weight (4 MiB f16) buffer type overridden to CPU      (-lv 4)
+    tensor blk.0.ffn_gate_exps.weight (4 MiB f16) buffer type overridden to CPU      (-lv 5)
     load_tensors:      Vulkan0 model buffer size =    14.27 MiB
     load_tensors:          CPU model buffer size =    13.00 MiB
     llama_kv_cache:    Vulkan0 KV buffer size =     8.00 MiB
@@ -68,7 +68,7 @@ def per_backend(log: str) -> dict[str, dict[str, int]]:
 
 
 def overrides(log: str) -> dict[str, str]:
-    """Tensor name -> the buffer type an override sent it to (printed at debug verbosity, `-lv 4`)."""
+    """Tensor name -> the buffer type an override sent it to (printed at debug verbosity, `-lv 5`)."""
     return {match["tensor"]: match["buffer"] for match in _OVERRIDE.finditer(log)}
 
 
