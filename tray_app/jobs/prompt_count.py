@@ -1,8 +1,9 @@
-"""A request's prompt counted without stopping the event loop: tokenizing takes about 2 ms per KiB on a slow
-core (4 MiB, the default `server.max_body`: several seconds), and every client of the service waits while
-the loop does. A long prompt is counted on a thread; llama.cpp's tokenizer takes concurrent calls on one
-vocabulary (llama-server tokenizes on its HTTP threads), and the counter's caches lock (jobs.count_cache).
-A short one is counted at once: a thread's hop would cost more than the count."""
+"""A request's prompt counted without stopping the event loop: tokenizing 4 MiB (the default
+`server.max_body`) takes 1.5 s on a 2-core machine, several seconds when it is busy, and every client of
+the service waits while the loop does. A long prompt is counted on a thread; llama.cpp's tokenizer takes
+concurrent calls on one vocabulary (llama-server tokenizes on its HTTP threads) and releases the GIL, and
+the counter's caches lock (jobs.count_cache). A short one is counted at once: a thread's hop would cost
+more than the count."""
 
 from __future__ import annotations
 
