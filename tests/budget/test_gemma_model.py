@@ -126,12 +126,14 @@ def test_the_whole_trained_context_fits_on_4_gib_thanks_to_the_window(info: Mode
 
 def test_a_split_divides_the_cache_as_llama_cpp_does(info: ModelInfo) -> None:
     request = PlanRequest(n_ctx=16384, n_parallel=4)
-    # llama-server's compute buffer at these settings was 51.76 MiB; a small device holds a few blocks
-    plan = plan_gpu(gpu(384 * MIB), info, request, lambda settings: 52 * MIB)
-    assert plan.verdict == "split" and 0 < plan.n_gpu_layers < 18
-    on_gpu = range(18 - plan.n_gpu_layers, 18)  # llama.cpp offloads the last blocks
+    # llama-server's compute buffer at these settings was 51.76 MiB; a small device holds the output layer
+    # (the 170 MiB tied embedding's copy) and a few blocks
+    plan = plan_gpu(gpu(512 * MIB), info, request, lambda settings: 52 * MIB)
+    assert plan.verdict == "split" and 1 < plan.n_gpu_layers < 18
+    # llama.cpp offloads the output layer, then the last blocks
+    on_gpu = range(18 - (plan.n_gpu_layers - 1), 18)
     full = sum(layer in FULL_LAYERS for layer in on_gpu)
-    assert plan.kv_bytes == (full * 16384 + (plan.n_gpu_layers - full) * 4 * 1024) * CELL_BYTES
+    assert plan.kv_bytes == (full * 16384 + (len(on_gpu) - full) * 4 * 1024) * CELL_BYTES
     assert plan.kv_bytes + plan.host_kv_bytes == expected_kv(16384, 4)
 
 

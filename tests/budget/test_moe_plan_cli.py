@@ -45,7 +45,7 @@ def test_the_table_shows_the_expert_split_and_both_candidates(setup: tuple[Path,
     lines = out.splitlines()
     heading = "splits weighed (tokens/s from memory traffic at GPU 400 GB/s, RAM 50 GB/s):"
     weighed = lines[lines.index(heading) + 1 :]
-    assert weighed[0].startswith("    layer split  5/9 layers on the GPU, n_ctx 1024: ")
+    assert weighed[0].startswith("    layer split  6/9 layers on the GPU, n_ctx 1024: ")
     expert = "  * expert split all 9 layers, experts of 5/8 layers on the CPU, n_ctx 1024: "
     assert weighed[1].startswith(expert)
     assert all("tokens/s" in line for line in weighed[:2])

@@ -96,16 +96,19 @@ def test_reserve_is_the_larger_of_percent_and_floor(
     assert reserve_bytes(total, percent, floor) == expected
 
 
-def test_gpu_weights_count_the_last_blocks_then_the_output_layer(model_8b: ModelInfo) -> None:
+def test_gpu_weights_count_the_output_layer_then_the_last_blocks(model_8b: ModelInfo) -> None:
+    # llama.cpp: i_gpu_start = n_layer + 1 - n_gpu_layers, the output layer being layer n_layer
     assert gpu_weights_bytes(model_8b, 0) == 0
-    assert gpu_weights_bytes(model_8b, 5) == 5 * 200 * MIB
-    assert gpu_weights_bytes(model_8b, 32) == 32 * 200 * MIB
+    assert gpu_weights_bytes(model_8b, 1) == 260 * MIB
+    assert gpu_weights_bytes(model_8b, 5) == 4 * 200 * MIB + 260 * MIB
+    assert gpu_weights_bytes(model_8b, 32) == 31 * 200 * MIB + 260 * MIB
     assert gpu_weights_bytes(model_8b, 33) == 32 * 200 * MIB + 260 * MIB
 
 
 def test_host_keeps_the_input_layer_and_a_tied_embedding(model_8b: ModelInfo) -> None:
     assert host_weights_bytes(model_8b, 33) == 260 * MIB  # the token embedding; the output matrix moved
-    assert host_weights_bytes(model_8b, 32) == 2 * 260 * MIB
+    assert host_weights_bytes(model_8b, 32) == 200 * MIB + 260 * MIB  # block 0 stays
+    assert host_weights_bytes(model_8b, 1) == 32 * 200 * MIB + 260 * MIB
     assert host_weights_bytes(model_8b, 0) == model_8b.weights_bytes
     # SmolLM2 ties its output to the embedding: llama.cpp copies it to the GPU and keeps the original
     assert host_weights_bytes(SMOLLM2_LIKE, 31) == SMOLLM2_LIKE.input_bytes

@@ -14,9 +14,16 @@ from tray_app.sizes import format_size
 
 
 def offloaded_blocks(model: ModelInfo, n_gpu_layers: int) -> range:
-    """The blocks `-ngl n_gpu_layers` puts on the GPU: the last ones (the output layer is counted apart)."""
-    blocks = min(max(n_gpu_layers, 0), model.n_layers)
+    """The blocks `-ngl n_gpu_layers` puts on the GPU: the last n_gpu_layers - 1 ones, the output layer
+    taking the first of the count (llama.cpp's i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0))."""
+    blocks = min(max(n_gpu_layers - 1, 0), model.n_layers)
     return range(model.n_layers - blocks, model.n_layers)
+
+
+def output_offloaded(n_gpu_layers: int) -> bool:
+    """Whether `-ngl n_gpu_layers` puts the output layer on the GPU: llama.cpp offloads it first, so any
+    positive count does (it prints "offloading output layer to GPU")."""
+    return n_gpu_layers > 0
 
 
 def expert_bytes(model: ModelInfo, layer: int) -> int:

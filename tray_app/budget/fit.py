@@ -115,7 +115,7 @@ class Budget:
         return None
 
     def largest_layers(self, n_ctx: int, n_parallel: int) -> int:
-        for n_gpu_layers in range(self.model.n_layers, 0, -1):  # n_layers blocks: all but the output layer
+        for n_gpu_layers in range(self.model.n_layers, 0, -1):  # all but one block; 1: the output layer alone
             if self.fits(n_gpu_layers, n_ctx, n_parallel):
                 return n_gpu_layers
         return 0

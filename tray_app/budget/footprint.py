@@ -2,12 +2,13 @@
 reserve, the context as llama.cpp pads it, and the CPU worker's prompt cache. Pure functions.
 
 Layer counting follows llama.cpp: a model with N repeating blocks has N + 1 offloadable layers, the last being
-the output layer (output norm and output matrix), so `n_gpu_layers == n_layers` means everything on the GPU.
+the output layer (output norm and output matrix), so `n_gpu_layers == N + 1` means everything on the GPU. A
+smaller count offloads the output layer first, then the last n_gpu_layers - 1 blocks (offloaded_blocks).
 """
 
 from __future__ import annotations
 
-from tray_app.budget.experts import experts_kept_on_cpu
+from tray_app.budget.experts import experts_kept_on_cpu, offloaded_blocks, output_offloaded
 from tray_app.budget.model_info import ModelInfo
 from tray_app.budget.plan import ComputeSettings, Plan, PlanError, PlanRequest
 
@@ -115,11 +116,10 @@ def reserve_bytes(total_bytes: int, percent: float, minimum: int) -> int:
 
 
 def gpu_weights_bytes(model: ModelInfo, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
-    """Weights llama.cpp puts on the GPU for `n_gpu_layers`: the last blocks, then the output layer; less
+    """Weights llama.cpp puts on the GPU for `n_gpu_layers`: the output layer, then the last blocks; less
     the experts `--n-cpu-moe n_cpu_moe` keeps in RAM."""
-    blocks = min(n_gpu_layers, model.n_layers)
-    weights = sum(model.layer_bytes[model.n_layers - blocks :]) if blocks else 0
-    if n_gpu_layers > model.n_layers:
+    weights = sum(model.layer_bytes[layer] for layer in offloaded_blocks(model, n_gpu_layers))
+    if output_offloaded(n_gpu_layers):
         weights += model.output_layer_bytes
     return weights - experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe)
 
@@ -128,9 +128,8 @@ def host_weights_bytes(model: ModelInfo, n_gpu_layers: int, n_cpu_moe: int = 0) 
     """Weights that stay in system RAM: the blocks not offloaded and the tensors outside the blocks, except
     the output layer's own tensors once it is offloaded (a tied embedding stays: its copy went to the GPU),
     and the experts `--n-cpu-moe n_cpu_moe` keeps there."""
-    blocks = min(n_gpu_layers, model.n_layers)
-    host = sum(model.layer_bytes[: model.n_layers - blocks]) + model.non_layer_bytes
-    if n_gpu_layers > model.n_layers:
+    host = sum(model.layer_bytes[: offloaded_blocks(model, n_gpu_layers).start]) + model.non_layer_bytes
+    if output_offloaded(n_gpu_layers):
         host -= model.output_layer_bytes - (model.input_bytes if model.tied_embeddings else 0)
     return host + experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe)
 

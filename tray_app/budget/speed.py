@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tray_app.budget.experts import expert_bytes, offloaded_blocks
+from tray_app.budget.experts import expert_bytes, offloaded_blocks, output_offloaded
 from tray_app.budget.model_info import ModelInfo
 
 GB = 1000**3
@@ -58,7 +58,7 @@ def reads_per_token(
                 gpu += active
         else:
             cpu += dense + active
-    if n_gpu_layers > model.n_layers:
+    if output_offloaded(n_gpu_layers):
         gpu += model.output_layer_bytes
     else:
         cpu += model.output_layer_bytes
