@@ -122,6 +122,7 @@ def test_the_page_shows_the_budget_and_approves_a_job(
     assert job_id and job_id.startswith("job-")
     assert desktop.inner_text("#live") == "live"
     assert "Weights" in desktop.inner_text("#legend")
+    assert desktop.inner_text("#total") == "4.00 GiB on simulated GPU [SIMULATED]"  # never passed off as real
     assert desktop.inner_text("#approvals-count") == "1"
     folder = screenshots(tmp_path)
     desktop.screenshot(path=str(folder / "status-page-desktop.png"), full_page=True)

@@ -124,7 +124,7 @@ class StatusPage:
                         }
                         for s in segments
                     ],
-                    "total": format_size(sum(s.bytes for s in segments)),
+                    "total": budget_title(status.get("plan") or {}, sum(s.bytes for s in segments)),
                     "caps": caps_text(status.get("plan") or {}, status.get("caps") or {}),
                 },
                 "approvals": [job for job in jobs if job["state"] == "awaiting_approval"],
@@ -132,6 +132,13 @@ class StatusPage:
                 "failovers": failovers[-RECENT_FAILOVERS:][::-1],
             }
         )
+
+
+def budget_title(plan: dict[str, Any], total: int) -> str:
+    """The bar's size and device; a simulated GPU is always called so, never passed off as a real one."""
+    device = plan.get("device_name") or "GPU"
+    simulated = " [SIMULATED]" if plan.get("simulated") else ""
+    return f"{format_size(total)} on {device}{simulated}"
 
 
 def _summary(job: Any) -> dict[str, Any]:
