@@ -19,6 +19,7 @@ from tray_app.budget.footprint import (
     kv_cache_bytes,
     output_buffer_bytes,
     reserve_bytes,
+    split_copy_bytes,
 )
 from tray_app.budget.model_info import ModelInfo
 from tray_app.budget.plan import ComputeSettings, MeasuredCompute, Plan, PlanError, PlanRequest, Verdict
@@ -48,19 +49,19 @@ class Budget:
             return self.model.weights_bytes if n_gpu_layers else 0
         return gpu_weights_bytes(self.model, n_gpu_layers, n_cpu_moe)
 
-    def offload_copy(self, n_cpu_moe: int) -> int:
-        """GPU compute memory an expert split adds: ggml's scheduler runs a prompt batch's expert matmul on
-        the GPU even when the experts sit in RAM (op offload, batches of 32 tokens and more), copying the
-        expert tensor into the GPU's compute buffer; one at a time, the largest counts."""
-        return self.model.expert_tensor_max_bytes if n_cpu_moe and not self.host else 0
+    def split_copy(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> int:
+        """What a layer split adds to the compute buffer (blocks left in RAM); nothing for a whole model."""
+        if self.host or not 0 < n_gpu_layers <= self.model.n_layers:
+            return 0
+        return split_copy_bytes(self.model, self._settings(n_ctx, n_parallel))
 
     def compute(self, n_ctx: int, n_parallel: int) -> tuple[int, Literal["estimate", "measured"]]:
         if (n_ctx, n_parallel) not in self._computed:
             self._computed[n_ctx, n_parallel] = self._compute(n_ctx, n_parallel)
         return self._computed[n_ctx, n_parallel]
 
-    def _compute(self, n_ctx: int, n_parallel: int) -> tuple[int, Literal["estimate", "measured"]]:
-        settings = ComputeSettings(
+    def _settings(self, n_ctx: int, n_parallel: int) -> ComputeSettings:
+        return ComputeSettings(
             n_ctx=n_ctx,
             n_parallel=n_parallel,
             cache_type_k=self.request.cache_type_k,
@@ -69,6 +70,9 @@ class Budget:
             n_ubatch=self.request.n_ubatch,
             embeddings=self.request.embeddings,
         )
+
+    def _compute(self, n_ctx: int, n_parallel: int) -> tuple[int, Literal["estimate", "measured"]]:
+        settings = self._settings(n_ctx, n_parallel)
         found = self.measured(settings) if self.measured else None
         if found is not None:
             return found, "measured"
@@ -84,7 +88,7 @@ class Budget:
         kv = kv_cache_bytes(
             self.model, n_ctx, self.request, _gpu_blocks(self.model, n_gpu_layers), n_parallel
         )
-        compute = self.compute(n_ctx, n_parallel)[0] + self.offload_copy(n_cpu_moe)
+        compute = self.compute(n_ctx, n_parallel)[0] + self.split_copy(n_gpu_layers, n_ctx, n_parallel)
         return self.weights(n_gpu_layers, n_cpu_moe) + kv + compute + self.output(n_parallel)
 
     def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, n_cpu_moe: int = 0) -> bool:
@@ -139,7 +143,7 @@ class Budget:
         kv = kv_cache_bytes(model, n_ctx, request, on_gpu, n_parallel) if n_gpu_layers else 0
         host_kv = kv_cache_bytes(model, n_ctx, request, None, n_parallel) - kv
         compute, source = self.compute(n_ctx, n_parallel) if n_gpu_layers else (0, "estimate")
-        compute += self.offload_copy(n_cpu_moe)
+        compute += self.split_copy(n_gpu_layers, n_ctx, n_parallel)
         weights = self.weights(n_gpu_layers, n_cpu_moe)
         other = min(device.used_by_others_bytes, device.total_bytes)
         reserve = min(self.reserve, device.total_bytes - other)

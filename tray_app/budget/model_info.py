@@ -16,7 +16,7 @@ from tray_app import paths
 from tray_app.config import ConfigError
 
 log = logging.getLogger(__name__)
-_CACHE_FORMAT = 5
+_CACHE_FORMAT = 6
 # Already read in this process, by (path, size, mtime): the service re-plans often (config reload, pressure).
 _memo: dict[tuple[str, int, int], ModelInfo] = {}
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
@@ -64,6 +64,9 @@ class ModelInfo:
     n_expert_used: int = 0  # experts each token goes through ("expert_used_count", the largest per block)
     expert_layer_bytes: tuple[int, ...] = ()  # per block: its routed experts' bytes (part of layer_bytes)
     expert_tensor_max_bytes: int = 0  # the largest single expert tensor
+    # Feed-forward rows one token goes through in an MoE block: its routed experts' widths plus the shared
+    # experts'; what the compute buffer holds per token (0: a dense model, n_ff counts there).
+    moe_ff_width: int = 0
 
     @property
     def weights_bytes(self) -> int:
@@ -279,10 +282,14 @@ def _inspect(path: Path) -> ModelInfo:
         n_expert = int(_field(reader, f"{arch}.expert_count") or 0)
         n_expert_used = _field(reader, f"{arch}.expert_used_count")  # a number, or one per block
         n_expert_used = int(max(n_expert_used) if isinstance(n_expert_used, list) else (n_expert_used or 0))
+        n_ff_expert = int(_field(reader, f"{arch}.expert_feed_forward_length") or 0)
+        shared_ff = int(_field(reader, f"{arch}.expert_shared_feed_forward_length") or 0)
+        shared_count = int(_field(reader, f"{arch}.expert_shared_count") or (1 if shared_ff else 0))
     except _READ_ERRORS as error:
         raise ModelFileError(f"{path}: unexpected GGUF metadata ({error})") from None
     n_ff = int(max(n_ff_value) if isinstance(n_ff_value, list) else (n_ff_value or 4 * n_embd))
     table = _tensor_bytes(reader.tensors, n_layers)
+    moe_ff_width = n_expert_used * (n_ff_expert or n_ff) + shared_count * shared_ff if n_expert else 0
     others = table.others
     input_bytes = others.get("token_embd.weight", 0)
     output_bytes = sum(size for name, size in others.items() if name.startswith(("output.", "output_norm.")))
@@ -314,4 +321,5 @@ def _inspect(path: Path) -> ModelInfo:
         n_expert_used=n_expert_used,
         expert_layer_bytes=tuple(table.expert_bytes) if any(table.expert_bytes) else (),
         expert_tensor_max_bytes=table.expert_tensor_max,
+        moe_ff_width=moe_ff_width,
     )
