@@ -102,6 +102,9 @@ async def make_supervisor(
     """Build supervisors; at teardown close them all and check that no worker they spawned is alive."""
     created: list[WorkerSupervisor] = []
     spawned: set[int] = set()
+    # Children this test process had before (multiprocessing's resource tracker, kept for the session by
+    # an earlier test) are not this test's workers.
+    earlier = _descendants()
 
     def track(event: Event) -> None:
         pid = getattr(event, "pid", None)
@@ -118,5 +121,5 @@ async def make_supervisor(
     yield make
     for supervisor in created:
         await supervisor.aclose()
-    survivors = [pid for pid in spawned | _descendants() if _alive(pid)]
+    survivors = [pid for pid in spawned | (_descendants() - earlier) if _alive(pid)]
     assert survivors == [], f"worker processes left behind: {survivors}"
