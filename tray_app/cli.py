@@ -253,15 +253,26 @@ def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
+def _first_run_advice(args: argparse.Namespace) -> str:
+    """What to do when no model is set up yet ("" when one is). A config that cannot be read is the tray's
+    to tell: started from a desktop menu, it says so in a window (ui.app), where no terminal shows stderr."""
+    from tray_app.library import first_run
+
+    try:
+        return first_run.message(load_config(args))
+    except config.ConfigError:
+        if args.command is None:
+            return ""
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.config:
         os.environ["FAILSOFT_CONFIG"] = str(args.config)
     try:
         if args.command in SERVING and not getattr(args, "attach", None):
-            from tray_app.library import first_run
-
-            advice = first_run.message(load_config(args))
+            advice = _first_run_advice(args)
             if advice:
                 print(advice, file=sys.stderr)
                 return 2
