@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import tomli_w
 from check_report import MIB, PhaseStop, Report, say, tail
 from gpu_check_moe import phase_moe
 from gpu_check_watcher import phase_watcher
+from llama_buffers import KINDS, last_load, per_backend
 
 from tray_app.budget.device import nvml_memory
 from tray_app.config import Config, from_dict
@@ -32,35 +34,8 @@ from tray_app.drill.launcher import DRILL_SUPERVISOR, service_status
 from tray_app.engine.devices import is_gpu_buffer
 from tray_app.host.launch import ServeProcess, spawn_serve, stop_process_tree, workers_ready
 
+
 # ------------------------------------------------------------------------------------------ buffers (pure)
-_BUFFER = re.compile(
-    r"(?P<backend>[\w.-]+)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*"
-    r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>GiB|MiB|KiB|B)\b"
-)
-_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
-_LOAD_START = "llama_model_loader: loaded meta data"
-KINDS = ("model", "kv", "compute", "output")
-
-
-def last_load(log: str) -> str:
-    """The part of a worker's log from its last model load on (a restarted worker logs every load)."""
-    start = log.rfind(_LOAD_START)
-    return log[start:] if start >= 0 else log
-
-
-def per_backend_buffers(log: str) -> dict[str, dict[str, int]]:
-    """The buffers llama.cpp printed at load, per backend ("CUDA0", "CUDA_Host", "CPU_Mapped", ...), in
-    bytes. Model, KV and output buffers add up; a compute buffer replaces the one printed before it (each
-    graph reservation replaces the last)."""
-    found: dict[str, dict[str, int]] = {}
-    for match in _BUFFER.finditer(log):
-        backend, kind = match["backend"], match["kind"].lower()
-        size = round(float(match["number"]) * _UNITS[match["unit"]])
-        sizes = found.setdefault(backend, dict.fromkeys(KINDS, 0))
-        sizes[kind] = size if kind == "compute" else sizes[kind] + size
-    return found
-
-
 def _side(printed: dict[str, dict[str, int]], on_gpu: bool) -> dict[str, int]:
     backends = [sizes for name, sizes in printed.items() if is_gpu_buffer(name) == on_gpu]
     return {kind: sum(sizes[kind] for sizes in backends) for kind in KINDS}
@@ -234,7 +209,7 @@ def worker_view(worker: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def status_view(status: dict[str, Any]) -> dict[str, Any]:
+def status_view(status: Mapping[str, Any]) -> dict[str, Any]:
     workers = status.get("workers") or {}
     return {
         "device": status.get("device"),
@@ -298,7 +273,7 @@ def worker_log(root: Path, role: str) -> str:
 def phase_planner(report: Report, status: dict[str, Any], root: Path) -> None:
     with report.phase("planner", 30) as entry:
         plan = status.get("plan") or {}
-        printed = per_backend_buffers(last_load(worker_log(root, "gpu")))
+        printed = per_backend(last_load(worker_log(root, "gpu")))
         gpu_pid = ((status.get("workers") or {}).get("gpu") or {}).get("pid")
         cpu_pid = ((status.get("workers") or {}).get("cpu") or {}).get("pid")
         reading = nvml_memory(0)

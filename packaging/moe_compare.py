@@ -27,44 +27,20 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from llama_buffers import KINDS, last_load, per_backend
+
 MIB = 1024 * 1024
 # llama.cpp prints sizes in MiB with two decimals: equal at that precision is equal.
 PRINT_SLACK = MIB // 200
 COMPUTE_TOLERANCE = 0.05
-KINDS = ("model", "kv", "compute", "output")
 EXPERT_KINDS = ("gate", "up", "down")
 
-_LOAD_START = "llama_model_loader: loaded meta data"
-_BUFFER = re.compile(
-    r"(?P<backend>[\w.-]+)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*"
-    r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>GiB|MiB|KiB|B)\b"
-)
-_UNITS = {"B": 1, "KiB": 1024, "MiB": MIB, "GiB": 1024 * MIB}
 _OVERRIDE = re.compile(
     r"tensor (?P<tensor>\S+) \((?P<mib>\d+) MiB (?P<type>\w+)\) buffer type overridden to (?P<buffer>\S+)"
 )
 _OFFLOADED = re.compile(r"offloaded (?P<layers>\d+)/(?P<total>\d+) layers to GPU")
 _BLOCK = re.compile(r"^blk\.(?P<block>\d+)\.")
 _EXPERT = re.compile(r"\.ffn_(?:up|down|gate|gate_up)_(?:ch|)exps\b")
-
-
-def last_load(log: str) -> str:
-    """The log from the last model load on: `--fit on` loads the model once without memory to measure it
-    (printing the same lines) before the real load."""
-    start = log.rfind(_LOAD_START)
-    return log[start:] if start >= 0 else log
-
-
-def per_backend(log: str) -> dict[str, dict[str, int]]:
-    """Bytes per backend ("Vulkan0", "CPU", "Vulkan_Host", ...) and kind: model, KV and output buffers add
-    up; a compute buffer replaces the one printed before it (each graph reservation replaces the last)."""
-    found: dict[str, dict[str, int]] = {}
-    for match in _BUFFER.finditer(log):
-        backend, kind = match["backend"], match["kind"].lower()
-        size = round(float(match["number"]) * _UNITS[match["unit"]])
-        sizes = found.setdefault(backend, dict.fromkeys(KINDS, 0))
-        sizes[kind] = size if kind == "compute" else sizes[kind] + size
-    return found
 
 
 def overrides(log: str) -> dict[str, str]:

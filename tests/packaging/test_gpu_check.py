@@ -265,7 +265,7 @@ llama_context:      CUDA0 compute buffer size =   100.00 MiB
 
 
 def test_printed_buffers_per_backend_from_the_last_load() -> None:
-    printed = gpu_check_service.per_backend_buffers(gpu_check_service.last_load(LOG))
+    printed = gpu_check_service.per_backend(gpu_check_service.last_load(LOG))
     assert printed["CUDA0"] == {
         "model": round(92.10 * MIB),
         "kv": 180 * MIB,
@@ -277,7 +277,7 @@ def test_printed_buffers_per_backend_from_the_last_load() -> None:
 
 
 def test_predicted_printed_and_measured_side_by_side() -> None:
-    printed = gpu_check_service.per_backend_buffers(gpu_check_service.last_load(LOG))
+    printed = gpu_check_service.per_backend(gpu_check_service.last_load(LOG))
     plan = {
         "weights_bytes": round(92.10 * MIB) + 1000,  # within the rounding of the printed MiB
         "host_weights_bytes": round(28.69 * MIB),
