@@ -11,6 +11,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 @contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """A loopback HTTP server for `handler` on a free port, in a thread, for the block; yields the port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
 def http_server(status: int, body: bytes = b"<html>not Failsoft</html>") -> Iterator[int]:
     """Yields the port of a loopback HTTP server answering every GET with `status` and `body`."""
 
@@ -25,14 +38,8 @@ def http_server(status: int, body: bytes = b"<html>not Failsoft</html>") -> Iter
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as port:
+        yield port
 
 
 @contextlib.contextmanager

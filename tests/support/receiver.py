@@ -8,8 +8,10 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.support.http_server import serving
 
 
 @dataclass
@@ -59,12 +61,6 @@ def receiver() -> Iterator[Receiver]:
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    record.port = int(server.server_address[1])
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as port:
+        record.port = port
         yield record
-    finally:
-        server.shutdown()
-        server.server_close()
