@@ -30,11 +30,10 @@ from tray_app.config import Config
 from tray_app.contract.status import ServiceStatus
 from tray_app.device.cost import watcher_cost_figures
 from tray_app.drill.client import DrillError, ServiceClient
-from tray_app.drill.launcher import DRILL_SUPERVISOR, LaunchError, launched_service
+from tray_app.drill.launcher import DRILL_SUPERVISOR, LONG_HEALTH_TIMEOUT, LaunchError, launched_service
 from tray_app.drill.service_check import default_simulated_vram, service_summary
 
 PROFILE_TOKENS = 32
-MIRROR_HEALTH_TIMEOUT = 10.0  # the first token's deadline follows: 3 x (interval + this) + prompt / 100
 Progress = Callable[[str], None]
 
 
@@ -212,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mirror:
         # A simulated GPU reads a long prompt at CPU speed: on a busy machine its first token can come after
         # the fast drill's deadline (15 s + 1 s per 100 tokens). The kill is what is measured, not a hang.
-        settings["supervisor"]["health_timeout"] = MIRROR_HEALTH_TIMEOUT
+        settings["supervisor"]["health_timeout"] = LONG_HEALTH_TIMEOUT
     progress("starting `failsoft serve --enable-faults` for the bench (stopped at the end)")
     try:
         with launched_service(settings) as service:

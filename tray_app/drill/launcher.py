@@ -32,7 +32,7 @@ DRILL_CPU_MAX_CTX = 2048 * DRILL_SLOTS
 # Scenario l's own service: a conversation of about 2,000 tokens and its answer in one slot, GPU and CPU.
 LONG_SLOTS = 2
 LONG_SLOT_CTX = 2560
-LONG_HEALTH_TIMEOUT = 10.0
+LONG_HEALTH_TIMEOUT = 10.0  # also the mirror bench's; the first token's deadline follows from it
 # Quick failure detection, so a hung or crashed GPU worker is found within about a second.
 DRILL_SUPERVISOR = {
     "health_interval": 0.5,
