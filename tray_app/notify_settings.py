@@ -15,6 +15,7 @@ ChannelKind = Literal["ntfy", "webhook", "apprise"]
 EventName = Literal["fallback", "approval", "worker_failed", "gpu_taken", "gpu_lost"]
 EVENT_NAMES: tuple[str, ...] = get_args(EventName)
 KINDS: tuple[str, ...] = get_args(ChannelKind)
+_APPRISE_SCHEME = re.compile(r"(?:^|[,\s])\s*([A-Za-z][A-Za-z0-9+.-]*)://")  # one per URL of a list
 _QUIET = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
 
 
@@ -94,18 +95,36 @@ def public_url_error(url: str) -> str | None:
     return None
 
 
+def destination(channel: NotifyConfig) -> str:
+    """Where a channel sends, safe to show: an http(s) URL's scheme, host and port (an ntfy topic, a
+    webhook's path and a user:password are its secrets). Of Apprise URLs only the services' schemes: many
+    carry a token where a host would be (pover://user@token, slack://TokenA/TokenB/TokenC)."""
+    if channel.kind == "apprise":
+        schemes = _APPRISE_SCHEME.findall(channel.url)
+        return ", ".join(f"{scheme}://…" for scheme in dict.fromkeys(schemes)) or "apprise URL"
+    parts = urlsplit(channel.url)
+    host = parts.hostname
+    if not host:
+        return f"{channel.kind} URL"
+    try:
+        port = parts.port
+    except ValueError:  # checked on load for its scheme only
+        port = None
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
 def redacted(channels: list[NotifyConfig]) -> list[dict[str, Any]]:
     """The channels as the control API shows them: tokens and URLs (which may hold a secret topic or a
     password) reduced to whether they are set and where they go."""
     shown = []
     for channel in channels:
-        parts = urlsplit(channel.url)
-        where = f"{parts.scheme}://{parts.hostname}" if parts.hostname else f"{channel.kind} URL"
+        where = destination(channel)
         shown.append(
             {
                 "name": channel.name,
                 "kind": channel.kind,
-                "url": f"{where}/… (set)",
+                "url": f"{where} (set)" if channel.kind == "apprise" else f"{where}/… (set)",
                 "token": "(set)" if channel.token else "",
                 "events": list(channel.events),
                 "quiet_hours": channel.quiet_hours,

@@ -4,9 +4,6 @@ home server's owner sees and decides from a terminal, with the same effect as th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +13,8 @@ import openai
 import pytest
 
 from tests.support.helpers import CHAT, base_settings, client_for, job_state, wait_until
+from tests.support.helpers import run_failsoft as failsoft
 from tests.support.service import ServiceHandle, running_service, write_config
-from tray_app import admin_token
 from tray_app.sizes import format_size
 
 pytestmark = pytest.mark.integration
@@ -31,19 +28,6 @@ REQUEST: dict[str, Any] = {"model": "default", "messages": CHAT, "max_tokens": 4
 def svc(module_root: Path) -> Iterator[ServiceHandle]:
     with running_service(module_root, settings=SETTINGS) as handle:
         yield handle
-
-
-def failsoft(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environment = {name: value for name, value in os.environ.items() if name != "FAILSOFT_API_KEY"}
-    # The service's data folder is beside its config (tests.support.service): its admin token is there.
-    environment[admin_token.ENV_VARIABLE] = admin_token.read(config.parent / "data" / admin_token.FILE_NAME)
-    return subprocess.run(
-        [sys.executable, "-m", "tray_app", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**environment, **(env or {})},
-    )
 
 
 def test_status_shows_the_device_budget_and_workers_as_the_service_has_them(svc: ServiceHandle) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from tests.support.status_samples import MiB, make_library_status, make_status
 from tray_app.console.status_text import render_pending, render_status
+from tray_app.contract.status import ServiceStatus
+from tray_app.notify_settings import NotifyConfig
+from tray_app.reach.dispatcher import ChannelState
 from tray_app.sizes import format_size
 from tray_app.view.pending import PendingJob
 
@@ -98,3 +101,97 @@ def test_the_cpu_mirror_says_what_it_covers_and_how_far_behind_it_is() -> None:
     assert "prompt cache up to 512.00 MiB" in text
     status["mirror"]["enabled"] = False
     assert "CPU mirror: off (cpu.mirror = false)" in render_status(status, URL, NOW)
+
+
+def _channel(name: str, kind: str, **fields: object) -> dict[str, object]:
+    """A channel as /failsoft/status has it (tray_app.reach.dispatcher.ChannelState.status)."""
+    channel: dict[str, object] = {
+        "name": name,
+        "kind": kind,
+        "where": "https://ntfy.example:8080",
+        "events": ["approval"],
+        "quiet_hours": "",
+        "sent": 0,
+        "failed": 0,
+        "dropped": 0,
+        "pending": 0,
+        "last_sent_at": None,
+        "last_error": "",
+        "last_error_at": None,
+    }
+    return {**channel, **fields}
+
+
+def _notify_block(status: ServiceStatus) -> list[str]:
+    return render_status(status, URL, NOW).split("\n\n")[-1].splitlines()
+
+
+def test_each_notify_channel_is_one_line_with_its_host_events_and_state() -> None:
+    status = make_status()
+    status["notify"] = [
+        _channel("phone", "ntfy", quiet_hours="22:00-07:00", pending=2, sent=3, last_sent_at=NOW - 65),
+        _channel(
+            "down",
+            "webhook",
+            where="http://127.0.0.1:9",
+            events=["approval", "fallback", "worker_failed", "gpu_taken", "gpu_lost"],
+            sent=1,
+            failed=2,
+            last_sent_at=NOW - 600,
+            last_error="http://127.0.0.1:9 answered 500:\n  Internal Server Error",
+            last_error_at=NOW - 5,
+        ),
+        # An error before the latest delivery is over: the channel works again.
+        _channel(
+            "webhook-3",
+            "webhook",
+            where="http://ha.lan",
+            events=[],
+            sent=4,
+            failed=1,
+            last_sent_at=NOW - 10,
+            last_error="ReadTimeout posting to http://ha.lan",
+            last_error_at=NOW - 20,
+        ),
+        _channel("apprise-4", "apprise", where="gotify://…"),
+    ]
+    assert _notify_block(status) == [
+        "Notify:",
+        "  phone (ntfy) → https://ntfy.example:8080 · approval · quiet 22:00-07:00 · 2 held · ok, 3 sent,"
+        " the last 1 min 05 s ago",
+        "  down (webhook) → http://127.0.0.1:9 · all events · FAILING, last error 5 s ago:"
+        " http://127.0.0.1:9 answered 500: Internal Server Error (1 sent, 2 failed)",
+        "  webhook-3 → http://ha.lan · no events · ok, 4 sent, the last 10 s ago (1 failed before)",
+        "  apprise-4 → gotify://… · approval · ok, nothing sent yet",
+    ]
+
+
+def test_without_channels_status_says_so_and_where_to_set_one_up() -> None:
+    status = make_status()
+    status["notify"] = []
+    assert _notify_block(status) == [
+        'Notify: no channels (phone push and webhooks: [[notify]], see "Away from the server" in the README)'
+    ]
+    del status["notify"]  # a service from before the channels
+    assert _notify_block(status) == ["Notify: not reported"]
+
+
+def test_a_channel_shows_its_host_and_never_its_topic_or_token() -> None:
+    """The line from the dispatcher's own status of a channel whose URL and token hold secrets."""
+    cfg = NotifyConfig(
+        kind="ntfy",
+        url="https://me:pa55@ntfy.example:8080/secret-topic?auth=x",
+        token="tk_secret",
+        name="phone",
+    )
+    state = ChannelState(cfg, None)
+    state.failed, state.last_error, state.last_error_at = 1, "an ntfy url ends with its topic", NOW - 3
+    status = make_status()
+    status["notify"] = [state.status()]
+    [header, line] = _notify_block(status)
+    assert header == "Notify:"
+    assert line.startswith(
+        "  phone (ntfy) → https://ntfy.example:8080 · all events · FAILING, last error 3 s"
+    )
+    for secret in ("secret-topic", "tk_secret", "pa55", "auth"):
+        assert secret not in line

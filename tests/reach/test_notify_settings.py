@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tray_app import config
+from tray_app import config, notify_settings
+from tray_app.notify_settings import NotifyConfig
 
 
 def test_channels_are_read_with_their_defaults() -> None:
@@ -44,9 +45,46 @@ def test_public_url_must_be_an_address() -> None:
 
 
 def test_tokens_and_topics_stay_out_of_the_control_api() -> None:
-    cfg = config.from_dict({"notify": [{"url": "https://ntfy.sh/secret-topic", "token": "tk_secret"}]})
+    cfg = config.from_dict(
+        {
+            "notify": [
+                {"url": "https://ntfy.sh/secret-topic", "token": "tk_secret"},
+                {"kind": "apprise", "url": "pover://userkey@apptoken, slack://TokenA/TokenB/TokenC"},
+            ]
+        }
+    )
     shown = str(config.public_view(cfg))
-    assert "secret-topic" not in shown and "tk_secret" not in shown
+    for secret in ("secret-topic", "tk_secret", "userkey", "apptoken", "tokena", "TokenA"):
+        assert secret not in shown
+    assert [channel["url"] for channel in config.public_view(cfg)["notify"]] == [
+        "https://ntfy.sh/… (set)",
+        "pover://…, slack://… (set)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "url", "shown"),
+    [
+        ("ntfy", "https://ntfy.sh/secret-topic", "https://ntfy.sh"),
+        (
+            "webhook",
+            "http://me:pa55@homeassistant.lan:8123/api/webhook/s3cret?x=1",
+            "http://homeassistant.lan:8123",
+        ),
+        ("webhook", "http://[::1]:9000/hook", "http://[::1]:9000"),
+        ("webhook", "http://host:notaport/hook", "http://host"),
+        (
+            "apprise",
+            "gotify://gotify.lan/AbCdEf123,  gotify://other/Tok tgram://123:bot/chat",
+            "gotify://…, tgram://…",
+        ),
+        ("apprise", "not a url", "apprise URL"),
+    ],
+)
+def test_where_a_channel_sends_is_its_host_never_its_path_or_credentials(
+    kind: str, url: str, shown: str
+) -> None:
+    assert notify_settings.destination(NotifyConfig(kind=kind, url=url)) == shown  # type: ignore[arg-type]
 
 
 def test_channels_and_public_url_are_set_in_the_file_only() -> None:

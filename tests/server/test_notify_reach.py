@@ -1,7 +1,7 @@
 """Issue 42 through real processes: a fallback that needs approval reaches a local ntfy-like receiver and a
 webhook with Approve and Reject; pressing the recorded Approve runs exactly that job on the CPU, once; a
 second press, another job's id, an expired or an altered link change nothing; a failing channel only shows
-in the status."""
+in the status, and in `failsoft status`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.helpers import CHAT, base_settings, client_for, job_state
+from tests.support.helpers import CHAT, base_settings, client_for, job_state, run_failsoft
 from tests.support.receiver import Receiver, receiver
 from tests.support.service import ServiceHandle, free_port, running_service
 from tests.support.waits import wait_until
@@ -135,6 +135,16 @@ def test_the_webhook_gets_the_links_and_a_failing_channel_shows_in_status(
     )
     assert "answered 500" in down["last_error"] and "127.0.0.1" in down["last_error"]
     assert channels["hook"]["failed"] == 0
+    # The terminal shows each channel where it sends, never its topic, path or token.
+    shown = run_failsoft(svc.config_path, "status", "--url", svc.base_url)
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stdout.splitlines() if " → " in line]
+    assert lines[0].startswith(f"  phone (ntfy) → {sink.url} · approval · ok, ")
+    assert lines[1].startswith(f"  hook (webhook) → {sink.url} · all events · ok, ")
+    assert lines[2].startswith(f"  down (webhook) → {sink.url} · all events · FAILING, last error ")
+    assert "answered 500" in lines[2]
+    for secret in ("failsoft-alerts", "tk_test", "/broken", "/hook"):
+        assert secret not in shown.stdout
     # The failing channel blocked nothing: the job waits for its decision as it should, and is rejected.
     assert job_state(svc, job_id)["state"] == "awaiting_approval"
     answer = httpx.post(f"{svc.base_url}/failsoft/jobs/{job_id}/reject", timeout=10, headers=svc.headers())

@@ -1,12 +1,17 @@
 """Helpers for tests against a real service: request bodies, settings, the openai client, fault arming,
-config reloads and waits (the one polling helper, `wait_until`, is in tests/support/waits.py)."""
+config reloads, the `failsoft` command line and waits (the one polling helper, `wait_until`, is in
+tests/support/waits.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +19,7 @@ import openai
 
 from tests.support.service import ServiceHandle, write_config
 from tests.support.waits import wait_until
+from tray_app import admin_token
 
 CHAT = [{"role": "user", "content": "Write one short sentence about the sea."}]
 # A completion that runs to max_tokens (counting, end-of-text tokens 0 and 2 banned): for tests that need a
@@ -93,6 +99,22 @@ def job_state(svc: ServiceHandle, job_id: str) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     data: dict[str, Any] = response.json()
     return data
+
+
+def run_failsoft(
+    config: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A `failsoft` command line against a service from tests.support.service, as its owner types it."""
+    environment = {name: value for name, value in os.environ.items() if name != "FAILSOFT_API_KEY"}
+    # The service's data folder is beside its config (tests.support.service): its admin token is there.
+    environment[admin_token.ENV_VARIABLE] = admin_token.read(config.parent / "data" / admin_token.FILE_NAME)
+    return subprocess.run(
+        [sys.executable, "-m", "tray_app", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environment, **(env or {})},
+    )
 
 
 def failsoft_of(obj: Any) -> dict[str, Any]:

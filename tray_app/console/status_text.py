@@ -3,7 +3,10 @@ laid out for a terminal."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tray_app.contract.status import ServiceStatus
+from tray_app.notify_settings import EVENT_NAMES
 from tray_app.sizes import format_size, text_bar
 from tray_app.view.budget_split import caps_text, status_segments
 from tray_app.view.device_now import device_lines
@@ -11,6 +14,9 @@ from tray_app.view.pending import PendingJob
 from tray_app.view.state import format_duration, library, model_line, summarize, worker_line
 
 COUNTERS = ("accepted", "completed", "failed", "rejected", "cancelled")
+NO_CHANNELS = (
+    'Notify: no channels (phone push and webhooks: [[notify]], see "Away from the server" in the README)'
+)
 
 
 def _device_lines(status: ServiceStatus) -> list[str]:
@@ -105,9 +111,50 @@ def mirror_line(status: ServiceStatus) -> str:
     )
 
 
+def _ago(at: Any, now: float) -> str:
+    return f"{format_duration(now - at)} ago" if isinstance(at, int | float) else "at an unknown time"
+
+
+def _channel_state(channel: dict[str, Any], now: float) -> str:
+    """ok, or the error of its latest try: an error older than the latest delivery is over."""
+    sent, failed = int(channel.get("sent") or 0), int(channel.get("failed") or 0)
+    error, sent_at = channel.get("last_error"), channel.get("last_sent_at")
+    error_at = channel.get("last_error_at")
+    if error and (sent_at is None or (error_at or 0) > sent_at):
+        said = " ".join(str(error).split())  # one line per channel, whatever the error held
+        return f"FAILING, last error {_ago(error_at, now)}: {said} ({sent} sent, {failed} failed)"
+    delivered = f"{sent} sent, the last {_ago(sent_at, now)}" if sent else "nothing sent yet"
+    return f"ok, {delivered}" + (f" ({failed} failed before)" if failed else "")
+
+
+def notify_line(channel: dict[str, Any], now: float) -> str:
+    """One [[notify]] channel: its name, where it sends (a host, never a topic or token), what it is told
+    and whether its latest message got through."""
+    name, kind = str(channel.get("name") or "?"), str(channel.get("kind") or "?")
+    label = name if name.startswith(f"{kind}-") else f"{name} ({kind})"  # "ntfy-1" names its kind already
+    where = f" → {channel['where']}" if channel.get("where") else ""  # absent from an older service
+    events = list(channel.get("events") or [])
+    told = "all events" if set(events) >= set(EVENT_NAMES) else ", ".join(events) or "no events"
+    extras = [f"quiet {channel['quiet_hours']}"] if channel.get("quiet_hours") else []
+    if channel.get("pending"):
+        extras.append(f"{channel['pending']} held")
+    if channel.get("dropped"):
+        extras.append(f"{channel['dropped']} dropped")
+    return " · ".join([f"{label}{where}", told, *extras, _channel_state(channel, now)])
+
+
+def _notify_lines(status: ServiceStatus, now: float) -> list[str]:
+    if "notify" not in status:
+        return ["Notify: not reported"]
+    channels = status["notify"]
+    if not channels:
+        return [NO_CHANNELS]
+    return ["Notify:", *("  " + notify_line(channel, now) for channel in channels)]
+
+
 def render_status(status: ServiceStatus, url: str, now: float) -> str:
     """The whole status, one block per part: the headline, the device, the budget, the workers, the
-    models, the queue and the jobs."""
+    models, the queue and the jobs, the notify channels."""
     summary = summarize(status, reachable=True)
     uptime = format_duration(float(status.get("uptime_seconds") or 0))
     blocks = [
@@ -120,6 +167,7 @@ def render_status(status: ServiceStatus, url: str, now: float) -> str:
         _worker_lines(status, now),
         ["Models:", *("  " + model_line(model) for model in library(status))],
         _jobs_lines(status),
+        _notify_lines(status, now),
     ]
     return "\n\n".join("\n".join(block) for block in blocks if block)
 

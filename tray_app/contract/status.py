@@ -94,7 +94,8 @@ class ServiceStatus(TypedDict):
     device_now: NotRequired[dict[str, Any]]
     # The GPU path: state (normal, squeezed, yielded, lost), reason, action, held_back, the yield.
     gpu_path: NotRequired[dict[str, Any]]
-    # Each [[notify]] channel: name, kind, events, sent, failed, dropped, pending, last_sent_at, last_error.
+    # Each [[notify]] channel: name, kind, where (its host only), events, quiet_hours, sent, failed, dropped,
+    # pending, last_sent_at, last_error, last_error_at.
     notify: NotRequired[list[dict[str, Any]]]
 
 

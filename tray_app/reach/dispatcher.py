@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 
 from tray_app.contract.events import Event, EventBus
-from tray_app.notify_settings import NotifyConfig
+from tray_app.notify_settings import NotifyConfig, destination
 from tray_app.reach import quiet
 from tray_app.reach.build import build
 from tray_app.reach.capability import Signer
@@ -54,7 +54,9 @@ class ChannelState:
         return {
             "name": self.cfg.name,
             "kind": self.cfg.kind,
+            "where": destination(self.cfg),  # its host, never its topic, path or token
             "events": list(self.cfg.events),
+            "quiet_hours": self.cfg.quiet_hours,
             "sent": self.sent,
             "failed": self.failed,
             "dropped": self.dropped,
