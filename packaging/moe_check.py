@@ -51,7 +51,17 @@ for folder in (ROOT, ROOT / "packaging"):
 import moe_compare  # noqa: E402
 
 MIB = 1024 * 1024
-DEFAULT_BUDGETS = (36, 40, 48, 56, 66, 96)  # MiB; see docs/benchmarks.md for what each one exercises
+DEFAULT_BUDGETS = (
+    36,
+    40,
+    44,
+    48,
+    52,
+    56,
+    60,
+    66,
+    96,
+)  # MiB; see docs/benchmarks.md for what each one exercises
 DEVICE = "Vulkan0"
 # Mesa's lavapipe is a CPU-type Vulkan device: ggml-vulkan skips those unless named.
 VULKAN_ENV = {"GGML_VK_VISIBLE_DEVICES": "0"}
@@ -227,7 +237,7 @@ def argv_for(profile: Any) -> list[str]:
 
 
 def fit_argv(failsoft: list[str], target_mib: int) -> list[str]:
-    """Failsoft's command line with the placement left to llama.cpp: no -ngl, no --n-cpu-moe, `--fit on`
+    """Failsoft's command line with the placement left to llama.cpp: no -ngl, --n-cpu-moe or -ot, `--fit on`
     with `--fit-target` (MiB to leave free on the device); the context and slots stay as given."""
     argv: list[str] = []
     skip = False
@@ -235,7 +245,7 @@ def fit_argv(failsoft: list[str], target_mib: int) -> list[str]:
         if skip:
             skip = False
             continue
-        if word in ("--n-gpu-layers", "--n-cpu-moe", "--fit"):
+        if word in ("--n-gpu-layers", "--n-cpu-moe", "--override-tensor", "--fit"):
             skip = True
             continue
         argv.append(word)
@@ -305,6 +315,7 @@ def check_budget(
             "placement": _plan_words(plan),
             "n_gpu_layers": plan.n_gpu_layers,
             "n_cpu_moe": plan.n_cpu_moe,
+            "cpu_expert_tensors": list(plan.cpu_expert_tensors),
             "n_ctx": plan.n_ctx,
             "n_parallel": plan.n_parallel,
             "tokens_per_second": round(plan.tokens_per_second, 1),
@@ -361,8 +372,9 @@ def plan_share(model: Path) -> float:
 
 def _plan_words(plan: Any) -> str:
     words = f"{plan.n_gpu_layers}/{plan.n_layers} layers"
-    if plan.n_cpu_moe:
-        words += f", experts of {plan.n_cpu_moe}/{plan.n_layers - 1} blocks in RAM"
+    if plan.n_cpu_moe or plan.cpu_expert_tensors:
+        n_blocks, single = plan.n_layers - 1, len(plan.cpu_expert_tensors)
+        words += ", " + moe_compare.experts_words(plan.n_cpu_moe, n_blocks, single)
     return words
 
 
@@ -371,8 +383,8 @@ def table(results: list[dict[str, Any]], device: str) -> str:
     """One line per budget: Failsoft's placement with its planned/printed sizes on the device and its
     estimate; --fit's placement, what it put on the device, and its estimate."""
     header = (
-        f"{'budget':>7}  {'Failsoft on ' + device:<40} {'weights MiB':>13} {'KV MiB':>11} "
-        f"{'compute MiB':>13} {'tok/s':>6}  {'--fit':<40} {'MiB':>6} {'tok/s':>6}  ok"
+        f"{'budget':>7}  {'Failsoft on ' + device:<53} {'weights MiB':>13} {'KV MiB':>11} "
+        f"{'compute MiB':>13} {'tok/s':>6}  {'--fit':<53} {'MiB':>6} {'tok/s':>6}  ok"
     )
     lines = [header, "-" * len(header)]
     for result in results:
@@ -386,9 +398,9 @@ def table(results: list[dict[str, Any]], device: str) -> str:
 
         ours = result["failsoft_estimate"]["tokens_per_second"]
         lines.append(
-            f"{result['budget_mib']:>3} MiB  {result['plan']['placement']:<40} {pair('weights'):>13} "
+            f"{result['budget_mib']:>3} MiB  {result['plan']['placement']:<53} {pair('weights'):>13} "
             f"{pair('kv'):>11} {pair('compute'):>13} {ours:>6.0f}  "
-            f"{fit_words:<40} {fit.get('device_used_mib', 0.0):>6.2f} {fit_speed:>6.0f}  "
+            f"{fit_words:<53} {fit.get('device_used_mib', 0.0):>6.2f} {fit_speed:>6.0f}  "
             f"{'yes' if not result['problems'] else 'NO'}"
         )
     return "\n".join(lines)

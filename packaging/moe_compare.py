@@ -13,7 +13,8 @@ load log:
     llama_context:     Vulkan0 compute buffer size =    20.51 MiB
 
 The weights and the KV cache must equal the plan's at the log's precision (two decimals of MiB), the compute
-buffer be within COMPUTE_TOLERANCE, the override lines name exactly the experts `--n-cpu-moe` keeps in RAM.
+buffer be within COMPUTE_TOLERANCE, the override lines name exactly the experts `--n-cpu-moe` and `-ot` keep
+in RAM.
 For a placement llama.cpp chose itself (`--fit on`) the same lines give the tensors it left on the CPU, and
 `estimate` weighs it with Failsoft's tokens/s estimate (tray_app.budget.speed's model: the bytes a token reads
 on each device against its bandwidth), so both placements are ranked by one measure.
@@ -54,13 +55,16 @@ def offloaded(log: str) -> tuple[int, int] | None:
     return (int(found["layers"]), int(found["total"])) if found else None
 
 
-def expected_overrides(n_layers: int, n_cpu_moe: int) -> set[str]:
-    """The tensors `--n-cpu-moe N` overrides to the CPU: the routed experts of blocks 0..N-1."""
-    return {
+def expected_overrides(n_layers: int, n_cpu_moe: int, partial: tuple[str, ...] = ()) -> set[str]:
+    """The tensors `--n-cpu-moe N` overrides to the CPU, the routed experts of blocks 0..N-1, and those
+    `-ot` names of block N (by their stems, "ffn_down_exps"); weights only, as the test model has."""
+    whole = {
         f"blk.{block}.ffn_{kind}_exps.weight"
         for block in range(min(n_cpu_moe, n_layers))
         for kind in EXPERT_KINDS
     }
+    single = {f"blk.{n_cpu_moe}.{stem}.weight" for stem in partial} if n_cpu_moe < n_layers else set()
+    return whole | single
 
 
 def split_sides(printed: dict[str, dict[str, int]], device: str) -> tuple[dict[str, int], dict[str, int]]:
@@ -100,7 +104,8 @@ def compare_plan(plan: dict[str, Any], log: str, device: str) -> dict[str, Any]:
         "compute": row(int(plan["compute_bytes"]), on_device["compute"], COMPUTE_TOLERANCE),
     }
     n_layers = int(plan["n_layers"]) - 1  # blocks: the output layer is the plan's last offloadable layer
-    wanted = expected_overrides(n_layers, int(plan.get("n_cpu_moe") or 0))
+    partial = tuple(plan.get("cpu_expert_tensors") or ())
+    wanted = expected_overrides(n_layers, int(plan.get("n_cpu_moe") or 0), partial)
     got = {name for name, buffer in overrides(load).items() if not buffer.startswith(device)}
     layers = offloaded(load)
     problems = [
@@ -162,11 +167,27 @@ class Placement:
         }
         return sorted(overridden | set(range(min(self.first_device_block, n_blocks))))
 
+    def experts_in_ram_by_block(self) -> dict[int, int]:
+        """Offloaded blocks -> how many of their expert tensors an override kept in RAM."""
+        counts: dict[int, int] = {}
+        for name in self.cpu_tensors:
+            block = _BLOCK.match(name)
+            if block and _EXPERT.search(name):
+                counts[int(block["block"])] = counts.get(int(block["block"]), 0) + 1
+        return counts
+
     def words(self) -> str:
+        """E.g. "9/9 layers, experts of 3/8 blocks + 1 tensor in RAM" (whole blocks, then single tensors),
+        the way Failsoft's plan is put in the same table."""
         n_blocks = self.n_layers - 1
-        held = self.experts_on_cpu(n_blocks)
-        experts = f", experts of {len(held)}/{n_blocks} blocks in RAM" if held else ""
-        return f"{self.n_gpu_layers}/{self.n_layers} layers{experts}"
+        counts = self.experts_in_ram_by_block()
+        whole = min(self.first_device_block, n_blocks) + sum(
+            1 for count in counts.values() if count >= len(EXPERT_KINDS)
+        )
+        single = sum(count for count in counts.values() if count < len(EXPERT_KINDS))
+        if not whole and not single:
+            return f"{self.n_gpu_layers}/{self.n_layers} layers"
+        return f"{self.n_gpu_layers}/{self.n_layers} layers, {experts_words(whole, n_blocks, single)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -179,6 +200,12 @@ class Placement:
             "kv_host_mib": round(self.kv_host_bytes / MIB, 2),
             "words": self.words(),
         }
+
+
+def experts_words(whole: int, n_blocks: int, single: int) -> str:
+    """ "experts of 3/8 blocks + 1 tensor in RAM": one wording for Failsoft's plan and --fit's placement."""
+    tensors = f" + {single} tensor{'s' if single > 1 else ''}" if single else ""
+    return f"experts of {whole}/{n_blocks} blocks{tensors} in RAM"
 
 
 def placement_from_log(log: str, device: str) -> Placement:

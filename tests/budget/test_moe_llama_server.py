@@ -1,5 +1,6 @@
 """The tiny MoE GGUF is a real model: the bundled llama-server loads it with the command line an expert split
-produces (`--n-gpu-layers` all, `--n-cpu-moe N`) and answers a chat request.
+produces (`--n-gpu-layers` all, `--n-cpu-moe N`, `--override-tensor` for single expert tensors) and answers
+a chat request.
 
 This build is CPU only: it ignores `--n-gpu-layers` ("no usable GPU found") and prints no per-device
 buffers or override lines, so it cannot show where the experts went. What it does show is that
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -34,20 +34,14 @@ pytestmark = pytest.mark.integration
 OVERRIDE_WARNING = "tensor overrides to CPU are used with mmap enabled"
 
 
-@dataclass(frozen=True)
-class ExpertSplitProfile(WorkerProfile):
-    """A GPU worker's profile carrying its plan's expert split, the way llama_server_argv reads it."""
-
-    n_cpu_moe: int = 0
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     model = write_tiny_moe(tmp_path / "tiny-moe.gguf")
     request = PlanRequest(n_ctx=1024, n_parallel=1, reserve_percent=0.0, reserve_min_bytes=0, flash_attn=True)
     plan = plan_gpu(gpu(6 * MIB), inspect_model(model), request)
-    assert plan.n_cpu_moe > 0, plan.reason  # the budget gives an expert split
-    profile = ExpertSplitProfile(
+    # The budget gives an expert split of whole blocks and single tensors of one more.
+    assert plan.n_cpu_moe > 0 and plan.cpu_expert_tensors, plan.reason
+    profile = WorkerProfile(
         role="gpu",
         model_path=model,
         n_ctx=plan.n_ctx,
@@ -58,9 +52,11 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         flash_attn=plan.flash_attn,
         model_name="tiny-moe",
         n_cpu_moe=plan.n_cpu_moe,
+        cpu_expert_tensors=plan.cpu_expert_tensors,
     )
     port = free_port()
     argv = llama_server_argv(binary.find("").path, profile, port)
+    assert "--override-tensor" in argv
     log = tmp_path / "llama-server.log"
     with log.open("wb") as output:
         process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

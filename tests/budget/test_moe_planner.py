@@ -4,7 +4,7 @@ split, the RAM both workers take, and the llama-server command line it leads to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +13,7 @@ import pytest
 from tests.support.tiny_moe import TinyMoe, write_tiny_moe
 from tray_app.budget import model_info, speed
 from tray_app.budget.device import DeviceMemory
+from tray_app.budget.experts import NO_SPLIT, ExpertSplit, partial_splits
 from tray_app.budget.footprint import (
     estimate_compute_bytes,
     gpu_weights_bytes,
@@ -32,13 +33,6 @@ SHAPE = TinyMoe()
 N_CTX = 1024
 # One slot, no reserve: the budgets below are the model's own sizes, nothing else.
 REQUEST = PlanRequest(n_ctx=N_CTX, n_parallel=1, reserve_percent=0.0, reserve_min_bytes=0, flash_attn=True)
-
-
-@dataclass(frozen=True)
-class ExpertSplitProfile(WorkerProfile):
-    """A GPU worker's profile carrying its plan's expert split, the way llama_server_argv reads it."""
-
-    n_cpu_moe: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +59,10 @@ def test_the_expert_tensors_are_read_from_the_file(tiny: ModelInfo, tiny_path: P
     assert tiny.is_moe and tiny.active_expert_share == 0.25
     assert tiny.expert_layer_bytes == (SHAPE.expert_layer_bytes,) * SHAPE.n_layers
     assert tiny.expert_tensor_max_bytes == SHAPE.expert_tensor_bytes
+    stems = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    assert {tuple(sorted(block)) for block in tiny.expert_tensors} == {
+        tuple(sorted((stem, SHAPE.expert_tensor_bytes) for stem in stems))
+    }
     assert all(size - SHAPE.expert_layer_bytes == SHAPE.dense_layer_bytes for size in tiny.layer_bytes)
     assert tiny.file_bytes < 4 * MIB  # small enough to write in every test run
     # The copy cached in the data dir keeps the expert table.
@@ -72,6 +70,7 @@ def test_the_expert_tensors_are_read_from_the_file(tiny: ModelInfo, tiny_path: P
     model_info._memo.clear()
     assert inspect_model(tiny_path) == tiny
     assert tiny.to_dict()["expert_layer_bytes"] == list(tiny.expert_layer_bytes)
+    assert len(tiny.to_dict()["expert_tensors"]) == SHAPE.n_layers
 
 
 def test_a_dense_model_has_no_experts(model_path: Path) -> None:
@@ -99,29 +98,66 @@ def test_shared_experts_and_the_router_are_dense() -> None:
     assert table.expert_bytes == [1 + 2 + 4 + 8, 16 + 32]
     assert table.layer_bytes == [1 + 2 + 4 + 8 + 100 + 200 + 400, 16 + 32 + 800]
     assert table.expert_tensor_max == 32 and table.others == {"output.weight": 1000}
+    # Placed one by one under the name an override matches: a weight and its bias together.
+    assert table.expert_groups == [
+        {"ffn_gate_exps": 1, "ffn_up_exps": 2, "ffn_down_exps": 4 + 8},
+        {"ffn_gate_up_exps": 16, "ffn_up_chexps": 32},
+    ]
 
 
 @pytest.mark.parametrize("experts_on_gpu", [0, 3, 7])
 def test_dense_first_keeps_the_experts_of_as_many_last_blocks_as_fit(
     tiny: ModelInfo, experts_on_gpu: int
 ) -> None:
-    budget = _dense_need(tiny) + experts_on_gpu * SHAPE.expert_layer_bytes + SHAPE.expert_layer_bytes // 2
+    """Whole blocks' experts first; the room of one and a half tensors left over takes one more tensor."""
+    tensor = SHAPE.expert_tensor_bytes
+    budget = _dense_need(tiny) + experts_on_gpu * SHAPE.expert_layer_bytes + tensor * 3 // 2
     plan = plan_gpu(gpu(budget), tiny, REQUEST)
-    n_cpu_moe = SHAPE.n_layers - experts_on_gpu
+    n_cpu_moe = SHAPE.n_layers - experts_on_gpu - 1
     assert (plan.verdict, plan.n_gpu_layers, plan.n_cpu_moe, plan.n_ctx) == ("split", 9, n_cpu_moe, N_CTX)
+    assert len(plan.cpu_expert_tensors) == 2  # of block n_cpu_moe's three: one came back to the GPU
     assert plan.fits and plan.used_bytes <= budget
-    in_ram = n_cpu_moe * SHAPE.expert_layer_bytes
+    in_ram = n_cpu_moe * SHAPE.expert_layer_bytes + 2 * tensor
     assert plan.cpu_expert_bytes == in_ram
-    assert plan.weights_bytes == gpu_weights_bytes(tiny, 9) - in_ram == gpu_weights_bytes(tiny, 9, n_cpu_moe)
+    split = plan.expert_split
+    assert plan.weights_bytes == gpu_weights_bytes(tiny, 9) - in_ram == gpu_weights_bytes(tiny, 9, split)
     assert plan.host_weights_bytes == host_weights_bytes(tiny, 9) + in_ram
     assert plan.host_kv_bytes == 0 and not plan.whole_on_gpu
-    assert f"experts of {n_cpu_moe}/8 layers on the CPU" in plan.reason and "--n-cpu-moe" in plan.reason
-    # One block fewer in RAM would not fit: the split is the fewest blocks.
-    assert budget - plan.used_bytes < SHAPE.expert_layer_bytes
+    kinds = " and ".join(stem.split("_")[1] for stem in plan.cpu_expert_tensors)
+    assert (
+        f"experts of {n_cpu_moe}/8 layers and block {n_cpu_moe}'s {kinds} experts on the CPU" in plan.reason
+    )
+    assert f"--n-cpu-moe {n_cpu_moe} --override-tensor" in plan.reason or n_cpu_moe == 0
+    # One tensor fewer in RAM would not fit: the split keeps the fewest expert bytes there.
+    assert budget - plan.used_bytes < tensor
     kinds = [(candidate.kind, candidate.chosen) for candidate in plan.candidates]
     assert kinds == [("layers", False), ("experts", True)]
     layers, experts = plan.candidates
     assert experts.tokens_per_second > layers.tokens_per_second and "expert split is chosen" in plan.reason
+
+
+def test_a_budget_of_whole_blocks_needs_no_single_tensors(tiny: ModelInfo) -> None:
+    budget = _dense_need(tiny) + 3 * SHAPE.expert_layer_bytes + SHAPE.expert_tensor_bytes // 2
+    plan = plan_gpu(gpu(budget), tiny, REQUEST)
+    assert (plan.n_cpu_moe, plan.cpu_expert_tensors) == (5, ())
+    assert "--override-tensor" not in plan.reason and "(--n-cpu-moe 5)" in plan.reason
+
+
+def test_single_tensors_come_back_to_the_gpu_fewest_bytes_in_ram_first(tiny: ModelInfo) -> None:
+    """Of a block's expert tensors of unequal sizes (quantised differently, as gpt-oss's are), the subsets
+    kept in RAM are tried smallest first, so the GPU keeps the most it can."""
+    sizes = (("ffn_gate_exps", 300), ("ffn_up_exps", 200), ("ffn_down_exps", 500))
+    model = replace(tiny, expert_tensors=(sizes,) * SHAPE.n_layers)
+    tried = [(split.blocks, split.partial) for split in partial_splits(model, 3)]
+    assert tried == [
+        (2, ("ffn_up_exps",)),
+        (2, ("ffn_gate_exps",)),
+        (2, ("ffn_down_exps",)),
+        (2, ("ffn_gate_exps", "ffn_up_exps")),
+        (2, ("ffn_up_exps", "ffn_down_exps")),
+        (2, ("ffn_gate_exps", "ffn_down_exps")),
+    ]
+    assert partial_splits(model, 0) == []
 
 
 def test_the_whole_model_fits_with_no_split(tiny: ModelInfo) -> None:
@@ -146,7 +182,9 @@ def test_the_layer_split_wins_when_it_frees_more_for_less_traffic(tiny: ModelInf
     budget = whole.used_bytes - 7 * SHAPE.expert_layer_bytes - SHAPE.expert_layer_bytes // 2
     plan = plan_gpu(gpu(budget), tiny, request)
     layers, experts = plan.candidates
-    assert layers.fits and experts.fits and layers.chosen and experts.n_cpu_moe == 8
+    assert layers.fits and experts.fits and layers.chosen
+    assert (experts.n_cpu_moe, len(experts.cpu_expert_tensors)) == (7, 2)
+    assert layers.speed_ctx == experts.speed_ctx == plan.n_ctx
     assert (plan.n_cpu_moe, plan.n_gpu_layers) == (0, layers.n_gpu_layers)
     assert layers.tokens_per_second > experts.tokens_per_second
     assert "the layer split is chosen" in plan.reason
@@ -155,12 +193,16 @@ def test_the_layer_split_wins_when_it_frees_more_for_less_traffic(tiny: ModelInf
 def test_bytes_read_per_token_count_only_the_active_experts(tiny: ModelInfo) -> None:
     share = SHAPE.expert_layer_bytes // 4  # 2 of 8 experts
     dense = SHAPE.n_layers * SHAPE.dense_layer_bytes
-    on_gpu = speed.reads_per_token(tiny, 9, 0, kv_gpu_bytes=0, kv_cpu_bytes=0, n_parallel=1)
+    on_gpu = speed.reads_per_token(tiny, 9, NO_SPLIT, kv_gpu_bytes=0, kv_cpu_bytes=0, n_parallel=1)
     assert on_gpu == speed.Reads(dense + SHAPE.n_layers * share + tiny.output_layer_bytes, 0)
-    split = speed.reads_per_token(tiny, 9, 5, kv_gpu_bytes=0, kv_cpu_bytes=0, n_parallel=1)
+    split = speed.reads_per_token(tiny, 9, ExpertSplit(5), kv_gpu_bytes=0, kv_cpu_bytes=0, n_parallel=1)
     assert split == speed.Reads(on_gpu.gpu_bytes - 5 * share, 5 * share)
+    one_more = ExpertSplit(5, ("ffn_down_exps",))
+    finer = speed.reads_per_token(tiny, 9, one_more, kv_gpu_bytes=0, kv_cpu_bytes=0, n_parallel=1)
+    assert finer.cpu_bytes == split.cpu_bytes + SHAPE.expert_tensor_bytes // 4
+    assert finer.gpu_bytes + finer.cpu_bytes == on_gpu.gpu_bytes
     # A sequence's cache is read half full on average; four slots share the cache given.
-    with_cache = speed.reads_per_token(tiny, 9, 0, kv_gpu_bytes=8000, kv_cpu_bytes=0, n_parallel=4)
+    with_cache = speed.reads_per_token(tiny, 9, NO_SPLIT, kv_gpu_bytes=8000, kv_cpu_bytes=0, n_parallel=4)
     assert with_cache.gpu_bytes == on_gpu.gpu_bytes + 1000
     assert speed.active_weights_bytes(tiny) == on_gpu.gpu_bytes
     assert on_gpu.tokens_per_second(1e9, 1e9) == pytest.approx(1e9 / on_gpu.gpu_bytes)
@@ -197,8 +239,10 @@ def test_both_workers_ram_shares_the_mapped_model_file(tiny: ModelInfo) -> None:
 
 
 def test_the_command_line_keeps_the_planned_experts_in_ram(tiny: ModelInfo, tiny_path: Path) -> None:
-    plan = plan_gpu(gpu(_dense_need(tiny) + 2 * SHAPE.expert_layer_bytes), tiny, REQUEST)
-    profile = ExpertSplitProfile(
+    plan = plan_gpu(
+        gpu(_dense_need(tiny) + 2 * SHAPE.expert_layer_bytes + SHAPE.expert_tensor_bytes), tiny, REQUEST
+    )
+    profile = WorkerProfile(
         role="gpu",
         model_path=tiny_path,
         n_ctx=plan.n_ctx,
@@ -208,17 +252,21 @@ def test_the_command_line_keeps_the_planned_experts_in_ram(tiny: ModelInfo, tiny
         flash_attn=plan.flash_attn,
         model_name="tiny-moe",
         n_cpu_moe=plan.n_cpu_moe,
+        cpu_expert_tensors=plan.cpu_expert_tensors,
     )
     argv = llama_server_argv(Path("llama-server"), profile, port=1234)
 
     def value(flag: str) -> str:
         return argv[argv.index(flag) + 1]
 
-    assert (value("--n-gpu-layers"), value("--n-cpu-moe"), value("--fit")) == ("9", "6", "off")
+    assert (value("--n-gpu-layers"), value("--n-cpu-moe"), value("--fit")) == ("9", "5", "off")
+    kept = plan.cpu_expert_tensors
+    assert len(kept) == 2 and value("--override-tensor") == ",".join(rf"blk\.5\.{stem}=CPU" for stem in kept)
     assert value("--ctx-size") == str(N_CTX)
     plain = WorkerProfile(role="gpu", model_path=tiny_path, n_ctx=N_CTX, n_gpu_layers=9, n_threads=1)
     assert "--n-cpu-moe" not in llama_server_argv(Path("llama-server"), plain, port=1234)
     assert expert_split_args(0) == [] and expert_split_args(3) == ["--n-cpu-moe", "3"]
+    assert expert_split_args(0, ("ffn_up_exps",)) == ["--override-tensor", r"blk\.0\.ffn_up_exps=CPU"]
 
 
 def test_with_no_context_asked_the_expert_split_takes_the_largest_that_fits(tiny: ModelInfo) -> None:

@@ -18,6 +18,7 @@ from moe_check import fit_argv  # noqa: E402
 
 from tests.support.tiny_moe import TinyMoe, write_tiny_moe  # noqa: E402
 from tray_app.budget import speed  # noqa: E402
+from tray_app.budget.experts import ExpertSplit  # noqa: E402
 from tray_app.budget.model_info import inspect_model  # noqa: E402
 
 MIB = 1024 * 1024
@@ -30,6 +31,10 @@ def override_lines(blocks: range, kinds: tuple[str, ...] = ("gate", "up", "down"
         for block in blocks
         for kind in kinds
     )
+
+
+def override_names(blocks: range) -> set[str]:
+    return {f"blk.{block}.ffn_{kind}_exps.weight" for block in blocks for kind in ("gate", "up", "down")}
 
 
 def load_log(
@@ -117,6 +122,9 @@ def test_expected_overrides_follow_n_cpu_moe() -> None:
         "blk.0.ffn_down_exps.weight",
     }
     assert len(moe_compare.expected_overrides(8, 20)) == 24
+    assert moe_compare.expected_overrides(8, 1, ("ffn_down_exps",)) == moe_compare.expected_overrides(
+        8, 1
+    ) | {"blk.1.ffn_down_exps.weight"}
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +135,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]
     return model, {tensor.name: int(tensor.n_bytes) for tensor in gguf.GGUFReader(model).tensors}
 
 
-@pytest.mark.parametrize(("n_gpu_layers", "n_cpu_moe"), [(9, 0), (9, 3), (9, 8)])
+@pytest.mark.parametrize(
+    ("n_gpu_layers", "n_cpu_moe", "partial"), [(9, 0, ()), (9, 3, ()), (9, 8, ()), (9, 3, ("down",))]
+)
 def test_the_estimate_over_a_printed_placement_is_the_planners(
-    tiny: tuple[Path, dict[str, int]], n_gpu_layers: int, n_cpu_moe: int
+    tiny: tuple[Path, dict[str, int]], n_gpu_layers: int, n_cpu_moe: int, partial: tuple[str, ...]
 ) -> None:
     """The same placement, once as llama.cpp printed it and once as the planner describes it, reads the same
     bytes per token: --fit's placement is ranked on the planner's own scale."""
@@ -138,7 +148,8 @@ def test_the_estimate_over_a_printed_placement_is_the_planners(
     kv_device, kv_host = 3 * MIB, MIB
     log = (
         load_log(
-            overrides=override_lines(range(n_cpu_moe)),
+            overrides=override_lines(range(n_cpu_moe))
+            + override_lines(range(n_cpu_moe, n_cpu_moe + 1), partial),
             offloaded=f"{n_gpu_layers}/9",
             device_model="1.00",
             cpu_model="1.00",
@@ -150,7 +161,8 @@ def test_the_estimate_over_a_printed_placement_is_the_planners(
     placed = moe_compare.placement_from_log(log, "Vulkan0")
     assert (placed.kv_device_bytes, placed.kv_host_bytes) == (kv_device, kv_host)
     ours = moe_compare.reads_per_token(placed, tensors, model.active_expert_share, 4)
-    planner = speed.reads_per_token(model, n_gpu_layers, n_cpu_moe, kv_device, kv_host, 4)
+    split = ExpertSplit(n_cpu_moe, tuple(f"ffn_{kind}_exps" for kind in partial))
+    planner = speed.reads_per_token(model, n_gpu_layers, split, kv_device, kv_host, 4)
     assert ours == (planner.gpu_bytes, planner.cpu_bytes)
 
 
@@ -174,7 +186,11 @@ def test_a_partial_expert_layer_counts_tensor_by_tensor(tiny: tuple[Path, dict[s
     assert host == round(tensors["blk.7.ffn_up_exps.weight"] * 0.25) * 2
     assert device + host == sum(moe_compare.reads_per_token(whole, tensors, 0.25, 1))
     assert part.experts_on_cpu(8) == [7]
-    assert part.words() == "9/9 layers, experts of 1/8 blocks in RAM"
+    assert part.words() == "9/9 layers, experts of 0/8 blocks + 2 tensors in RAM"
+    three = moe_compare.Placement(
+        9, 9, frozenset(override_names(range(2)) | {"blk.2.ffn_down_exps.weight"}), 0, 0, 0
+    )
+    assert three.words() == "9/9 layers, experts of 2/8 blocks + 1 tensor in RAM"
     assert (
         moe_compare.Placement(5, 9, frozenset(), 0, 0, 0).words()
         == "5/9 layers, experts of 4/8 blocks in RAM"
@@ -202,6 +218,8 @@ def test_fit_gets_the_same_command_line_without_a_placement() -> None:
         "off",
         "--n-cpu-moe",
         "4",
+        "--override-tensor",
+        r"blk\.4\.ffn_down_exps=CPU",
     ]
     assert fit_argv(failsoft, 23000) == [
         "--model",

@@ -7,14 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tiny_moe import write_tiny_moe
 from tray_app import config
+from tray_app.budget.model_info import inspect_model
 from tray_app.budget.plan_set import PlanSet, cpu_request, physical_cores, plan_from_config
 from tray_app.budget.planner import plan_cpu
 from tray_app.engine import simulated
 from tray_app.engine.argv import llama_server_argv, worker_env
 from tray_app.engine.faults import check_fault
 from tray_app.engine.llama_log import BufferSizes
-from tray_app.supervisor import profiles_from_plans
+from tray_app.engine.profile import WorkerProfile
+from tray_app.supervisor import launch_plan, profiles_from_plans
 
 MIB = 1024 * 1024
 BUFFERS = BufferSizes(model_bytes=90 * MIB, kv_bytes=12 * MIB, compute_bytes=98 * MIB, output_bytes=MIB // 4)
@@ -48,10 +51,40 @@ def test_layers_left_on_the_cpu_do_not_count_against_vram() -> None:
     assert half.model_bytes == 45 * MIB and half.kv_bytes == 6 * MIB
 
 
+def test_experts_kept_in_ram_do_not_count_against_vram() -> None:
+    """A CPU build prints every weight in one buffer; an expert split's experts in RAM are not the GPU's."""
+    split = simulated.device_share(BUFFERS, n_gpu_layers=-1, n_layers=31, experts_in_ram=40 * MIB)
+    assert split.model_bytes == 50 * MIB and split.kv_bytes == 12 * MIB
+    assert simulated.failure_lines(split, 165 * MIB) is None  # 50 + 12 + 0.25 + 98 MiB
+    whole = simulated.device_share(BUFFERS, n_gpu_layers=-1, n_layers=31)
+    assert simulated.failure_lines(whole, 165 * MIB) is not None
+
+
 def test_memory_limit_leaves_room_for_the_simulated_vram_only() -> None:
     four_gib = simulated.address_space_limit(4096 * MIB)
     assert four_gib == simulated.BASELINE_BYTES + 4096 * MIB + simulated.MARGIN_BYTES
     assert simulated.address_space_limit(4096 * MIB, load_fault=True) < simulated.BASELINE_BYTES
+
+
+def test_the_memory_limit_also_holds_what_the_plan_keeps_in_ram(tmp_path: Path) -> None:
+    """A split's layers or experts in RAM live in the worker process beside the simulated VRAM."""
+    model = write_tiny_moe(tmp_path / "tiny-moe.gguf")
+    info = inspect_model(model)
+    split = WorkerProfile(
+        role="gpu",
+        model_path=model,
+        n_ctx=1024,
+        n_gpu_layers=9,
+        n_threads=1,
+        n_cpu_moe=3,
+        cpu_expert_tensors=("ffn_down_exps",),
+        simulated_vram_bytes=4 * MIB,
+    )
+    launch = launch_plan.prepare(Path("/opt/llama-server"), split, 1, "key")
+    assert isinstance(launch, launch_plan.Launch)
+    in_ram = 3 * info.expert_layer_bytes[0] + dict(info.expert_tensors[3])["ffn_down_exps"] + info.input_bytes
+    assert launch_plan.load_check.ram_weights_bytes(split) == in_ram
+    assert launch.memory_limit == simulated.address_space_limit(4 * MIB + in_ram)
 
 
 def test_faults_are_checked_when_armed() -> None:
@@ -159,11 +192,12 @@ def test_an_expert_split_reaches_the_gpu_workers_command_line(planned: tuple[con
     """A MoE plan's expert split (budget.placement) must reach llama-server, or the GPU worker loads every
     expert on the GPU and runs out of memory; a dense plan passes no such flag."""
     cfg, plans = planned
-    split = dataclasses.replace(plans, gpu=dataclasses.replace(plans.gpu, n_cpu_moe=5))
-    gpu = profiles_from_plans(cfg, split).gpu
-    assert gpu is not None and gpu.n_cpu_moe == 5
+    moe = dataclasses.replace(plans.gpu, n_cpu_moe=5, cpu_expert_tensors=("ffn_down_exps",))
+    gpu = profiles_from_plans(cfg, dataclasses.replace(plans, gpu=moe)).gpu
+    assert gpu is not None and (gpu.n_cpu_moe, gpu.cpu_expert_tensors) == (5, ("ffn_down_exps",))
     argv = llama_server_argv(Path("/opt/llama-server"), gpu, port=1)
     assert argv[argv.index("--n-cpu-moe") + 1] == "5"
+    assert argv[argv.index("--override-tensor") + 1] == r"blk\.5\.ffn_down_exps=CPU"
     dense = profiles_from_plans(cfg, plans).gpu
     assert dense is not None and "--n-cpu-moe" not in llama_server_argv(
         Path("/opt/llama-server"), dense, port=1

@@ -9,7 +9,13 @@ from typing import Literal
 
 from tray_app.budget import speed
 from tray_app.budget.device import DeviceMemory
-from tray_app.budget.experts import experts_kept_on_cpu, offloaded_blocks
+from tray_app.budget.experts import (
+    NO_SPLIT,
+    ExpertSplit,
+    experts_kept_on_cpu,
+    offloaded_blocks,
+    partial_splits,
+)
 from tray_app.budget.footprint import (
     CACHE_TYPE_BLOCKS,
     CTX_PAD,
@@ -44,10 +50,10 @@ class Budget:
         default_factory=dict
     )
 
-    def weights(self, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
+    def weights(self, n_gpu_layers: int, experts: ExpertSplit = NO_SPLIT) -> int:
         if self.host:
             return self.model.weights_bytes if n_gpu_layers else 0
-        return gpu_weights_bytes(self.model, n_gpu_layers, n_cpu_moe)
+        return gpu_weights_bytes(self.model, n_gpu_layers, experts)
 
     def split_copy(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> int:
         """What a layer split adds to the compute buffer (blocks left in RAM); nothing for a whole model."""
@@ -82,40 +88,48 @@ class Budget:
         # The logits buffer is host memory: it counts against RAM, never against a GPU.
         return output_buffer_bytes(self.model, n_parallel) if self.host else 0
 
-    def need(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, n_cpu_moe: int = 0) -> int:
+    def need(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, experts: ExpertSplit = NO_SPLIT) -> int:
         if n_gpu_layers == 0:
             return 0
         kv = kv_cache_bytes(
             self.model, n_ctx, self.request, _gpu_blocks(self.model, n_gpu_layers), n_parallel
         )
         compute = self.compute(n_ctx, n_parallel)[0] + self.split_copy(n_gpu_layers, n_ctx, n_parallel)
-        return self.weights(n_gpu_layers, n_cpu_moe) + kv + compute + self.output(n_parallel)
+        return self.weights(n_gpu_layers, experts) + kv + compute + self.output(n_parallel)
 
-    def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, n_cpu_moe: int = 0) -> bool:
-        return self.need(n_gpu_layers, n_ctx, n_parallel, n_cpu_moe) <= self.usable
+    def fits(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, experts: ExpertSplit = NO_SPLIT) -> bool:
+        return self.need(n_gpu_layers, n_ctx, n_parallel, experts) <= self.usable
 
     def context_cap(self, n_parallel: int) -> int:
         return min(self.request.max_ctx, self.model.n_ctx_train * n_parallel)
 
-    def largest_ctx(self, n_gpu_layers: int, n_parallel: int, floor: int, n_cpu_moe: int = 0) -> int | None:
+    def largest_ctx(
+        self, n_gpu_layers: int, n_parallel: int, floor: int, experts: ExpertSplit = NO_SPLIT
+    ) -> int | None:
         """The largest padded context (at least `floor`) at which these layers fit, or None."""
         step = CTX_PAD * n_parallel
         n_ctx = self.context_cap(n_parallel) // step * step
         while n_ctx >= max(floor, step):
-            if self.fits(n_gpu_layers, n_ctx, n_parallel, n_cpu_moe):
+            if self.fits(n_gpu_layers, n_ctx, n_parallel, experts):
                 return n_ctx
             n_ctx -= step
         return None
 
-    def fewest_cpu_moe(self, n_ctx: int, n_parallel: int) -> int | None:
-        """With every layer on the GPU, the fewest blocks whose experts must stay in RAM for the rest to fit
-        (dense-first); None for a dense model, or when the dense part, KV cache and compute do not fit."""
+    def fewest_experts_in_ram(self, n_ctx: int, n_parallel: int) -> ExpertSplit | None:
+        """With every layer on the GPU, the fewest expert bytes that must stay in RAM for the rest to fit
+        (dense-first): the fewest whole blocks, then as many single tensors of the last of them back on the
+        GPU as fit. None for a dense model, or when the dense part, KV cache and compute do not fit."""
         if not self.model.is_moe:
             return None
         full = self.model.n_layers + 1
-        for n_cpu_moe in range(1, self.model.n_layers + 1):
-            if self.fits(full, n_ctx, n_parallel, n_cpu_moe):
-                return n_cpu_moe
+        for blocks in range(1, self.model.n_layers + 1):
+            if self.fits(full, n_ctx, n_parallel, ExpertSplit(blocks)):
+                fewer = (
+                    split
+                    for split in partial_splits(self.model, blocks)
+                    if self.fits(full, n_ctx, n_parallel, split)
+                )
+                return next(fewer, ExpertSplit(blocks))
         return None
 
     def largest_layers(self, n_ctx: int, n_parallel: int) -> int:
@@ -124,10 +138,23 @@ class Budget:
                 return n_gpu_layers
         return 0
 
-    def reads(self, n_gpu_layers: int, n_cpu_moe: int, kv: int, host_kv: int, n_parallel: int) -> speed.Reads:
+    def reads(
+        self, n_gpu_layers: int, experts: ExpertSplit, kv: int, host_kv: int, n_parallel: int
+    ) -> speed.Reads:
         if self.host:  # the whole model and its cache in RAM
-            return speed.reads_per_token(self.model, 0, 0, 0, kv, n_parallel)
-        return speed.reads_per_token(self.model, n_gpu_layers, n_cpu_moe, kv, host_kv, n_parallel)
+            return speed.reads_per_token(self.model, 0, NO_SPLIT, 0, kv, n_parallel)
+        return speed.reads_per_token(self.model, n_gpu_layers, experts, kv, host_kv, n_parallel)
+
+    def reads_at(self, n_gpu_layers: int, n_ctx: int, n_parallel: int, experts: ExpertSplit) -> speed.Reads:
+        """What a token of a placement reads where at a context (to weigh two placements at the same one)."""
+        kv, host_kv = self.kv_sides(n_gpu_layers, n_ctx, n_parallel)
+        return self.reads(n_gpu_layers, experts, kv, host_kv, n_parallel)
+
+    def kv_sides(self, n_gpu_layers: int, n_ctx: int, n_parallel: int) -> tuple[int, int]:
+        """The KV cache on the GPU and in RAM."""
+        on_gpu = _gpu_blocks(self.model, n_gpu_layers)
+        kv = kv_cache_bytes(self.model, n_ctx, self.request, on_gpu, n_parallel) if n_gpu_layers else 0
+        return kv, kv_cache_bytes(self.model, n_ctx, self.request, None, n_parallel) - kv
 
     def plan(
         self,
@@ -136,19 +163,17 @@ class Budget:
         n_ctx: int,
         n_parallel: int,
         reason: str,
-        n_cpu_moe: int = 0,
+        experts: ExpertSplit = NO_SPLIT,
     ) -> Plan:
         model, request, device = self.model, self.request, self.device
-        on_gpu = _gpu_blocks(model, n_gpu_layers)
-        kv = kv_cache_bytes(model, n_ctx, request, on_gpu, n_parallel) if n_gpu_layers else 0
-        host_kv = kv_cache_bytes(model, n_ctx, request, None, n_parallel) - kv
+        kv, host_kv = self.kv_sides(n_gpu_layers, n_ctx, n_parallel)
         compute, source = self.compute(n_ctx, n_parallel) if n_gpu_layers else (0, "estimate")
         compute += self.split_copy(n_gpu_layers, n_ctx, n_parallel)
-        weights = self.weights(n_gpu_layers, n_cpu_moe)
+        weights = self.weights(n_gpu_layers, experts)
         other = min(device.used_by_others_bytes, device.total_bytes)
         reserve = min(self.reserve, device.total_bytes - other)
         used = weights + kv + compute + (self.output(n_parallel) if n_gpu_layers else 0)
-        reads = self.reads(n_gpu_layers, n_cpu_moe, kv, host_kv, n_parallel)
+        reads = self.reads(n_gpu_layers, experts, kv, host_kv, n_parallel)
         return Plan(
             verdict=verdict,
             reason=reason,
@@ -174,10 +199,11 @@ class Budget:
             flash_attn=request.flash_attn,
             n_ubatch=request.n_ubatch,
             compute_source=source,
-            host_weights_bytes=0 if self.host else host_weights_bytes(model, n_gpu_layers, n_cpu_moe),
+            host_weights_bytes=0 if self.host else host_weights_bytes(model, n_gpu_layers, experts),
             host_kv_bytes=host_kv,
-            n_cpu_moe=n_cpu_moe,
-            cpu_expert_bytes=0 if self.host else experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe),
+            n_cpu_moe=experts.blocks,
+            cpu_expert_tensors=experts.partial,
+            cpu_expert_bytes=0 if self.host else experts_kept_on_cpu(model, n_gpu_layers, experts),
             tokens_per_second=reads.tokens_per_second(request.gpu_bandwidth, request.cpu_bandwidth),
             gpu_read_bytes=reads.gpu_bytes,
             cpu_read_bytes=reads.cpu_bytes,

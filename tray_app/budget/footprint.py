@@ -8,7 +8,13 @@ smaller count offloads the output layer first, then the last n_gpu_layers - 1 bl
 
 from __future__ import annotations
 
-from tray_app.budget.experts import experts_kept_on_cpu, offloaded_blocks, output_offloaded
+from tray_app.budget.experts import (
+    NO_SPLIT,
+    ExpertSplit,
+    experts_kept_on_cpu,
+    offloaded_blocks,
+    output_offloaded,
+)
 from tray_app.budget.model_info import ModelInfo
 from tray_app.budget.plan import ComputeSettings, Plan, PlanError, PlanRequest
 
@@ -131,23 +137,23 @@ def reserve_bytes(total_bytes: int, percent: float, minimum: int) -> int:
     return max(int(total_bytes * percent / 100), minimum)
 
 
-def gpu_weights_bytes(model: ModelInfo, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
+def gpu_weights_bytes(model: ModelInfo, n_gpu_layers: int, experts: ExpertSplit = NO_SPLIT) -> int:
     """Weights llama.cpp puts on the GPU for `n_gpu_layers`: the output layer, then the last blocks; less
-    the experts `--n-cpu-moe n_cpu_moe` keeps in RAM."""
+    the experts an expert split keeps in RAM."""
     weights = sum(model.layer_bytes[layer] for layer in offloaded_blocks(model, n_gpu_layers))
     if output_offloaded(n_gpu_layers):
         weights += model.output_layer_bytes
-    return weights - experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe)
+    return weights - experts_kept_on_cpu(model, n_gpu_layers, experts)
 
 
-def host_weights_bytes(model: ModelInfo, n_gpu_layers: int, n_cpu_moe: int = 0) -> int:
+def host_weights_bytes(model: ModelInfo, n_gpu_layers: int, experts: ExpertSplit = NO_SPLIT) -> int:
     """Weights that stay in system RAM: the blocks not offloaded and the tensors outside the blocks, except
     the output layer's own tensors once it is offloaded (a tied embedding stays: its copy went to the GPU),
-    and the experts `--n-cpu-moe n_cpu_moe` keeps there."""
+    and the experts an expert split keeps there."""
     host = sum(model.layer_bytes[: offloaded_blocks(model, n_gpu_layers).start]) + model.non_layer_bytes
     if output_offloaded(n_gpu_layers):
         host -= model.output_layer_bytes - (model.input_bytes if model.tied_embeddings else 0)
-    return host + experts_kept_on_cpu(model, n_gpu_layers, n_cpu_moe)
+    return host + experts_kept_on_cpu(model, n_gpu_layers, experts)
 
 
 # Prompts of a whole slot's context the CPU worker's prompt cache holds: the mirror's conversations.

@@ -8,7 +8,7 @@ import os
 import re
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from tray_app import paths
 from tray_app.config import ConfigError
 
 log = logging.getLogger(__name__)
-_CACHE_FORMAT = 6
+_CACHE_FORMAT = 7
 # Already read in this process, by (path, size, mtime): the service re-plans often (config reload, pressure).
 _memo: dict[tuple[str, int, int], ModelInfo] = {}
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
@@ -64,6 +64,9 @@ class ModelInfo:
     n_expert_used: int = 0  # experts each token goes through ("expert_used_count", the largest per block)
     expert_layer_bytes: tuple[int, ...] = ()  # per block: its routed experts' bytes (part of layer_bytes)
     expert_tensor_max_bytes: int = 0  # the largest single expert tensor
+    # Per block: its routed expert tensors as an override pattern names them ("ffn_down_exps", a weight and
+    # its bias together) with their bytes, in file order; what an expert split places one by one.
+    expert_tensors: tuple[tuple[tuple[str, int], ...], ...] = ()
     # Feed-forward rows one token goes through in an MoE block: its routed experts' widths plus the shared
     # experts'; what the compute buffer holds per token (0: a dense model, n_ff counts there).
     moe_ff_width: int = 0
@@ -93,13 +96,14 @@ class ModelInfo:
         data["swa_layers"] = list(self.swa_layers)
         data["layer_bytes"] = list(self.layer_bytes)
         data["expert_layer_bytes"] = list(self.expert_layer_bytes)
+        data["expert_tensors"] = [[list(group) for group in block] for block in self.expert_tensors]
         data["weights_bytes"] = self.weights_bytes
         return data
 
 
 def _field(reader: Any, key: str) -> Any:
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
+    found = reader.get_field(key)
+    return None if found is None else found.contents()
 
 
 def _required_int(reader: Any, path: Path, key: str) -> int:
@@ -172,10 +176,11 @@ class _TensorTable:
     expert_bytes: list[int]  # per block, the routed experts among its layer bytes
     others: dict[str, int]  # outside the blocks, by name
     expert_tensor_max: int = 0
+    expert_groups: list[dict[str, int]] = field(default_factory=list)  # per block: pattern stem -> bytes
 
 
 def _tensor_bytes(tensors: Sequence[Any], n_layers: int) -> _TensorTable:
-    table = _TensorTable([0] * n_layers, [0] * n_layers, {})
+    table = _TensorTable([0] * n_layers, [0] * n_layers, {}, 0, [{} for _ in range(n_layers)])
     for tensor in tensors:
         size = int(tensor.n_bytes)
         match = _LAYER_TENSOR.match(tensor.name)
@@ -184,9 +189,12 @@ def _tensor_bytes(tensors: Sequence[Any], n_layers: int) -> _TensorTable:
             continue
         layer = int(match.group(1))
         table.layer_bytes[layer] += size
-        if EXPERT_TENSOR.search(tensor.name):
+        expert = EXPERT_TENSOR.search(tensor.name)
+        if expert:
             table.expert_bytes[layer] += size
             table.expert_tensor_max = max(table.expert_tensor_max, size)
+            stem = expert.group(0).lstrip(".")
+            table.expert_groups[layer][stem] = table.expert_groups[layer].get(stem, 0) + size
     return table
 
 
@@ -207,6 +215,9 @@ def _cached(path: Path) -> ModelInfo | None:
             layer_bytes=tuple(data["layer_bytes"]),
             swa_layers=tuple(data["swa_layers"]),
             expert_layer_bytes=tuple(data["expert_layer_bytes"]),
+            expert_tensors=tuple(
+                tuple((str(stem), int(size)) for stem, size in block) for block in data["expert_tensors"]
+            ),
         )
         return ModelInfo(**data)
     except FileNotFoundError:
@@ -321,5 +332,8 @@ def _inspect(path: Path) -> ModelInfo:
         n_expert_used=n_expert_used,
         expert_layer_bytes=tuple(table.expert_bytes) if any(table.expert_bytes) else (),
         expert_tensor_max_bytes=table.expert_tensor_max,
+        expert_tensors=tuple(tuple(groups.items()) for groups in table.expert_groups)
+        if any(table.expert_bytes)
+        else (),
         moe_ff_width=moe_ff_width,
     )

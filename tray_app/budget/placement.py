@@ -1,9 +1,10 @@
 """Two ways to place a model that does not fit whole, weighed by estimated speed.
 
 A layer split leaves whole blocks (and their KV cache) on the CPU; an expert split keeps every block's dense
-part and the KV cache on the GPU and leaves only some blocks' routed experts in RAM (`--n-cpu-moe`). Where
+part and the KV cache on the GPU and leaves only some routed experts in RAM (`--n-cpu-moe`, `-ot`). Where
 both fit, the one with more estimated tokens per second wins (tray_app.budget.speed); a tie keeps the layer
-split, llama.cpp's plain way.
+split, llama.cpp's plain way. Both are estimated at the same context (the smaller of the two), so that the
+split which also leaves room for a longer context is not counted slower for the cache it could hold.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tray_app.budget.experts import expert_kind
 from tray_app.sizes import format_size
 
 Kind = Literal["layers", "experts"]
@@ -25,9 +27,11 @@ class Candidate:
     n_cpu_moe: int
     n_ctx: int
     fits: bool
-    gpu_read_bytes: int  # per generated token
+    gpu_read_bytes: int  # per generated token, at speed_ctx
     cpu_read_bytes: int
-    tokens_per_second: float  # estimated ceiling
+    tokens_per_second: float  # estimated ceiling, at speed_ctx
+    speed_ctx: int = 0  # the context the estimate assumed: the same for every candidate of a plan
+    cpu_expert_tensors: tuple[str, ...] = ()  # single expert tensors of block n_cpu_moe in RAM
     chosen: bool = False
 
     @property
@@ -37,7 +41,14 @@ class Candidate:
     def placement_words(self) -> str:
         if self.kind == "experts":
             blocks = self.n_layers - 1
-            return f"all {self.n_layers} layers, experts of {self.n_cpu_moe}/{blocks} layers on the CPU"
+            extra = (
+                f" and block {self.n_cpu_moe}'s {'/'.join(map(expert_kind, self.cpu_expert_tensors))}"
+                if self.cpu_expert_tensors
+                else ""
+            )
+            return (
+                f"all {self.n_layers} layers, experts of {self.n_cpu_moe}/{blocks} layers{extra} on the CPU"
+            )
         if self.n_gpu_layers == 0:
             return "nothing on the GPU"
         return f"{self.n_gpu_layers}/{self.n_layers} layers on the GPU"
@@ -60,5 +71,5 @@ def choose(candidates: list[Candidate]) -> tuple[int, str]:
     )
     return best, (
         f"the {chosen.label} is chosen: about {chosen.tokens_per_second:.0f} tokens/s by memory traffic "
-        f"({chosen.reads_words()}), against {against}"
+        f"({chosen.reads_words()}), against {against}, both at n_ctx {chosen.speed_ctx}"
     )

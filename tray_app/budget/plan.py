@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from tray_app.budget import speed
+from tray_app.budget.experts import ExpertSplit
 from tray_app.budget.placement import Candidate
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
@@ -90,6 +91,7 @@ class Plan:
     host_weights_bytes: int  # weights left in system RAM (the CPU's share of a split, or all of them)
     host_kv_bytes: int  # KV cache of the layers left on the CPU
     n_cpu_moe: int = 0  # the routed experts of the first N blocks stay in RAM (llama-server --n-cpu-moe N)
+    cpu_expert_tensors: tuple[str, ...] = ()  # and these expert tensors of block n_cpu_moe (`-ot ...=CPU`)
     cpu_expert_bytes: int = 0  # those experts' bytes (part of host_weights_bytes)
     # Estimated generation ceiling: the bytes a token reads on each device against its bandwidth.
     tokens_per_second: float = 0.0
@@ -105,7 +107,11 @@ class Plan:
     @property
     def whole_on_gpu(self) -> bool:
         """Every weight on the GPU: all layers, no experts left in RAM."""
-        return self.n_gpu_layers >= self.n_layers and self.n_cpu_moe == 0
+        return self.n_gpu_layers >= self.n_layers and not self.expert_split
+
+    @property
+    def expert_split(self) -> ExpertSplit:
+        return ExpertSplit(self.n_cpu_moe, self.cpu_expert_tensors)
 
     @property
     def used_bytes(self) -> int:

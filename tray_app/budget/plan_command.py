@@ -8,7 +8,7 @@ import sys
 
 from tray_app import cli, config
 from tray_app.budget import speed
-from tray_app.budget.experts import expert_split_words
+from tray_app.budget.experts import expert_split_words, split_flag_words
 from tray_app.budget.library_plan import ModelPlans, library_share, plan_library_model
 from tray_app.budget.plan import Plan, PlanError
 from tray_app.budget.plan_set import PlanSet, plan_from_config
@@ -49,8 +49,10 @@ def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]
 
 def _split_rows(plan: Plan, embeddings: Plan | None = None) -> list[tuple[str, int, str]]:
     layers = f"{plan.n_gpu_layers}/{plan.n_layers} layers"
-    if plan.n_cpu_moe:
-        layers += f", experts of {plan.n_cpu_moe}/{plan.n_layers - 1} in RAM"
+    if plan.expert_split:
+        count = len(plan.cpu_expert_tensors)
+        partial = f" + {count} tensor{'s' if count > 1 else ''}" if count else ""
+        layers += f", experts of {plan.n_cpu_moe}/{plan.n_layers - 1}{partial} in RAM"
     cache = f"{plan.cache_type_k}/{plan.cache_type_v}, n_ctx {plan.n_ctx}"
     embedding = embeddings.used_bytes if embeddings is not None else 0
     rows = [
@@ -95,10 +97,10 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
         f"n_gpu_layers {plan.n_gpu_layers}/{plan.n_layers}, cache {plan.cache_type_k}/{plan.cache_type_v}, "
         f"flash attention {'on' if plan.flash_attn else 'off'}"
     )
-    if plan.n_cpu_moe:
+    if plan.expert_split:
         lines.append(
-            f"expert split: {expert_split_words(plans.model, plan.n_cpu_moe, plan.cpu_expert_bytes)} "
-            f"(llama-server --n-cpu-moe {plan.n_cpu_moe})"
+            f"expert split: {expert_split_words(plans.model, plan.expert_split, plan.cpu_expert_bytes)} "
+            f"(llama-server {split_flag_words(plan.expert_split)})"
         )
     if plan.host_weights_bytes or plan.host_kv_bytes:
         lines.append(
@@ -126,7 +128,11 @@ def candidate_lines(plan: Plan) -> list[str]:
     if not plan.candidates:
         return []
     gpu, cpu = plan.gpu_bandwidth / speed.GB, plan.cpu_bandwidth / speed.GB
-    lines = [f"splits weighed (tokens/s from memory traffic at GPU {gpu:g} GB/s, RAM {cpu:g} GB/s):"]
+    at = plan.candidates[0].speed_ctx
+    lines = [
+        f"splits weighed (tokens/s from memory traffic at GPU {gpu:g} GB/s, RAM {cpu:g} GB/s; "
+        f"each with the KV cache of n_ctx {at}):"
+    ]
     for candidate in plan.candidates:
         mark = "*" if candidate.chosen else " "
         fits = "" if candidate.fits else ", does not fit"

@@ -8,8 +8,9 @@ the reserve stays intact, and says why in words.
 The sizes are tray_app.budget.footprint's, what fits tray_app.budget.fit's, the types tray_app.budget.plan's.
 
 A Mixture-of-Experts model that does not fit whole has a second way to split: every layer on the GPU but the
-routed experts of the first blocks (`--n-cpu-moe`, see tray_app.budget.experts). Both are planned, and the
-faster by estimated memory traffic is chosen (tray_app.budget.placement).
+routed experts of the first blocks and single expert tensors of one more (`--n-cpu-moe`, `-ot`, see
+tray_app.budget.experts). Both are planned, and the faster by estimated memory traffic is chosen
+(tray_app.budget.placement).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import replace
 
 from tray_app.budget import placement, speed
 from tray_app.budget.device import DeviceMemory
-from tray_app.budget.experts import expert_split_words, experts_kept_on_cpu
+from tray_app.budget.experts import ExpertSplit, expert_split_words, experts_kept_on_cpu, split_flag_words
 from tray_app.budget.fit import Budget, budget_for
 from tray_app.budget.footprint import CTX_PAD, padded_context, prompt_cache_bytes
 from tray_app.budget.model_info import ModelInfo
@@ -130,44 +131,55 @@ def _expert_floor(budget: Budget) -> int:
 
 
 def _plan_experts(budget: Budget) -> Plan | None:
-    """Dense-first: every layer's dense part, the KV cache and compute on the GPU, then the experts of as many
-    blocks as fit (the last ones: `--n-cpu-moe N` keeps the first N in RAM); None when even that does not fit.
-    The context: as asked, else the largest that fits once the floor's split is set (as for a layer split)."""
+    """Dense-first: every layer's dense part, the KV cache and compute on the GPU, then as many experts as
+    fit (the last blocks': `--n-cpu-moe N` keeps the first N in RAM, `-ot` single tensors of block N); None
+    when even that does not fit. The context: as asked, else the largest that fits once the floor's split is
+    set (as for a layer split)."""
     request, model = budget.request, budget.model
     full, n_parallel = model.n_layers + 1, request.n_parallel
     asked = request.n_ctx is not None
     floor = _expert_floor(budget)
-    n_cpu_moe = budget.fewest_cpu_moe(floor, n_parallel)
-    if n_cpu_moe is None:
+    experts = budget.fewest_experts_in_ram(floor, n_parallel)
+    if experts is None:
         return None
-    n_ctx = floor if asked else budget.largest_ctx(full, n_parallel, floor, n_cpu_moe) or floor
+    n_ctx = floor if asked else budget.largest_ctx(full, n_parallel, floor, experts) or floor
     limit = "as asked" if asked else _ctx_limit_words(budget, n_ctx, n_parallel)
-    in_ram = expert_split_words(model, n_cpu_moe, experts_kept_on_cpu(model, full, n_cpu_moe))
+    in_ram = expert_split_words(model, experts, experts_kept_on_cpu(model, full, experts))
     reason = (
         f"dense-first on {_where(budget)}: all {full} layers' dense tensors, the KV cache and compute at "
-        f"{_ctx_words(n_ctx, n_parallel)} ({limit}) and {_gpu_experts_words(model.n_layers - n_cpu_moe)} "
-        f"on the GPU; {in_ram} (--n-cpu-moe {n_cpu_moe})"
+        f"{_ctx_words(n_ctx, n_parallel)} ({limit}) and {_gpu_experts_words(model.n_layers, experts)} "
+        f"on the GPU; {in_ram} ({split_flag_words(experts)})"
     )
-    return budget.plan("split", full, n_ctx, n_parallel, reason, n_cpu_moe)
+    return budget.plan("split", full, n_ctx, n_parallel, reason, experts)
 
 
-def _gpu_experts_words(n_blocks: int) -> str:
-    if n_blocks == 0:
-        return "no experts"
-    return "the experts of the last block" if n_blocks == 1 else f"the experts of the last {n_blocks} blocks"
+def _gpu_experts_words(n_layers: int, experts: ExpertSplit) -> str:
+    n_blocks = n_layers - experts.blocks - (1 if experts.partial else 0)
+    whole = (
+        "no experts"
+        if n_blocks == 0
+        else "the experts of the last block"
+        if n_blocks == 1
+        else f"the experts of the last {n_blocks} blocks"
+    )
+    return whole + (f" and some of block {experts.blocks}'s" if experts.partial else "")
 
 
-def _candidate(kind: placement.Kind, plan: Plan) -> Candidate:
+def _candidate(kind: placement.Kind, plan: Plan, budget: Budget, speed_ctx: int) -> Candidate:
+    """A plan as a candidate, its speed estimated at `speed_ctx` (the same for both candidates)."""
+    reads = budget.reads_at(plan.n_gpu_layers, speed_ctx, plan.n_parallel, plan.expert_split)
     return Candidate(
         kind=kind,
         n_gpu_layers=plan.n_gpu_layers,
         n_layers=plan.n_layers,
         n_cpu_moe=plan.n_cpu_moe,
+        cpu_expert_tensors=plan.cpu_expert_tensors,
         n_ctx=plan.n_ctx,
         fits=plan.fits,
-        gpu_read_bytes=plan.gpu_read_bytes,
-        cpu_read_bytes=plan.cpu_read_bytes,
-        tokens_per_second=plan.tokens_per_second,
+        gpu_read_bytes=reads.gpu_bytes,
+        cpu_read_bytes=reads.cpu_bytes,
+        tokens_per_second=reads.tokens_per_second(plan.gpu_bandwidth, plan.cpu_bandwidth),
+        speed_ctx=speed_ctx,
     )
 
 
@@ -176,14 +188,19 @@ def _weigh_expert_split(budget: Budget, layers: Plan) -> Plan:
     experts = _plan_experts(budget)
     if experts is None:
         floor, n_parallel = _expert_floor(budget), budget.request.n_parallel
-        dense = budget.need(layers.n_layers, floor, n_parallel, budget.model.n_layers)
+        dense = budget.need(layers.n_layers, floor, n_parallel, ExpertSplit(budget.model.n_layers))
         why = (
             f"no expert split: every layer's dense tensors, the KV cache and compute alone need "
             f"{format_size(dense)} at {_ctx_words(floor, n_parallel)}"
         )
-        return replace(layers, reason=f"{layers.reason}; {why}", candidates=(_candidate("layers", layers),))
+        alone = _candidate("layers", layers, budget, layers.n_ctx)
+        return replace(layers, reason=f"{layers.reason}; {why}", candidates=(alone,))
     plans = (layers, experts)
-    candidates = [_candidate("layers", layers), _candidate("experts", experts)]
+    speed_ctx = min(layers.n_ctx, experts.n_ctx)
+    candidates = [
+        _candidate("layers", layers, budget, speed_ctx),
+        _candidate("experts", experts, budget, speed_ctx),
+    ]
     best, why = placement.choose(candidates)
     chosen = plans[best]
     weighed = tuple(replace(candidate, chosen=index == best) for index, candidate in enumerate(candidates))

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tray_app.budget.experts import expert_bytes, offloaded_blocks, output_offloaded
+from tray_app.budget.experts import (
+    NO_SPLIT,
+    ExpertSplit,
+    expert_bytes,
+    experts_in_ram,
+    offloaded_blocks,
+    output_offloaded,
+)
 from tray_app.budget.model_info import ModelInfo
 
 GB = 1000**3
@@ -35,9 +42,14 @@ class Reads:
 
 
 def reads_per_token(
-    model: ModelInfo, n_gpu_layers: int, n_cpu_moe: int, kv_gpu_bytes: int, kv_cpu_bytes: int, n_parallel: int
+    model: ModelInfo,
+    n_gpu_layers: int,
+    experts: ExpertSplit,
+    kv_gpu_bytes: int,
+    kv_cpu_bytes: int,
+    n_parallel: int,
 ) -> Reads:
-    """What a token reads where, for `-ngl n_gpu_layers --n-cpu-moe n_cpu_moe` (n_gpu_layers 0: all in RAM).
+    """What a token reads where, for `-ngl n_gpu_layers` and an expert split (n_gpu_layers 0: all in RAM).
 
     Weights: dense tensors whole; routed experts by the share a token is routed to (routing assumed even);
     the output layer whole; the input embedding one row (left out). KV cache: one sequence's, half full on
@@ -47,17 +59,14 @@ def reads_per_token(
     share = model.active_expert_share
     on_gpu = offloaded_blocks(model, n_gpu_layers)
     for layer in range(model.n_layers):
-        experts = expert_bytes(model, layer)
-        dense = model.layer_bytes[layer] - experts
-        active = round(experts * share)
+        routed = expert_bytes(model, layer)
+        dense = model.layer_bytes[layer] - routed
         if layer in on_gpu:
-            gpu += dense
-            if layer < n_cpu_moe:
-                cpu += active
-            else:
-                gpu += active
+            in_ram = experts_in_ram(model, layer, experts)
+            gpu += dense + round((routed - in_ram) * share)
+            cpu += round(in_ram * share)
         else:
-            cpu += dense + active
+            cpu += dense + round(routed * share)
     if output_offloaded(n_gpu_layers):
         gpu += model.output_layer_bytes
     else:
@@ -68,4 +77,4 @@ def reads_per_token(
 
 def active_weights_bytes(model: ModelInfo) -> int:
     """The weights one token reads wherever they are: a MoE model's active parameters, in bytes."""
-    return reads_per_token(model, 0, 0, 0, 0, 1).cpu_bytes
+    return reads_per_token(model, 0, NO_SPLIT, 0, 0, 1).cpu_bytes

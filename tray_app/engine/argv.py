@@ -3,7 +3,7 @@
 The planner stays authoritative: `--fit off` (llama.cpp's own auto-fit would otherwise move layers or shrink
 the context behind the plan's back), explicit `-ngl`, `-c`, `-np`, cache types, flash attention and threads,
 and for a Mixture-of-Experts model's expert split `--n-cpu-moe N` (the routed experts of blocks 0..N-1 stay
-in RAM, every other tensor goes where `-ngl` puts it).
+in RAM, every other tensor goes where `-ngl` puts it) and `-ot` for single expert tensors of block N.
 `-c` is the total over all slots; without `--kv-unified` each slot gets `-c / -np`, which is exactly the
 planner's per-sequence context, and the router never admits a request that would not fit its slot.
 """
@@ -55,7 +55,7 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         # No layers on a GPU means no GPU at all: a GPU build would otherwise still send large prompt
         # batches to the card (op offload) and hold a context there, memory the plan never gave it.
         argv += ["--device", "none"]
-    argv += expert_split_args(profile.n_cpu_moe)
+    argv += expert_split_args(profile.n_cpu_moe, profile.cpu_expert_tensors)
     if profile.cache_ram_mib is not None:
         # The prompt cache the CPU mirror fills, sized by the planner out of the RAM plan's free part.
         argv += ["--cache-ram", str(profile.cache_ram_mib)]
@@ -74,10 +74,15 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
     return argv
 
 
-def expert_split_args(n_cpu_moe: int) -> list[str]:
-    """A GPU worker's expert split (its plan's Plan.n_cpu_moe): nothing without one, so a build that lacks
-    the flag still runs every other model."""
-    return ["--n-cpu-moe", str(n_cpu_moe)] if n_cpu_moe > 0 else []
+def expert_split_args(n_cpu_moe: int, partial: tuple[str, ...] = ()) -> list[str]:
+    """A GPU worker's expert split (its plan's Plan.n_cpu_moe and cpu_expert_tensors): nothing without one,
+    so a build that lacks the flags still runs every other model. `--override-tensor` takes regexes searched
+    in each tensor's name ("blk\\.3\\.ffn_down_exps" matches block 3's weight and bias, not block 13's)
+    and adds them to the same list `--n-cpu-moe` fills (common/arg.cpp)."""
+    argv = ["--n-cpu-moe", str(n_cpu_moe)] if n_cpu_moe > 0 else []
+    if partial:
+        argv += ["--override-tensor", ",".join(rf"blk\.{n_cpu_moe}\.{stem}=CPU" for stem in partial)]
+    return argv
 
 
 # Set for a worker with no layers on a GPU, so a GPU build creates no device context (hundreds of MiB of

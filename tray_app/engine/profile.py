@@ -19,6 +19,7 @@ class WorkerProfile:
     n_gpu_layers: int
     n_threads: int
     n_cpu_moe: int = 0  # a MoE model's expert split: the routed experts of the first N blocks stay in RAM
+    cpu_expert_tensors: tuple[str, ...] = ()  # and these expert tensors of block N ("ffn_down_exps")
     n_parallel: int = 1
     n_ubatch: int = 512
     cache_type_k: str = "f16"

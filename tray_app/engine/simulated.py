@@ -46,12 +46,15 @@ class SimulatedAllocation:
         return self.model_bytes + self.kv_bytes + self.output_bytes + self.compute_bytes
 
 
-def device_share(buffers: BufferSizes, n_gpu_layers: int, n_layers: int) -> SimulatedAllocation:
-    """The part of the measured buffers that a GPU with `n_gpu_layers` offloaded would hold."""
+def device_share(
+    buffers: BufferSizes, n_gpu_layers: int, n_layers: int, experts_in_ram: int = 0
+) -> SimulatedAllocation:
+    """The part of the measured buffers that a GPU with `n_gpu_layers` offloaded would hold, less the expert
+    tensors an expert split keeps in RAM (a CPU build prints every weight in one CPU buffer)."""
     offloaded = n_layers if n_gpu_layers < 0 else min(n_gpu_layers, n_layers)
     fraction = offloaded / n_layers if n_layers > 0 else 1.0
     return SimulatedAllocation(
-        model_bytes=round(buffers.model_bytes * fraction),
+        model_bytes=max(round(buffers.model_bytes * fraction) - experts_in_ram, 0),
         kv_bytes=round(buffers.kv_bytes * fraction),
         output_bytes=buffers.output_bytes if offloaded else 0,
         compute_bytes=buffers.compute_bytes if offloaded else 0,

@@ -29,7 +29,10 @@ def prepare(engine_path: Path, profile: WorkerProfile, port: int, key: str) -> L
     argv = [*llama_server_argv(engine_path, profile, port), "--log-verbosity", "4"]
     limit = None
     if profile.simulated_vram_bytes is not None:
-        limit = simulated.address_space_limit(profile.simulated_vram_bytes, load_fault=profile.fault_load_oom)
+        # The process holds the simulated VRAM's share and what its plan keeps in RAM (a split's layers or
+        # experts): a real GPU worker holds those in host memory too.
+        held = profile.simulated_vram_bytes + load_check.ram_weights_bytes(profile)
+        limit = simulated.address_space_limit(held, load_fault=profile.fault_load_oom)
     # The key in the environment, not on the command line that `ps` shows.
     env = {"LLAMA_API_KEY": key, **worker_env(profile)}
     return Launch(argv, env, limit)

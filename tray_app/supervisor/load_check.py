@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tray_app.budget.experts import ExpertSplit, experts_kept_on_cpu
+from tray_app.budget.footprint import host_weights_bytes
 from tray_app.budget.model_info import inspect_model
 from tray_app.engine import offload, simulated
 from tray_app.engine.devices import DeviceListError, list_devices
@@ -52,9 +54,26 @@ def check_load(
         if reason is None:
             return None
         return LoadFailure(Failure("bad_config", reason), (f"--- {reason}",))
-    n_layers = inspect_model(profile.model_path).n_layers  # read once per model file, then cached
-    share = simulated.device_share(buffers, profile.n_gpu_layers, n_layers)
+    model = inspect_model(profile.model_path)  # read once per model file, then cached
+    in_ram = experts_kept_on_cpu(model, _offloaded(profile), _expert_split(profile))
+    share = simulated.device_share(buffers, profile.n_gpu_layers, model.n_layers, experts_in_ram=in_ram)
     lines = simulated.failure_lines(share, free)
     if lines is None:
         return None
     return LoadFailure(Failure("oom_load", lines[-1]), tuple(lines))
+
+
+def ram_weights_bytes(profile: WorkerProfile) -> int:
+    """The weights a worker keeps in system RAM by its plan (layers not offloaded, experts kept in RAM): on a
+    simulated device the process holds them beside the simulated VRAM."""
+    return host_weights_bytes(inspect_model(profile.model_path), _offloaded(profile), _expert_split(profile))
+
+
+def _offloaded(profile: WorkerProfile) -> int:
+    return (
+        inspect_model(profile.model_path).n_layers + 1 if profile.n_gpu_layers < 0 else profile.n_gpu_layers
+    )
+
+
+def _expert_split(profile: WorkerProfile) -> ExpertSplit:
+    return ExpertSplit(profile.n_cpu_moe, profile.cpu_expert_tensors)

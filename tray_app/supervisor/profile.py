@@ -50,6 +50,7 @@ def embedding_profiles(
             beside(gpu),
             n_gpu_layers=plans.embeddings.n_gpu_layers,
             n_cpu_moe=plans.embeddings.n_cpu_moe,
+            cpu_expert_tensors=plans.embeddings.cpu_expert_tensors,
             simulated_vram_bytes=simulated,
         )
         profiles.append(on_gpu)
@@ -103,6 +104,7 @@ def gpu_profile(cfg: Config, plan: Plan, model_path: Path, simulated_free_bytes:
         role="gpu",
         n_gpu_layers=plan.n_gpu_layers,
         n_cpu_moe=plan.n_cpu_moe,
+        cpu_expert_tensors=plan.cpu_expert_tensors,
         simulated_vram_bytes=simulated_free_bytes,
         warm=True,
         warm_reason="the GPU worker always starts with the service",
@@ -173,6 +175,7 @@ def library_profiles(
                 role=entry.role("gpu"),
                 n_gpu_layers=plans.gpu.n_gpu_layers,
                 n_cpu_moe=plans.gpu.n_cpu_moe,
+                cpu_expert_tensors=plans.gpu.cpu_expert_tensors,
                 simulated_vram_bytes=share.free_bytes if simulated else None,
                 warm=entry.preload,
                 warm_reason=warm_reason,

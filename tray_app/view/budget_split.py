@@ -131,7 +131,20 @@ def caps_text(plan: Mapping[str, Any], caps: Mapping[str, int]) -> str:
     layers, n_layers = plan.get("n_gpu_layers"), plan.get("n_layers")
     if layers is not None and n_layers:
         parts.append(f"{min(int(layers), int(n_layers))}/{n_layers} layers on GPU")
+        experts = experts_in_ram_text(plan, int(n_layers) - 1)
+        if experts:
+            parts.append(experts)
     return " · ".join(parts)
+
+
+def experts_in_ram_text(plan: Mapping[str, Any], n_blocks: int) -> str:
+    """A MoE model's expert split: "experts of 3/8 layers + 1 tensor in RAM (1.25 MiB)"; "" without one."""
+    blocks, single = int(plan.get("n_cpu_moe") or 0), len(plan.get("cpu_expert_tensors") or ())
+    if not blocks and not single:
+        return ""
+    tensors = f" + {single} tensor{'s' if single > 1 else ''}" if single else ""
+    size = format_size(int(plan.get("cpu_expert_bytes") or 0))
+    return f"experts of {blocks}/{n_blocks} layers{tensors} in RAM ({size})"
 
 
 def segment_tip(segment: Segment) -> str:
