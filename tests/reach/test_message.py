@@ -103,6 +103,10 @@ def test_ntfy_gets_http_buttons_on_its_topic() -> None:
     assert body["actions"][2]["action"] == "view"
     with pytest.raises(ChannelError):
         ntfy.split_topic("https://ntfy.example")
+    # The error reaches the status and the log: a password in the URL must not.
+    with pytest.raises(ChannelError) as refused:
+        ntfy.split_topic("https://me:s3cret@ntfy.example")
+    assert "s3cret" not in str(refused.value) and "…@ntfy.example" in str(refused.value)
 
 
 def test_a_webhook_gets_the_message_its_links_and_its_events() -> None:

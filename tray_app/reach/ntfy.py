@@ -5,6 +5,7 @@ The topic URL is split into its server (where the JSON goes) and the topic (a fi
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -19,8 +20,17 @@ def split_topic(url: str) -> tuple[str, str]:
     """`https://ntfy.example/alerts` -> ("https://ntfy.example/", "alerts") (a server under a path too)."""
     base, _, topic = url.rstrip("/").rpartition("/")
     if not topic or "://" not in base:
-        raise ChannelError(f"an ntfy url ends with its topic, e.g. https://ntfy.sh/my-topic (got {url!r})")
+        shown = _without_credentials(url)
+        raise ChannelError(f"an ntfy url ends with its topic, e.g. https://ntfy.sh/my-topic (got {shown!r})")
     return base + "/", topic
+
+
+def _without_credentials(url: str) -> str:
+    """The URL with a user:password replaced: the error is shown in the status and the log."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="…@" + parts.netloc.rpartition("@")[2]))
 
 
 def payload(message: Message, topic: str) -> dict[str, Any]:
