@@ -35,6 +35,9 @@ class ModelConfig:
     """The main model: its GPU and CPU workers start with the service and are always kept."""
 
     path: str = ""  # empty: the bundled SmolLM2
+    # What requests and answers call it; empty: its file's name. A model from Ollama's store needs one: its
+    # file is a blob named by its digest (`failsoft models add` writes its `model:tag` here).
+    name: str = ""
     chat_format: str = ""  # empty: the model's own template; else a llama.cpp template name (chatml, ...)
     stand_in: str = ""  # a smaller library model that may answer on the GPU when this one cannot
 
@@ -231,6 +234,10 @@ class Config:
             )
         return bundled
 
+    def model_name(self) -> str:
+        """What requests and answers call the main model: model.name, else its file's name."""
+        return self.model.name or self.model_path().name
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("source")
@@ -361,6 +368,9 @@ def _check_relations(config: Config) -> None:
         )
     if not 1 <= config.server.port <= 65535:
         raise ConfigError(f"{source}: server.port = {config.server.port} must be in 1..65535")
+    name = config.model.name
+    if "," in name or name != name.strip():  # llama-server splits its --alias at commas
+        raise ConfigError(f"{source}: model.name = {name!r} must have no comma and no space at either end")
     url_error = config.server.public_url and notify_settings.public_url_error(config.server.public_url)
     if url_error:
         raise ConfigError(f"{source}: server.public_url = {config.server.public_url!r} {url_error}")
@@ -390,6 +400,7 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     for name, value in overrides.items():
         section, key = name.split(".")
         data[section][key] = value
+    _forget_name_of_another_file(cfg.to_dict(), data, named="model.name" in overrides)
     result = from_dict(data, source=cfg.source)
     result.overrides = dict(overrides)
     return result
@@ -474,6 +485,7 @@ FILE_ONLY = frozenset(
         ("engine", "*"),
         ("models", "*"),
         ("model", "path"),
+        ("model", "name"),  # set with the file it names
         ("model", "chat_format"),
         ("library", "folder"),
         ("embeddings", "model"),
@@ -545,6 +557,13 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, st
     return changed
 
 
+def _forget_name_of_another_file(old: dict[str, Any], new: dict[str, Any], *, named: bool) -> None:
+    """model.name was given for the file at model.path: a new file given without a name of its own (the
+    tray's settings, `serve --model`) goes by its file name, not by the name of the one it replaces."""
+    if new["model"]["path"] != old["model"]["path"] and not named:
+        new["model"]["name"] = ""
+
+
 def edit_file(path: Path, changes: dict[str, dict[str, Any]]) -> tuple[Config, list[tuple[str, str]]]:
     """Validate the file's config with `changes` applied, write it (0600) when something changed, and
     return it with the keys that changed. ConfigError (nothing written) when a value is not allowed."""
@@ -560,6 +579,7 @@ def edit_file(path: Path, changes: dict[str, dict[str, Any]]) -> tuple[Config, l
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: [{section}] must be a table of keys")
         merged.setdefault(section, {}).update(values)
+    _forget_name_of_another_file(data, merged, named="name" in (changes.get("model") or {}))
     updated = from_dict(merged, source=str(path))
     changed = changed_keys(data, updated.to_dict())
     if changed:

@@ -146,5 +146,5 @@ def test_first_run_names_a_found_model_and_models_add_makes_it_the_main_one(
     assert cli.main(["models", "add", "SmolLM2-135M-Instruct.Q4_1"]) == 0
     assert "is now the main model" in capsys.readouterr().out
     config = read_config()
-    assert config["model"] == {"path": str(blob), "chat_format": "", "stand_in": ""}
+    assert config["model"] == {"path": str(blob), "name": "", "chat_format": "", "stand_in": ""}
     assert config["models"] == []

@@ -93,7 +93,7 @@ def drill_models(cfg: Config) -> list[dict[str, Any]]:
     a model with a stand-in (that may use the GPU) and a second one; else `drill-big` (its stand-in the main
     model) and/or `drill-other`, both the main model's GGUF."""
     main = cfg.model_path()
-    taken = {main.name, main.stem, str(main), "default"}
+    taken = {cfg.model_name(), main.name, main.stem, str(main), "default"}
     for model in cfg.models:
         taken |= {model.name, *model.aliases}
     big = next(

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from tray_app.contract.events import (
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
-from tray_app.engine.profile import WorkerProfile
+from tray_app.engine.profile import WorkerProfile, WorkerProfiles
 from tray_app.host import sd_notify
 from tray_app.host.gpu_side import GpuSide
 from tray_app.host.gpu_watch import PlanningDevice
@@ -76,12 +76,12 @@ class Service:
             self.engine = binary.find(cfg.engine.llama_server)
         except binary.EngineError as error:
             raise ConfigError(str(error)) from None
-        self.model_id = self.model_path.name
         # How the main model's workers' chat template opens a tool call (from the profiles they start with);
         # the library's models have their own (tool_call_opener_for).
         self.tool_call_opener = ""
         self._openers: dict[str, str] = {}
         self.catalog = catalog_from_config(cfg)
+        self.model_id = self.catalog.main.name  # model.name, else its file's name
         # Every name a request may use: the main model's, and the library's models' and aliases.
         self.model_names = {name for entry in self.catalog.entries for name in entry.names()}
         self.admin_token = admin_token.ensure()  # the control API's credential (tray_app.admin_token)
@@ -180,7 +180,7 @@ class Service:
             cpu_tokens_per_second=failover.cpu_tokens_per_second,
             worker_ready_wait=sup.start_timeout,
             max_pending_approvals=failover.max_pending_approvals,
-            model_id=self.model_path.name,
+            model_id=self.model_id,
         )
 
     def _queue_changed(self, depth: int) -> None:
@@ -240,11 +240,10 @@ class Service:
         return self._in_flight(role)
 
     async def start(self) -> None:
-        from tray_app.supervisor.profile import profiles_from_plans
         from tray_app.supervisor.supervisor import WorkerSupervisor
 
         await self.gpu.start()
-        profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
+        profiles = self._main_profiles()
         for role, profile in profiles.by_role().items():
             self.workers[role] = WorkerSupervisor(
                 profile, self.bus, self.cfg.supervisor, engine=self.engine, start_gate=self.gpu.gate
@@ -334,6 +333,14 @@ class Service:
     def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int:
         tokens = self.library.tokens(model)
         return tokens.count_chat(body) if kind == "chat" else tokens.count_completion(body)
+
+    def _main_profiles(self) -> WorkerProfiles:
+        """The main model's workers, named as requests call the model (llama-server's --alias): the plans
+        name it by its file, and an Ollama model's file is a blob named by its digest."""
+        from tray_app.supervisor.profile import profiles_from_plans
+
+        profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
+        return named_as(profiles, self.catalog.main)
 
     def _library_profiles(self) -> list[WorkerProfile]:
         profiles = []
@@ -488,13 +495,11 @@ class Service:
         The running workers keep what they hold; their next start (a restart after a failure, or one the
         user asks for) follows the new plan, as a real GPU would demand.
         """
-        from tray_app.supervisor.profile import profiles_from_plans
-
         self.plan_set = plan_from_config(self.cfg, gpu=self.device)
         self.gpu.watch.planned()
         self.library.replan(self.cfg, self.plan_set)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))
-        profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
+        profiles = self._main_profiles()
         by_role = {**profiles.by_role(), **{p.role: p for p in self._library_profiles()}}
         for role, worker in self.workers.items():
             if role in by_role:
@@ -512,11 +517,12 @@ class Service:
         worker keeps serving meanwhile.
         """
         model_path = fresh.model_path()
-        if (model_path, fresh.model.chat_format) != (self.model_path, self.cfg.model.chat_format):
+        model = (model_path, fresh.model.chat_format, fresh.model.name)
+        if model != (self.model_path, self.cfg.model.chat_format, self.cfg.model.name):
             self.tokens = TokenCounter(model_path, fresh.model.chat_format)
             self.model_path = model_path
-            self.model_id = model_path.name
             self.catalog = self.library.catalog = catalog_from_config(fresh)
+            self.model_id = self.catalog.main.name
             self.model_names = {name for entry in self.catalog.entries for name in entry.names()}
         if fresh.device != self.cfg.device:
             await self.gpu.restart(fresh)
@@ -532,6 +538,21 @@ class Service:
     @property
     def simulated_device(self) -> SimulatedDevice | None:
         return self.gpu.watch.simulated
+
+
+def named_as(profiles: WorkerProfiles, main: ModelEntry) -> WorkerProfiles:
+    """`profiles` with each worker of `main`'s file (chat and embeddings) named `main.name`; an embeddings
+    worker of a file of its own (embeddings.model) keeps that file's name."""
+
+    def named(profile: WorkerProfile) -> WorkerProfile:
+        return replace(profile, model_name=main.name) if profile.model_path == main.path else profile
+
+    return replace(
+        profiles,
+        gpu=named(profiles.gpu) if profiles.gpu else None,
+        cpu=named(profiles.cpu) if profiles.cpu else None,
+        embeddings=tuple(named(profile) for profile in profiles.embeddings),
+    )
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

@@ -103,10 +103,13 @@ class Catalog:
 
 def catalog_from_config(cfg: Config) -> Catalog:
     main_path = cfg.model_path()
+    name = cfg.model_name()
+    # Its file's names too: what requests called it before it had a name of its own (model.name).
+    file_names = (main_path.name, main_path.stem, str(main_path), "default")
     main = ModelEntry(
-        name=main_path.name,
+        name=name,
         path=main_path,
-        aliases=tuple(dict.fromkeys((main_path.stem, str(main_path), "default"))),
+        aliases=tuple(alias for alias in dict.fromkeys(file_names) if alias != name),
         main=True,
         chat_format=cfg.model.chat_format,
         stand_in=cfg.model.stand_in,

@@ -2,7 +2,9 @@
 `failsoft models add NAME` (one of them into the config, by path: nothing is copied).
 
 `add` makes the model the main one when there is none yet (no model.path and no bundled model), or with
---main; otherwise it becomes a `[[models]]` entry, loaded when a request names it.
+--main; otherwise it becomes a `[[models]]` entry, loaded when a request names it. Either way it goes by the
+name `failsoft models` lists (or --as): for the main model that name is model.name when its file does not
+give it, as an Ollama blob (`sha256-…`) does not.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def configured(cfg: config.Config) -> list[dict[str, Any]]:
         ]
     listed = [{"name": model.name, "path": model.path, "role": "library"} for model in cfg.models]
     if cfg.model.path:
-        listed.insert(0, {"name": Path(cfg.model.path).name, "path": cfg.model.path, "role": "main"})
+        main = cfg.model.name or Path(cfg.model.path).name
+        listed.insert(0, {"name": main, "path": cfg.model.path, "role": "main"})
     return listed
 
 
@@ -121,7 +124,7 @@ def add(args: argparse.Namespace) -> int:
     try:
         cfg = config.load(target)
         model = pick(args.name, args.source, discover())
-        written, said = _add_to(cfg, model, args.alias or model.name, args.main)
+        written, said = _add_to(cfg, model, args.alias, args.main)
     except (AddError, config.ConfigError) as error:
         print(f"failsoft models add: {error}", file=sys.stderr)
         return 1
@@ -132,16 +135,60 @@ def add(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_to(cfg: config.Config, model: FoundModel, name: str, main: bool) -> tuple[dict[str, Any], str]:
+def _add_to(
+    cfg: config.Config, model: FoundModel, alias: str | None, main: bool
+) -> tuple[dict[str, Any], str]:
     """The config change that adds `model` (nothing when it is configured already) and what to say."""
     resolved = model.path.resolve()
-    for item in configured(cfg):
-        if Path(item["path"]).expanduser().resolve() == resolved and not (main and item["role"] != "main"):
-            return {}, f"{item['name']} is configured already ({item['role']})"
+    same = [item for item in configured(cfg) if Path(item["path"]).expanduser().resolve() == resolved]
+    if same and same[0]["role"] == "main":
+        return _rename_main(cfg, model, alias, same[0]["name"])
+    if same and not main:
+        return {}, f"{same[0]['name']} is configured already ({same[0]['role']})"
     if main or not _has_main(cfg):
-        return {"model": {"path": str(model.path)}}, f"{model.name} is now the main model (model.path)"
+        # A library model made the main one keeps the name requests know it by.
+        return _make_main(cfg, model, alias or (same[0]["name"] if same else model.name))
+    name = alias or model.name
     entries = [asdict(entry) for entry in cfg.models]
     entries.append(asdict(config.LibraryModelConfig(name=name, path=str(model.path))))
-    changed = config.from_dict({**cfg.to_dict(), "models": entries}, source=cfg.source)
-    catalog_from_config(changed)  # a name used twice is a ConfigError naming it, before anything is written
+    _check(cfg, {"models": entries})
     return {"models": entries}, f"{name} is in the library: a request for the model {name!r} loads it"
+
+
+def _own_name(model: FoundModel, name: str) -> str:
+    """model.name for the main model called `name`: "" when its file goes by that name already (a GGUF's
+    stem), so only a name the file does not give is written (an Ollama blob's is its digest)."""
+    return "" if name in (model.path.name, model.path.stem) else name
+
+
+def _make_main(cfg: config.Config, model: FoundModel, name: str) -> tuple[dict[str, Any], str]:
+    change: dict[str, Any] = {"model": {"path": str(model.path), "name": _own_name(model, name)}}
+    resolved = model.path.resolve()
+    others = [asdict(entry) for entry in cfg.models if Path(entry.path).expanduser().resolve() != resolved]
+    if len(others) < len(cfg.models):
+        change["models"] = others  # else the file would have two names and two sets of workers
+    _check(cfg, change)
+    moved = ", no longer in the library" if "models" in change else ""
+    return change, f"{name} is now the main model (model.path){moved}"
+
+
+def _rename_main(
+    cfg: config.Config, model: FoundModel, alias: str | None, current: str
+) -> tuple[dict[str, Any], str]:
+    """The main model added again: it takes the name found or given (a config written before model.name
+    existed calls an Ollama model by its blob); a name it has is not traded for its file's."""
+    name = _own_name(model, alias or model.name)
+    if not name or name == cfg.model.name:
+        return {}, f"{current} is configured already (main)"
+    change = {"model": {"name": name}}
+    _check(cfg, change)
+    return change, f"the main model ({current}) is now called {name}"
+
+
+def _check(cfg: config.Config, change: dict[str, Any]) -> None:
+    """A ConfigError naming what is wrong (a name used twice, one llama-server cannot take) when the config
+    with `change` could not be served, before anything is written."""
+    data = cfg.to_dict()
+    for section, values in change.items():
+        data[section] = {**data[section], **values} if isinstance(values, dict) else values
+    catalog_from_config(config.from_dict(data, source=cfg.source))
