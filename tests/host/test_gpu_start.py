@@ -3,7 +3,7 @@ it fits, a smaller plan when only that fits, none (naming who holds the memory) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pytest
 
@@ -75,8 +75,9 @@ def test_a_context_cap_below_the_gpu_floor_still_starts_as_configured() -> None:
 def test_a_start_that_only_fits_smaller_gets_the_smaller_plan(plans: Plans, gpu: WorkerProfile) -> None:
     plan = plans.plan_set.gpu
     free = plan.reserve_bytes + plan.used_bytes // 2
-    named = replace(gpu, model_name="smollm2:135m")  # the main model's name (model.name), not its file's
-    weighed = weigh(plans, named, device_with(TOTAL - free), "normal")
+    # The main model's name (model.name, as for a model from Ollama's store), not its file's.
+    named = Plans(from_dict({"model": {"name": "smollm2:135m"}}), plans.plan_set)
+    weighed = weigh(named, gpu, device_with(TOTAL - free), "normal")
     assert weighed.decision.action == "smaller", weighed.decision.reason
     assert weighed.profile is not None and weighed.profile.n_ctx < gpu.n_ctx
     assert weighed.profile.model_name == "smollm2:135m"

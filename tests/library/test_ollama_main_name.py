@@ -22,7 +22,6 @@ from tray_app import cli, config, paths
 from tray_app.budget.device import SimulatedDevice
 from tray_app.budget.plan_set import plan_from_config
 from tray_app.engine.profile import WorkerProfiles
-from tray_app.host.service import named_as
 from tray_app.library import discovery
 from tray_app.library.catalog import catalog_from_config
 from tray_app.supervisor.profile import profiles_from_plans
@@ -134,7 +133,7 @@ def test_the_main_models_workers_are_named_by_it_and_an_embeddings_file_by_its_o
         main = {"path": str(blob), "name": NAME}
         cfg = config.from_dict({"model": main, "embeddings": {"model": embeddings_model}})
         plans = plan_from_config(cfg, gpu=SimulatedDevice(4 * 1024**3))
-        return named_as(profiles_from_plans(cfg, plans), catalog_from_config(cfg).main)
+        return profiles_from_plans(cfg, plans)
 
     profiles = named("")
     assert profiles.gpu is not None and profiles.cpu is not None and profiles.embeddings

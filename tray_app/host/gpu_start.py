@@ -127,7 +127,6 @@ def weigh(
     if decision.action == "smaller" and smaller is not None:
         started = replace(
             gpu_profile(cfg, smaller, profile.model_path, simulated),
-            model_name=profile.model_name,  # the main model's name, not its file's (host.service.named_as)
             enable_faults=profile.enable_faults,
             fault_load_oom=profile.fault_load_oom,
         )

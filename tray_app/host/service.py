@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -335,12 +335,9 @@ class Service:
         return tokens.count_chat(body) if kind == "chat" else tokens.count_completion(body)
 
     def _main_profiles(self) -> WorkerProfiles:
-        """The main model's workers, named as requests call the model (llama-server's --alias): the plans
-        name it by its file, and an Ollama model's file is a blob named by its digest."""
         from tray_app.supervisor.profile import profiles_from_plans
 
-        profiles = profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
-        return named_as(profiles, self.catalog.main)
+        return profiles_from_plans(self.cfg, self.plan_set, enable_faults=self.enable_faults)
 
     def _library_profiles(self) -> list[WorkerProfile]:
         profiles = []
@@ -538,21 +535,6 @@ class Service:
     @property
     def simulated_device(self) -> SimulatedDevice | None:
         return self.gpu.watch.simulated
-
-
-def named_as(profiles: WorkerProfiles, main: ModelEntry) -> WorkerProfiles:
-    """`profiles` with each worker of `main`'s file (chat and embeddings) named `main.name`; an embeddings
-    worker of a file of its own (embeddings.model) keeps that file's name."""
-
-    def named(profile: WorkerProfile) -> WorkerProfile:
-        return replace(profile, model_name=main.name) if profile.model_path == main.path else profile
-
-    return replace(
-        profiles,
-        gpu=named(profiles.gpu) if profiles.gpu else None,
-        cpu=named(profiles.cpu) if profiles.cpu else None,
-        embeddings=tuple(named(profile) for profile in profiles.embeddings),
-    )
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

@@ -82,11 +82,14 @@ def _from_plan(
     model_name: str | None = None,
 ) -> dict[str, Any]:
     """What both workers take the same way from their plan and the config. `model_name`: the library's
-    name for the model (the main model is called by its file name)."""
+    name for the model; the main model's is `cfg.model_name()` (model.name, else its file's name: an Ollama
+    model's file is a blob named by its digest)."""
     wanted = cfg.model.chat_format if chat_format is None else chat_format
+    if model_name is None:
+        model_name = cfg.model_name() if model_path == cfg.model_path() else model_path.name
     return {
         "model_path": model_path,
-        "model_name": model_path.name if model_name is None else model_name,
+        "model_name": model_name,
         "n_ctx": plan.n_ctx,
         "n_threads": threads,
         "n_parallel": plan.n_parallel,
