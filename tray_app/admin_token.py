@@ -19,6 +19,9 @@ from tray_app import paths
 HEADER = "X-Failsoft-Admin"
 FILE_NAME = "admin-token"
 ENV_VARIABLE = "FAILSOFT_ADMIN_TOKEN"  # for a client whose service keeps its data folder elsewhere
+# A system service's copy (`failsoft install --system`), readable by the group `failsoft`. It exists while
+# that service runs (systemd removes /run/failsoft when it stops), so a client reading it finds that one.
+SYSTEM_COPY = Path("/run/failsoft") / FILE_NAME
 # Control paths that need no token: read-only views (the tray's live status and events, Prometheus).
 READ_ONLY_PATHS = frozenset(
     {"/failsoft/status", "/failsoft/events", "/failsoft/timing", "/failsoft/device/history"}
@@ -54,8 +57,13 @@ def read(path: Path | None = None) -> str:
 
 
 def for_client(data_dir: Path | None = None) -> str:
-    """What a local client sends: $FAILSOFT_ADMIN_TOKEN, else the token file of the data folder."""
-    return os.environ.get(ENV_VARIABLE, "").strip() or read(token_path(data_dir))
+    """What a local client sends: $FAILSOFT_ADMIN_TOKEN, else a running system service's copy (for a member
+    of the group `failsoft`: the tray at login attaches to that service), else the token file of this user's
+    data folder (or of `data_dir` when given, and then only that)."""
+    from_env = os.environ.get(ENV_VARIABLE, "").strip()
+    if from_env or data_dir is not None:
+        return from_env or read(token_path(data_dir))
+    return read(SYSTEM_COPY) or read(token_path())
 
 
 def headers(token: str) -> dict[str, str]:

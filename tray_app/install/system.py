@@ -30,14 +30,14 @@ from pathlib import Path
 
 import tomli_w
 
-from tray_app import config, paths
+from tray_app import admin_token, config, paths
 
 USER = "failsoft"
 GPU_GROUPS = ("video", "render")
 MARK = "X-Failsoft-Installed-By=failsoft install --system"
 CONFIG = Path("/etc/failsoft/config.toml")
 DATA, LOGS, CACHE, RUN = (Path(f"/{base}/failsoft") for base in ("var/lib", "var/log", "var/cache", "run"))
-ADMIN_TOKEN_COPY = RUN / "admin-token"
+ADMIN_TOKEN_COPY = admin_token.SYSTEM_COPY  # in RUN: the clients of a member of the group read it there
 HOME_ROOTS = (Path("/home"), Path("/root"), Path("/run/user"))
 
 
@@ -120,8 +120,7 @@ def unit_text(command: Path, groups: list[str], protect_home: str) -> str:
         "#   start:   systemctl enable --now failsoft",
         f"#   logs:    journalctl -u failsoft   (worker logs: {LOGS})",
         f"#   config:  {CONFIG} (the service only reads it: edit it, then systemctl restart failsoft)",
-        f"#   tray:    usermod -aG {USER} YOU; then as YOU:",
-        f"#            FAILSOFT_ADMIN_TOKEN=$(cat {ADMIN_TOKEN_COPY}) failsoft --attach http://127.0.0.1:8750",
+        f"#   tray:    usermod -aG {USER} YOU; then as YOU: failsoft   (it attaches with {ADMIN_TOKEN_COPY})",
         f"# {MARK}",
         "[Unit]",
         "Description=Failsoft: llama.cpp GPU worker with safe CPU failover",
