@@ -69,6 +69,8 @@ def browser() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def svc(module_root: Path) -> Iterator[ServiceHandle]:
     settings = base_settings(failover={"cpu_tokens_per_second": 1.0})  # 40 tokens: 40 s, past 30 s
+    # A channel with a secret in its path: the page shows where it sends, the host only.
+    settings["notify"] = [{"kind": "webhook", "name": "hook", "url": "http://127.0.0.1:9/secret-path"}]
     with running_service(module_root, enable_faults=True, settings=settings) as handle:
         yield handle
 
@@ -124,6 +126,8 @@ def test_the_page_shows_the_budget_and_approves_a_job(
     assert "Weights" in desktop.inner_text("#legend")
     assert desktop.inner_text("#total") == "4.00 GiB on simulated GPU [SIMULATED]"  # never passed off as real
     assert desktop.inner_text("#approvals-count") == "1"
+    channels = desktop.inner_text("#notify")
+    assert "hook · webhook → http://127.0.0.1:9" in channels and "secret-path" not in channels
     folder = screenshots(tmp_path)
     desktop.screenshot(path=str(folder / "status-page-desktop.png"), full_page=True)
     phone = logged_in_page(browser, svc, 390, 844)

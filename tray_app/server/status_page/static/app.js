@@ -161,7 +161,7 @@ function render(view) {
     el("span", { class: "muted" }, ago(e.at)))), $("no-failovers"));
 
   fill($("notify"), (status.notify || []).map((c) => el("li", {},
-    el("span", { class: "grow" }, el("strong", {}, c.name), ` · ${c.kind} · ${c.sent} sent`,
+    el("span", { class: "grow" }, el("strong", {}, c.name), ` · ${c.kind}`, c.where ? ` → ${c.where}` : "", ` · ${c.sent} sent`,
       c.failed ? ` · ${c.failed} failed` : "", c.last_error ? el("span", { class: "preview error" }, c.last_error) : null),
     stateBadge(c.last_error && (!c.last_sent_at || c.last_error_at > c.last_sent_at) ? "failed" : "ready"))),
   $("no-notify"));
