@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,6 +222,45 @@ async def test_a_streams_answer_is_read_as_it_grows(rig: Rig) -> None:
     prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
     await settle(lambda: rig.pieces()[-1] == ChatPrompts().tokenize(prompt + "The sea"), "the answer so far")
     assert len(rig.chats()) == 1  # a resume is a completion of exactly those tokens: nothing else to send
+
+
+class ThreadedPrompts(ChatPrompts):
+    """Records the thread of each tokenization; the first text given holds its thread for a while."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+        self.slow_first = threading.Event()
+
+    def tokenize(self, text: str) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        if len(self.threads) == 2:  # the first extension: still tokenizing when the second is done
+            self.slow_first.wait(5)
+        return super().tokenize(text)
+
+
+async def test_a_long_answer_is_tokenized_off_the_loop_and_the_newest_wins(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mirror_module, "COUNT_INLINE_CHARS", 10)  # every text here counts as long
+    rig.settings.update(every_tokens=1, every_seconds=0.0)
+    prompts = ThreadedPrompts()
+    job = job_for("w" * 40)
+    following = rig.mirror.follow(job, prompts, streaming=True)
+    assert following is not None
+    await settle(lambda: len(rig.chats()) == 1, "the prompt")
+    progress = Progress(Assembler("chat"))
+    for word in ("The", " sea"):
+        progress.delivered_text += word
+        following.grew(progress)
+    prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
+    newest = ChatPrompts().tokenize(prompt + "The sea")
+    await settle(lambda: rig.pieces()[-1] == newest, "the newest answer")
+    prompts.slow_first.set()  # the older text's tokens arrive now: too late, and dropped
+    await asyncio.sleep(0.1)
+    assert rig.pieces()[-1] == newest and rig.mirror.held(job) == job.prompt_tokens
+    assert list(rig.mirror._targets[job.id].tokens) == newest  # what a replay is then read as
+    main = threading.current_thread().name
+    assert prompts.threads[0] == main and all(name != main for name in prompts.threads[1:])
 
 
 async def test_a_worker_that_refuses_ends_that_read_only(rig: Rig) -> None:

@@ -37,6 +37,7 @@ from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import Assembler
 from tray_app.jobs.progress import Progress, constrained_output, continues_chat
+from tray_app.jobs.prompt_count import COUNT_INLINE_CHARS
 from tray_app.jobs.registry import Job, worker_fields
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.jobs.replay import COMPLETION_PATH, completion_prompt, first_path, resume_request
@@ -89,6 +90,7 @@ class _Target:
     updated_at: float = field(default_factory=time.monotonic)
     done: int = 0  # of `tokens`, what the CPU worker holds as far as the mirror knows
     exact_done: bool = False
+    version: int = 0  # of its answer so far: a text tokenized on a thread is applied only if still the newest
 
     @property
     def behind(self) -> int:
@@ -164,6 +166,7 @@ class Mirror:
         self._targets: dict[str, _Target] = {}  # job id -> its target, oldest first
         self._reading: dict[str, tuple[str, asyncio.Task[None]]] = {}  # job id -> (CPU role, its read)
         self._held: dict[str, list[array[int]]] = {}  # CPU role -> sequences it was given, oldest first
+        self._tokenizing: set[asyncio.Task[array[int]]] = set()  # long texts tokenized on threads
         self._pids: dict[str, int | None] = {}  # CPU role -> the process those sequences went to
         self._wake = asyncio.Event()
         self.read_tokens = 0  # prompt tokens the CPU read for the mirror
@@ -236,15 +239,14 @@ class Mirror:
         if continued_chat:
             # A thinking model's answer continues as a chat that the worker renders: that request itself.
             path, body = resume_request(target.job, prompts, reasoning, text, 1, True)
+            target.version += 1
             target.exact, target.exact_done = (path, self._one_token(body)), False
-        else:
-            base = completion_prompt(target.job, prompts)
-            if base is None:
-                return
-            target.tokens = array("i", prompts.tokenize(base + text))
-            target.exact = None  # a resume is a completion of exactly these tokens
-        target.updated_at = time.monotonic()
-        self._put(target)
+            target.updated_at = time.monotonic()
+            self._put(target)
+            return
+        base = completion_prompt(target.job, prompts)
+        if base is not None:
+            self._retokenize(target, prompts, base + text)  # a resume is a completion of exactly these
 
     def answered(self, target: _Target, prompts: Prompts, text: str) -> None:
         """The job's whole answer: the conversation as its next turn renders it, the answer as an assistant
@@ -254,11 +256,38 @@ class Mirror:
         job = target.job
         turn = [*job.body["messages"], {"role": "assistant", "content": text}]
         try:
-            target.tokens = array("i", prompts.tokenize(prompts.chat_prompt(turn, job.body.get("tools"))[0]))
+            self._retokenize(target, prompts, prompts.chat_prompt(turn, job.body.get("tools"))[0])
         except Exception as error:  # on the job's own path: never its failure
             log.info("mirror of job %s given up: its answer did not render (%r)", job.id, error)
             self._give_up(job.id, target)
+
+    def _retokenize(self, target: _Target, prompts: Prompts, text: str) -> None:
+        """The target's tokens anew, for its answer so far or whole: at once for a short text; a long one on a
+        thread (64 KiB take about 22 ms, a stop for every client of the loop, again every few tokens of a
+        stream). Of a job's texts only the newest is applied."""
+        target.version += 1
+        if len(text) <= COUNT_INLINE_CHARS:
+            self._retokenized(target, target.version, array("i", prompts.tokenize(text)))
             return
+        task = asyncio.create_task(asyncio.to_thread(lambda: array("i", prompts.tokenize(text))))
+        self._tokenizing.add(task)
+        task.add_done_callback(functools.partial(self._tokenized, target, target.version))
+
+    def _tokenized(self, target: _Target, version: int, task: asyncio.Task[array[int]]) -> None:
+        self._tokenizing.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.info("mirror of job %s given up: its answer did not tokenize (%r)", target.job.id, error)
+            self._give_up(target.job.id, target)
+            return
+        self._retokenized(target, version, task.result())
+
+    def _retokenized(self, target: _Target, version: int, tokens: array[int]) -> None:
+        if version != target.version or self._targets.get(target.job.id) is not target:
+            return  # a newer text came meanwhile, or the mirror is done with the job
+        target.tokens = tokens
         target.exact = None
         target.updated_at = time.monotonic()
         self._put(target)
@@ -341,6 +370,8 @@ class Mirror:
         finally:
             for _, task in list(self._reading.values()):
                 task.cancel()
+            for tokenizing in list(self._tokenizing):
+                tokenizing.cancel()
 
     def _start_reads(self) -> None:
         settings = self.settings()
