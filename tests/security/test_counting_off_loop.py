@@ -46,5 +46,6 @@ async def test_the_event_loop_answers_while_a_long_prompt_is_counted(
             gaps.append(time.monotonic() - last)
             last = time.monotonic()
         await chat
-    assert counted and counted[0] > 0.25  # the count took long enough for the loop to show it
+    # The count took long enough for a stopped loop to show in the gaps (about 0.3 s here; 10 ms polls).
+    assert counted and counted[0] > 0.1
     assert max(gaps) < counted[0] / 2, f"the loop stopped {max(gaps):.2f}s; the count took {counted[0]:.2f}s"

@@ -8,6 +8,7 @@ more than the count."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -15,17 +16,24 @@ COUNT_INLINE_CHARS = 64 * 1024  # more text than this is counted off the event l
 
 
 def prompt_chars(kind: str, body: dict[str, Any]) -> int:
-    """About how much text a request's prompt holds: its messages' (or its prompt's) characters."""
+    """About how much text a request's prompt holds: its messages' (or its prompt's) characters, their tool
+    calls' arguments and the tools' definitions (a template renders them all into the prompt)."""
     if kind != "chat":
         prompt = body.get("prompt")
         return len(prompt) if isinstance(prompt, str) else sum(len(str(part)) for part in prompt or ())
-    total = 0
+    tools = body.get("tools")
+    total = len(json.dumps(tools)) if tools else 0
     for message in body.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
         if isinstance(content, str):
             total += len(content)
         elif isinstance(content, list):
             total += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            total += len(str(function.get("arguments", ""))) if isinstance(function, dict) else 0
     return total
 
 
