@@ -209,16 +209,22 @@ async def test_the_newest_conversation_goes_first_and_the_oldest_are_given_up(ri
     assert rig.mirror.status()["skipped"] == 2  # the two oldest never got their turn
 
 
-async def test_a_streams_answer_is_read_as_it_grows(rig: Rig) -> None:
-    rig.settings.update(every_tokens=2, every_seconds=0.0)
+async def stream_two_words(rig: Rig, prompts: ChatPrompts) -> Job:
+    """A streamed job followed by the mirror, its prompt read, then "The" and " sea" delivered."""
     job = job_for("w" * 40)
-    following = rig.mirror.follow(job, ChatPrompts(), streaming=True)
+    following = rig.mirror.follow(job, prompts, streaming=True)
     assert following is not None
     await settle(lambda: len(rig.chats()) == 1, "the prompt")
     progress = Progress(Assembler("chat"))
     for word in ("The", " sea"):
         progress.delivered_text += word
         following.grew(progress)
+    return job
+
+
+async def test_a_streams_answer_is_read_as_it_grows(rig: Rig) -> None:
+    rig.settings.update(every_tokens=2, every_seconds=0.0)
+    job = await stream_two_words(rig, ChatPrompts())
     prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
     await settle(lambda: rig.pieces()[-1] == ChatPrompts().tokenize(prompt + "The sea"), "the answer so far")
     assert len(rig.chats()) == 1  # a resume is a completion of exactly those tokens: nothing else to send
@@ -244,14 +250,7 @@ async def test_a_long_answer_is_tokenized_off_the_loop_and_the_newest_wins(
     monkeypatch.setattr(mirror_module, "COUNT_INLINE_CHARS", 10)  # every text here counts as long
     rig.settings.update(every_tokens=1, every_seconds=0.0)
     prompts = ThreadedPrompts()
-    job = job_for("w" * 40)
-    following = rig.mirror.follow(job, prompts, streaming=True)
-    assert following is not None
-    await settle(lambda: len(rig.chats()) == 1, "the prompt")
-    progress = Progress(Assembler("chat"))
-    for word in ("The", " sea"):
-        progress.delivered_text += word
-        following.grew(progress)
+    job = await stream_two_words(rig, prompts)
     prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
     newest = ChatPrompts().tokenize(prompt + "The sea")
     await settle(lambda: rig.pieces()[-1] == newest, "the newest answer")

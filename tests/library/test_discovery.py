@@ -15,18 +15,6 @@ from tray_app.library import discovery
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A home with no model stores, and none from the environment or the system."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    for key in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(discovery, "SYSTEM_OLLAMA_STORES", ())
-    return home
-
-
-@pytest.fixture
 def no_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paths, "bundled_model_path", lambda: None)
 

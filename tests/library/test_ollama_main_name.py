@@ -22,23 +22,10 @@ from tray_app import cli, config, paths
 from tray_app.budget.device import SimulatedDevice
 from tray_app.budget.plan_set import plan_from_config
 from tray_app.engine.profile import WorkerProfiles
-from tray_app.library import discovery
 from tray_app.library.catalog import catalog_from_config
 from tray_app.supervisor.profile import profiles_from_plans
 
 NAME = "smollm2:135m"
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A home whose only model store is Ollama's (nothing from the environment or the system)."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    for key in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(discovery, "SYSTEM_OLLAMA_STORES", ())
-    return home
 
 
 @pytest.fixture
