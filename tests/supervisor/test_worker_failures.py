@@ -17,6 +17,7 @@ from tests.supervisor.conftest import Recorder, SupervisorFactory
 from tests.supervisor.helpers import HELLO, client_for, process_alive
 from tests.support.waits import wait_until_async
 from tray_app.engine.profile import WorkerProfile
+from tray_app.supervisor import launch_plan
 
 pytestmark = pytest.mark.integration
 
@@ -139,6 +140,22 @@ async def test_simulated_gpu_too_small_fails_at_load_like_a_real_one(
     assert message in status["last_failure"]["message"]
     assert status["state"] == "restarting" and status["next_retry_at"] is not None
     assert "(simulated)" in Path(status["log_file"]).read_text()
+
+
+async def test_a_fault_while_preparing_a_start_ends_that_start_and_says_so(
+    make_supervisor: SupervisorFactory, gpu_profile: WorkerProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected error before the process starts must not end the owner: start() would wait forever."""
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in preparing the launch")
+
+    monkeypatch.setattr(launch_plan, "prepare", broken)
+    supervisor = make_supervisor(gpu_profile)
+    assert await asyncio.wait_for(supervisor.start(), 10) is False
+    status = supervisor.status()
+    assert status["state"] == "failed"
+    assert "a bug in preparing the launch" in status["last_failure"]["message"]
 
 
 async def test_missing_model_is_bad_config_and_not_retried(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tray_app.budget.experts import ExpertSplit, experts_kept_on_cpu
 from tray_app.budget.footprint import host_weights_bytes
-from tray_app.budget.model_info import inspect_model
+from tray_app.budget.model_info import ModelFileError, inspect_model
 from tray_app.engine import offload, simulated
 from tray_app.engine.devices import DeviceListError, list_devices
 from tray_app.engine.llama_log import BufferSizes
@@ -65,14 +65,19 @@ def check_load(
 
 def ram_weights_bytes(profile: WorkerProfile) -> int:
     """The weights a worker keeps in system RAM by its plan (layers not offloaded, experts kept in RAM): on a
-    simulated device the process holds them beside the simulated VRAM."""
-    return host_weights_bytes(inspect_model(profile.model_path), _offloaded(profile), _expert_split(profile))
+    simulated device the process holds them beside the simulated VRAM. 0 for a file that cannot be read:
+    llama-server then fails its load and says why."""
+    try:
+        model = inspect_model(profile.model_path)
+    except ModelFileError:
+        return 0
+    return host_weights_bytes(model, _offloaded(profile), _expert_split(profile))
 
 
 def _offloaded(profile: WorkerProfile) -> int:
-    return (
-        inspect_model(profile.model_path).n_layers + 1 if profile.n_gpu_layers < 0 else profile.n_gpu_layers
-    )
+    if profile.n_gpu_layers >= 0:
+        return profile.n_gpu_layers
+    return inspect_model(profile.model_path).n_layers + 1
 
 
 def _expert_split(profile: WorkerProfile) -> ExpertSplit:

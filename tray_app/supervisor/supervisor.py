@@ -443,6 +443,9 @@ class WorkerSupervisor:
             launch = launch_plan.prepare(self._engine.path, profile, port, self._key)
         except binary.EngineError as error:
             launch = str(error)
+        except Exception as error:  # a fault here must end this start, not the owner (start() would hang)
+            log.exception("preparing the %s worker failed", self.role)
+            launch = f"could not prepare the worker: {error!r}"
         if isinstance(launch, str):
             self._attempt = None
             await self._fail(Failure("bad_config", launch), never_ready=True)
