@@ -85,8 +85,8 @@ def _from_plan(
     name for the model; the main model's is `cfg.model_name()` (model.name, else its file's name: an Ollama
     model's file is a blob named by its digest)."""
     wanted = cfg.model.chat_format if chat_format is None else chat_format
-    if model_name is None:
-        model_name = cfg.model_name() if model_path == cfg.model_path() else model_path.name
+    if model_name is None:  # the config's path is resolved only when a name is set: it may name no file
+        model_name = cfg.model.name if cfg.model.name and model_path == cfg.model_path() else model_path.name
     return {
         "model_path": model_path,
         "model_name": model_name,
