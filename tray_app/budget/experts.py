@@ -96,6 +96,11 @@ def expert_kind(stem: str) -> str:
     return stem.removeprefix("ffn_").replace("_chexps", "").replace("_exps", "")
 
 
+def single_tensors_words(count: int) -> str:
+    """What follows the whole blocks in a short line: " + 1 tensor", " + 2 tensors", or nothing."""
+    return f" + {count} tensor{'s' if count > 1 else ''}" if count else ""
+
+
 def expert_split_words(model: ModelInfo, split: ExpertSplit, cpu_bytes: int) -> str:
     """The split in words, e.g. "experts of 6/24 layers on the CPU: 5.10 GiB in RAM", or with single
     tensors "experts of 3/8 layers and block 3's down experts on the CPU: 20.00 MiB in RAM"."""

@@ -8,7 +8,7 @@ import sys
 
 from tray_app import cli, config
 from tray_app.budget import speed
-from tray_app.budget.experts import expert_split_words, split_flag_words
+from tray_app.budget.experts import expert_split_words, single_tensors_words, split_flag_words
 from tray_app.budget.library_plan import ModelPlans, library_share, plan_library_model
 from tray_app.budget.plan import Plan, PlanError
 from tray_app.budget.plan_set import PlanSet, plan_from_config
@@ -50,8 +50,7 @@ def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]
 def _split_rows(plan: Plan, embeddings: Plan | None = None) -> list[tuple[str, int, str]]:
     layers = f"{plan.n_gpu_layers}/{plan.n_layers} layers"
     if plan.expert_split:
-        count = len(plan.cpu_expert_tensors)
-        partial = f" + {count} tensor{'s' if count > 1 else ''}" if count else ""
+        partial = single_tensors_words(len(plan.cpu_expert_tensors))
         layers += f", experts of {plan.n_cpu_moe}/{plan.n_layers - 1}{partial} in RAM"
     cache = f"{plan.cache_type_k}/{plan.cache_type_v}, n_ctx {plan.n_ctx}"
     embedding = embeddings.used_bytes if embeddings is not None else 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tray_app.budget.experts import ExpertSplit, experts_kept_on_cpu
 from tray_app.budget.footprint import host_weights_bytes
-from tray_app.budget.model_info import ModelFileError, inspect_model
+from tray_app.budget.model_info import ModelFileError, ModelInfo, inspect_model
 from tray_app.engine import offload, simulated
 from tray_app.engine.devices import DeviceListError, list_devices
 from tray_app.engine.llama_log import BufferSizes
@@ -55,7 +55,7 @@ def check_load(
             return None
         return LoadFailure(Failure("bad_config", reason), (f"--- {reason}",))
     model = inspect_model(profile.model_path)  # read once per model file, then cached
-    in_ram = experts_kept_on_cpu(model, _offloaded(profile), _expert_split(profile))
+    in_ram = experts_kept_on_cpu(model, _offloaded(profile, model), _expert_split(profile))
     share = simulated.device_share(buffers, profile.n_gpu_layers, model.n_layers, experts_in_ram=in_ram)
     lines = simulated.failure_lines(share, free)
     if lines is None:
@@ -71,13 +71,12 @@ def ram_weights_bytes(profile: WorkerProfile) -> int:
         model = inspect_model(profile.model_path)
     except ModelFileError:
         return 0
-    return host_weights_bytes(model, _offloaded(profile), _expert_split(profile))
+    return host_weights_bytes(model, _offloaded(profile, model), _expert_split(profile))
 
 
-def _offloaded(profile: WorkerProfile) -> int:
-    if profile.n_gpu_layers >= 0:
-        return profile.n_gpu_layers
-    return inspect_model(profile.model_path).n_layers + 1
+def _offloaded(profile: WorkerProfile, model: ModelInfo) -> int:
+    """The profile's `-ngl` as a count (-1: every layer, the output layer included)."""
+    return model.n_layers + 1 if profile.n_gpu_layers < 0 else profile.n_gpu_layers
 
 
 def _expert_split(profile: WorkerProfile) -> ExpertSplit:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tray_app.budget.experts import single_tensors_words
 from tray_app.contract.status import ServiceStatus
 from tray_app.sizes import format_size
 from tray_app.view.device_now import device_now, others_bytes, others_detail
@@ -142,9 +143,8 @@ def experts_in_ram_text(plan: Mapping[str, Any], n_blocks: int) -> str:
     blocks, single = int(plan.get("n_cpu_moe") or 0), len(plan.get("cpu_expert_tensors") or ())
     if not blocks and not single:
         return ""
-    tensors = f" + {single} tensor{'s' if single > 1 else ''}" if single else ""
     size = format_size(int(plan.get("cpu_expert_bytes") or 0))
-    return f"experts of {blocks}/{n_blocks} layers{tensors} in RAM ({size})"
+    return f"experts of {blocks}/{n_blocks} layers{single_tensors_words(single)} in RAM ({size})"
 
 
 def segment_tip(segment: Segment) -> str:
