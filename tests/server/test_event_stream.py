@@ -53,6 +53,24 @@ async def test_pieces_written_before_the_start_go_out_together_then_each_at_once
     assert events == ["end"]
 
 
+async def test_a_piece_kept_for_the_status_line_is_reported_when_it_went_out() -> None:
+    # The router times a stream's first token when it reaches the client, also one that came before the
+    # response started: then it goes out with the status line, and only then is it told.
+    writer, client, events = Writer(), Client(), []
+    sent_when_told: list[list[tuple[bytes, bool]]] = []
+    assert await writer.write(b"first") is False
+    writer.when_pending_sent(lambda: sent_when_told.append(client.bodies()))
+    assert sent_when_told == []
+    task = respond(writer, client, events)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert sent_when_told == [[(b"first", True)]]
+    await writer.write(b"end", last=True)
+    writer.close()
+    await task
+    assert len(sent_when_told) == 1  # once
+
+
 async def test_a_job_that_ended_before_the_start_is_sent_in_one_final_write() -> None:
     writer, client, events = Writer(), Client(), []
     await writer.write(b"error")

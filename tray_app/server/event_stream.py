@@ -35,6 +35,8 @@ class Writer:
         # reading leaves it set (see StallWatch). Two stores per write, no timer of its own.
         self.blocked_since: float | None = None
         self._blocked: asyncio.Task[object] | None = None  # the task whose write that is
+        # Called once when what waits goes out with the status line (see `when_pending_sent`).
+        self._on_pending_sent: Callable[[], None] | None = None
 
     async def write(self, data: bytes, *, hold: bool = False, last: bool = False) -> bool:
         """Send `data` now if the response has started, else keep it for the first write. `hold`: nothing
@@ -53,6 +55,15 @@ class Writer:
         self.writes += 1
         await self._body(send, data, more=not last)
         return True
+
+    def when_pending_sent(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once what waits now has gone to the client (after the status line)."""
+        self._on_pending_sent = callback
+
+    def _pending_sent(self) -> None:
+        callback, self._on_pending_sent = self._on_pending_sent, None
+        if callback is not None:
+            callback()
 
     async def _body(self, send: Send, data: bytes, *, more: bool) -> None:
         """Every write to the client goes through here, stamped while it waits for the client to read."""
@@ -95,6 +106,7 @@ class Writer:
                 self._pending.clear()
                 ended = self._closed.is_set()  # the job's task is over: this is the last of it
                 await self._body(send, data, more=not ended)
+                self._pending_sent()
                 if ended:
                     return
             self._send = send
@@ -105,6 +117,7 @@ class Writer:
             data = b"".join(self._pending)  # anything held back goes out with the end
             self._pending.clear()
             await self._body(send, data, more=False)
+            self._pending_sent()
 
 
 class KeepAlive:

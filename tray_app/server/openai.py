@@ -247,7 +247,10 @@ class Router:
                         )
                         if not timed and isinstance(piece, Piece) and piece.output:
                             timed = True
-                            self._first_output_written(job, written)
+                            if written:
+                                self._first_output_written(job)
+                            else:  # it goes out with the status line: timed then
+                                writer.when_pending_sent(functools.partial(self._first_output_written, job))
             finally:
                 writer.close()
 
@@ -282,11 +285,12 @@ class Router:
             on_stall=drop_stalled_client,
         )
 
-    def _first_output_written(self, job: Job, written: bool) -> None:
-        """The stream's first output went to the client (`written`: now, not kept for the status line): the
-        router's own time on its way is recorded if the first attempt brought it (see jobs.path_timing)."""
+    def _first_output_written(self, job: Job) -> None:
+        """The stream's first output went to the client (now, or with the status line if it came before
+        the response started): the router's own time on its way is recorded if the first attempt brought
+        it (see jobs.path_timing)."""
         path = job.path
-        if written and path is not None and path.from_worker:
+        if path is not None and path.from_worker:
             self.svc.path_timings.record(path, time.perf_counter())
 
     async def embeddings(self, request: Request) -> ASGIApp:
