@@ -14,6 +14,7 @@ from tray_app.config import Config, from_dict
 from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot
 from tray_app.engine.profile import WorkerProfile
 from tray_app.host.gpu_start import GpuStarts, weigh
+from tray_app.sizes import format_size
 from tray_app.supervisor.profile import profiles_from_plans
 
 GIB = 1024**3
@@ -106,3 +107,40 @@ def test_the_gate_records_why_and_what_each_start_holds(plans: Plans, gpu: Worke
     assert starts.share_of("gpu") == plans.plan_set.gpu.used_bytes
     cpu = profiles_from_plans(plans.cfg, plans.plan_set).cpu
     assert cpu is not None and starts.gate(cpu) is cpu  # the CPU worker is not weighed
+
+
+def test_a_load_that_ran_short_makes_the_next_start_smaller_until_the_plans_change(
+    plans: Plans, gpu: WorkerProfile
+) -> None:
+    # The plan fits the device with room to spare, but its load failed, having reached a quarter of the plan
+    # beyond what it was weighed to need (the estimate was short on this card): the next start holds that
+    # back, and gets a smaller plan.
+    plan = plans.plan_set.gpu
+    short = plan.used_bytes // 4
+    free = plan.used_bytes + plan.reserve_bytes + short // 2
+    reading = device_with(TOTAL - free)
+    starts = GpuStarts(plans, lambda: reading, lambda: "normal")
+    first = starts.gate(gpu)
+    assert isinstance(first, WorkerProfile) and first.n_ctx == gpu.n_ctx
+    assert starts.learned("gpu") == 0
+
+    failed = plan.used_bytes // 2
+    starts.load_ran_short("gpu", failed, plan.used_bytes + short)
+    starts.load_ran_short("cpu", failed, plan.used_bytes + short)  # not a GPU worker: nothing to learn
+    starts.load_ran_short("gpu", 0, 0)  # no size printed: nothing learned
+    assert starts.learned_all() == {"gpu": short}
+    smaller = starts.gate(gpu)
+    assert isinstance(smaller, WorkerProfile) and smaller.n_ctx < gpu.n_ctx
+    assert f"its last load ran out of memory, {format_size(short)} more held back" in starts.notes["gpu"]
+    assert starts.share_of("gpu") + short + plan.reserve_bytes <= free
+
+    # Failed again, within what it was weighed to need (someone else took memory, or the driver did): the
+    # allocation that failed is held back too.
+    starts.load_ran_short("gpu", failed, starts.share_of("gpu") - 1)
+    assert starts.learned("gpu") == short + failed
+
+    # A new plan set (the device changed, `replan`) starts from the estimate again.
+    plans.plan_set = plan_from_config(plans.cfg, gpu=SimulatedDevice(TOTAL))
+    assert starts.learned_all() == {}
+    again = starts.gate(gpu)
+    assert isinstance(again, WorkerProfile) and again.n_ctx == gpu.n_ctx

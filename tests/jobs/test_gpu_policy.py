@@ -61,6 +61,17 @@ def test_a_start_that_does_not_fit_takes_the_smaller_plan_within_the_minimums() 
     )
 
 
+def test_what_a_failed_load_lacked_is_weighed_beside_the_plans_need() -> None:
+    # 1 GiB + 400 MiB reserve fits 2 GiB; with the 700 MiB its last load lacked it does not.
+    learned = replace(START, learned_bytes=700 * MIB)
+    decision = gpu_policy.decide_gpu_start(learned)
+    assert decision.refused
+    assert "needs 1.00 GiB (+700.00 MiB its last load lacked)" in decision.reason
+    assert decision.reason.endswith("its last load ran out of memory, 700.00 MiB more held back")
+    smaller = replace(learned, smaller_need_bytes=800 * MIB, smaller_ctx=1024, smaller_layers=31)
+    assert gpu_policy.decide_gpu_start(smaller).action == "smaller"
+
+
 def test_a_start_below_the_minimums_or_with_no_room_is_not_made_and_names_who_holds_the_memory() -> None:
     too_small = replace(
         START, free_bytes=1 * GIB, smaller_need_bytes=500 * MIB, smaller_ctx=256, smaller_layers=31

@@ -18,6 +18,7 @@ from tray_app.engine.faults import check_fault
 from tray_app.engine.llama_log import BufferSizes
 from tray_app.engine.profile import WorkerProfile
 from tray_app.supervisor import launch_plan, profiles_from_plans
+from tray_app.supervisor.failed_allocation import failed_allocation
 
 MIB = 1024 * 1024
 BUFFERS = BufferSizes(model_bytes=90 * MIB, kv_bytes=12 * MIB, compute_bytes=98 * MIB, output_bytes=MIB // 4)
@@ -35,8 +36,12 @@ def test_first_buffer_that_does_not_fit_fails_like_cuda(free_mib: int, line: str
     allocation = simulated.device_share(BUFFERS, n_gpu_layers=-1, n_layers=31)
     lines = simulated.failure_lines(allocation, free_mib * MIB)
     assert lines is not None
-    assert "cudaMalloc failed: out of memory (simulated)" in lines[0]
+    assert "cudaMalloc failed: out of memory (simulated)" in lines[-3]
     assert line in lines[-1] and lines[-1].endswith("(simulated)")
+    # What a retry holds back: the buffers allocated before, and the one that failed, beyond what was free.
+    reached = failed_allocation(lines, simulated=True)
+    assert reached is not None and reached.reached_bytes > free_mib * MIB
+    assert reached.reached_bytes - reached.failed_bytes <= free_mib * MIB
 
 
 def test_everything_fits_in_a_large_simulated_gpu() -> None:

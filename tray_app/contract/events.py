@@ -42,6 +42,10 @@ class WorkerUnhealthy(Event):
     role: str
     kind: str  # failure kind: oom_load, oom_decode, crash_abort, killed, hung, bad_config, exited
     reason: str
+    # oom_load: the device allocation that failed, and the device bytes the load had reached with it (0: the
+    # load's lines did not say)
+    failed_bytes: int = 0
+    reached_bytes: int = 0
 
 
 @dataclass(frozen=True)

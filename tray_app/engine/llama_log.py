@@ -75,6 +75,12 @@ def _to_bytes(match: re.Match[str]) -> int:
     return round(float(match.group("number")) * _UNIT_BYTES[match.group("unit")])
 
 
+def buffer_backend(line: str) -> str | None:
+    """The backend a buffer-size line names ("CUDA0", "CPU_Mapped"), or None for any other line."""
+    buffer = _BUFFER_RE.search(line)
+    return buffer.group("backend") if buffer is not None else None
+
+
 def parse_buffer_sizes(text: str) -> BufferSizes:
     """Sum the model, KV, compute and output buffers found in the log of one model load (zeros when absent).
 

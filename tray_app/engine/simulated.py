@@ -19,10 +19,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tray_app.engine.llama_log import BufferSizes
+from tray_app.engine.llama_log import BufferSizes, as_printed
 
 MIB = 1024 * 1024
 MARK = "(simulated)"
+ERROR_MODEL = "llama_model_load: error loading model: unable to allocate CUDA0 buffer"
+ERROR_KV = "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache"
+ERROR_OUTPUT = "llama_init_from_model: failed to initialize the context: failed to allocate output buffer"
+ERROR_COMPUTE = "graph_reserve: failed to allocate compute buffers"
 # llama-server's own address space before it allocates for a model (measured: about 0.3 GiB of mappings,
 # libraries and one 8 MiB stack per thread), with room for malloc arenas of its HTTP threads.
 BASELINE_BYTES = 1024 * MIB
@@ -71,24 +75,22 @@ def alloc_failed_lines(size: int, what: str) -> list[str]:
 
 
 def failure_lines(allocation: SimulatedAllocation, free_bytes: int) -> list[str] | None:
-    """The lines of the first allocation that does not fit in `free_bytes`, or None if all fit."""
-    used = 0
+    """The lines of the first allocation that does not fit in `free_bytes`, after those of the buffers
+    allocated before it (as llama.cpp prints each), or None if all fit."""
     steps = (
-        (allocation.model_bytes, "llama_model_load: error loading model: unable to allocate CUDA0 buffer"),
-        (
-            allocation.kv_bytes,
-            "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache",
-        ),
-        (
-            allocation.output_bytes,
-            "llama_init_from_model: failed to initialize the context: failed to allocate output buffer",
-        ),
-        (allocation.compute_bytes, "graph_reserve: failed to allocate compute buffers"),
+        (allocation.model_bytes, "load_tensors: CUDA0 model buffer size", ERROR_MODEL),
+        (allocation.kv_bytes, "llama_kv_cache: CUDA0 KV buffer size", ERROR_KV),
+        (allocation.output_bytes, "llama_context: CUDA0 output buffer size", ERROR_OUTPUT),
+        (allocation.compute_bytes, "sched_reserve: CUDA0 compute buffer size", ERROR_COMPUTE),
     )
-    for size, what in steps:
+    used = 0
+    allocated: list[str] = []
+    for size, printed, error in steps:
         if used + size > free_bytes:
-            return alloc_failed_lines(size, what)
+            return allocated + alloc_failed_lines(size, error)
         used += size
+        if size:
+            allocated.append(f"{printed} = {as_printed(size)} MiB {MARK}")
     return None
 
 

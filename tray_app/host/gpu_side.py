@@ -23,6 +23,7 @@ from tray_app.contract.events import (
     OtherProcessAppeared,
     WorkerRestarted,
     WorkerStateChanged,
+    WorkerUnhealthy,
 )
 from tray_app.device.snapshot import DeviceSnapshot
 from tray_app.engine.profile import WorkerProfile
@@ -127,7 +128,10 @@ class GpuSide:
 
     def _on_event(self, event: Event) -> None:
         self._mark(event)
-        if isinstance(event, DeviceChanged):
+        if isinstance(event, WorkerUnhealthy) and event.kind == "oom_load":
+            # Before its restart is weighed (published before the restart is scheduled).
+            self.starts.load_ran_short(event.role, event.failed_bytes, event.reached_bytes)
+        elif isinstance(event, DeviceChanged):
             if self.watch.plan_is_stale():
                 self.host.replan()
             self.path_changed()
@@ -187,7 +191,8 @@ class GpuSide:
         worker = self.host.workers.get("gpu")
         if worker is None:
             return False
-        return weigh(self.host, worker.profile, snapshot, "normal").profile is not None
+        learned = self.starts.learned("gpu")
+        return weigh(self.host, worker.profile, snapshot, "normal", learned).profile is not None
 
     def main_held_back(self) -> bool:
         worker = self.host.workers.get("gpu")
@@ -235,6 +240,7 @@ class GpuSide:
             **self.path.to_dict(),
             "held_back": dict(self.starts.held_back),
             "smaller": {role: note for role, note in self.starts.notes.items() if note},
+            "load_shortfall": self.starts.learned_all(),
             **self.yielding.to_dict(),
         }
         return {"device_now": device_now, "gpu_path": path}

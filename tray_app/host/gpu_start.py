@@ -83,10 +83,15 @@ def smaller_plan(plans: StartPlans, free_bytes: int) -> Plan:
 
 
 def weigh(
-    plans: StartPlans, profile: WorkerProfile, snapshot: DeviceSnapshot, path: gpu_policy.GpuPath
+    plans: StartPlans,
+    profile: WorkerProfile,
+    snapshot: DeviceSnapshot,
+    path: gpu_policy.GpuPath,
+    learned_bytes: int = 0,
 ) -> Weighed:
     """The policy's answer for starting `profile` now, with the profile to start (simulated VRAM: what is
-    free now, so the simulated load check meets the device as it is)."""
+    free now, so the simulated load check meets the device as it is). `learned_bytes`: what its last loads
+    lacked, held back beside the plan (a smaller plan is made for what is free less that)."""
     cfg = plans.cfg
     plan = role_plan(plans, profile.role)
     free = snapshot.free_bytes
@@ -109,10 +114,11 @@ def weigh(
         min_layers=cfg.gpu.min_layers,
         holders=holders(snapshot, profile.role),
         path=path,
+        learned_bytes=learned_bytes,
     )
     smaller: Plan | None = None
-    if profile.role == "gpu" and plan.used_bytes + reserve > free:
-        smaller = smaller_plan(plans, free)
+    if profile.role == "gpu" and plan.used_bytes + learned_bytes + reserve > free:
+        smaller = smaller_plan(plans, max(free - learned_bytes, 0))
         if smaller.fits:
             check = replace(
                 check,
@@ -149,6 +155,31 @@ class GpuStarts:
         self._need: dict[str, int] = {}  # role -> bytes its current start was weighed with
         self.held_back: dict[str, str] = {}  # role -> why its last start was not made
         self.notes: dict[str, str] = {}  # role -> why it started with a smaller plan
+        # role -> bytes its loads lacked (the sizes of the allocations that failed), held back at its next
+        # starts. Learned against one plan set: a new one (the device changed) starts from the estimate again.
+        self._learned: dict[str, int] = {}
+        self._learned_on: PlanSet | None = None
+
+    def load_ran_short(self, role: str, failed_bytes: int, reached_bytes: int) -> None:
+        """`role`'s load ran out of device memory allocating `failed_bytes`, having reached `reached_bytes`
+        with it: its next start holds back what that was beyond what the start was weighed to need (the
+        estimate's shortfall), or the allocation itself where that says nothing (another program took the
+        memory meanwhile, or the driver did). Again after each such failure, so repeated failures end in a
+        plan that loads, or in none."""
+        if failed_bytes <= 0 or not role.startswith("gpu"):
+            return
+        if self._learned_on is not self._plans.plan_set:
+            self._learned, self._learned_on = {}, self._plans.plan_set
+        beyond = reached_bytes - self._need.get(role, reached_bytes)
+        self._learned[role] = self._learned.get(role, 0) + (beyond if beyond > 0 else failed_bytes)
+
+    def learned(self, role: str) -> int:
+        """What `role`'s start holds back now for its earlier loads' shortfall (0 once the plans changed)."""
+        return self._learned.get(role, 0) if self._learned_on is self._plans.plan_set else 0
+
+    def learned_all(self) -> dict[str, int]:
+        """role -> what its starts hold back now (roles with nothing learned left out)."""
+        return {role: size for role in self._learned if (size := self.learned(role))}
 
     def gate(self, profile: WorkerProfile) -> WorkerProfile | str:
         """The profile to start `profile`'s worker with, or why it is not started (jobs.gpu_policy)."""
@@ -157,7 +188,7 @@ class GpuStarts:
         snapshot = self._read_now()
         if snapshot is None:
             return profile  # nothing is watched here: the plan made at start is all there is
-        weighed = weigh(self._plans, profile, snapshot, self._path())
+        weighed = weigh(self._plans, profile, snapshot, self._path(), self.learned(profile.role))
         if weighed.profile is None:
             self.held_back[profile.role] = weighed.decision.reason
             return weighed.decision.reason
@@ -171,7 +202,7 @@ class GpuStarts:
         snapshot = self._read_now()
         if snapshot is None or not on_gpu_side(profile):
             return None
-        weighed = weigh(self._plans, profile, snapshot, self._path())
+        weighed = weigh(self._plans, profile, snapshot, self._path(), self.learned(profile.role))
         return weighed.decision.reason if weighed.profile is None else None
 
     def share_of(self, role: str) -> int:

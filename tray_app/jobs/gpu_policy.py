@@ -78,6 +78,9 @@ class StartCheck:
     smaller_need_bytes: int | None = None  # a plan made for what is free now; None: none was made
     smaller_ctx: int = 0
     smaller_layers: int = 0
+    # Held back beside the plan's need: its last loads ran out of memory by about this much (the estimate
+    # was short on this device), so the next start is weighed as needing more.
+    learned_bytes: int = 0
 
 
 StartAction = Literal["start", "smaller", "refuse"]
@@ -100,12 +103,21 @@ def _within(check: StartCheck, need: int, ctx: int, layers: int) -> str | None:
             f"the largest plan that fits has {ctx} tokens per request and {layers} layers on the GPU, "
             f"below gpu.min_ctx {check.min_ctx} / gpu.min_layers {check.min_layers}"
         )
-    if need + check.reserve_bytes > check.free_bytes:
+    if need + check.learned_bytes + check.reserve_bytes > check.free_bytes:
+        learned = (
+            f" (+{format_size(check.learned_bytes)} its last load lacked)" if check.learned_bytes else ""
+        )
         return (
-            f"needs {format_size(need)} and the {format_size(check.reserve_bytes)} reserve, "
+            f"needs {format_size(need)}{learned} and the {format_size(check.reserve_bytes)} reserve, "
             f"{format_size(check.free_bytes)} free"
         )
     return None
+
+
+def _learned_text(check: StartCheck) -> str:
+    if not check.learned_bytes:
+        return ""
+    return f"; its last load ran out of memory, {format_size(check.learned_bytes)} more held back"
 
 
 def decide_gpu_start(check: StartCheck) -> StartDecision:
@@ -124,11 +136,12 @@ def decide_gpu_start(check: StartCheck) -> StartDecision:
                 "smaller",
                 f"{check.role} starts with a smaller plan ({check.smaller_ctx} tokens per request, "
                 f"{check.smaller_layers} layers, {format_size(check.smaller_need_bytes)}): "
-                f"{holders_text(check.holders)}",
+                f"{holders_text(check.holders)}{_learned_text(check)}",
             )
         whole = smaller
     return StartDecision(
-        "refuse", f"{check.role} not started on the GPU: {whole}; {holders_text(check.holders)}"
+        "refuse",
+        f"{check.role} not started on the GPU: {whole}; {holders_text(check.holders)}{_learned_text(check)}",
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tray_app.contract.vocabulary import FAILURE_KINDS, FailureKind
 from tray_app.supervisor import signatures
+from tray_app.supervisor.failed_allocation import FailedAllocation
 
 __all__ = ["FAILURE_KINDS", "Failure", "FailureKind", "classify_exit"]
 
@@ -24,6 +25,8 @@ _CRASH_SIGNALS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, 
 class Failure:
     kind: FailureKind
     message: str
+    # oom_load: the allocation that failed and what the load had reached, where llama.cpp printed its size
+    allocation: FailedAllocation | None = None
 
 
 def _signal_name(number: int) -> str:

@@ -23,7 +23,8 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +41,7 @@ from tray_app.supervisor import drill_faults, health_probe, launch_plan, load_ch
 from tray_app.supervisor.backoff import Backoff
 from tray_app.supervisor.calibration import record_calibration
 from tray_app.supervisor.classify import FAILURE_KINDS, Failure, FailureKind, classify_exit, hung_failure
+from tray_app.supervisor.failed_allocation import failed_allocation
 from tray_app.supervisor.mailbox import Mailbox
 from tray_app.supervisor.messages import Attempt, Command, Exited, HealthResult, Message, SupervisorError
 from tray_app.supervisor.ports import free_port
@@ -369,7 +371,8 @@ class WorkerSupervisor:
         ):
             return  # an old process, or one we stopped on purpose
         process = attempt.process
-        await self._fail(classify_exit(message.returncode, process.load_log(), process.tail()))
+        failure = classify_exit(message.returncode, process.load_log(), process.tail())
+        await self._fail(_sized(failure, attempt.profile, process.load_log()))
 
     async def _on_health(self, result: HealthResult) -> None:
         attempt = self._attempt
@@ -410,7 +413,7 @@ class WorkerSupervisor:
         if refused is not None:
             for line in refused.log_lines:
                 attempt.process.log_line(line)
-            await self._fail(refused.failure)
+            await self._fail(_sized(refused.failure, attempt.profile, refused.log_lines))
             return
         attempt.ready_at = now
         attempt.load_seconds = now - attempt.started_at
@@ -499,7 +502,15 @@ class WorkerSupervisor:
             "pid": attempt.process.pid if attempt is not None else None,
         }
         self._set_state("unhealthy", f"{failure.kind}: {failure.message}")
-        self._bus.publish(WorkerUnhealthy(role=self.role, kind=failure.kind, reason=failure.message))
+        self._bus.publish(
+            WorkerUnhealthy(
+                role=self.role,
+                kind=failure.kind,
+                reason=failure.message,
+                failed_bytes=failure.allocation.failed_bytes if failure.allocation else 0,
+                reached_bytes=failure.allocation.reached_bytes if failure.allocation else 0,
+            )
+        )
         try:
             await self._end_failed(attempt, failure, now, never_ready)
         finally:
@@ -539,6 +550,14 @@ class WorkerSupervisor:
 
     def _last_failure_kind(self) -> str:
         return str(self._last_failure["kind"]) if self._last_failure else "failure"
+
+
+def _sized(failure: Failure, profile: WorkerProfile, load_lines: Sequence[str]) -> Failure:
+    """An out-of-memory load with the allocation that failed, where llama.cpp printed its size."""
+    if failure.kind != "oom_load":
+        return failure
+    simulated = profile.simulated_vram_bytes is not None
+    return replace(failure, allocation=failed_allocation(load_lines, simulated=simulated))
 
 
 def _known_kind(kind: str) -> FailureKind:

@@ -99,6 +99,8 @@ def device_lines(status: ServiceStatus) -> list[str]:
         waiting = (gpu_path(status).get("yielded") or {}).get("waiting")
         if waiting:
             lines.append(f"  back when: {waiting}")
+    # A GPU worker started with less than its plan (the memory free then, or what its last load lacked).
+    lines += [str(note) for note in (gpu_path(status).get("smaller") or {}).values() if note]
     total, free = int(now.get("total_bytes") or 0), int(now.get("free_bytes") or 0)
     if now.get("state") != "normal":
         lines.append(f"Device now: {now.get('state')} ({now.get('reason') or 'no reading'})")
