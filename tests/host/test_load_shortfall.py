@@ -4,10 +4,12 @@
 compute estimate, and this CPU build's compute buffer is larger than that (3.01 MiB printed, 2.89 planned),
 so the first load fails its load check allocating the compute buffer, as a card would. The restart holds
 back what the load had reached beyond the plan (the supervisor read it from the load's lines), starts with
-a smaller plan, loads, and answers; `failsoft status` says why it started smaller."""
+a smaller plan, loads, and answers; `failsoft status` says why it started smaller. With the bundled model
+and a stale measurement the smaller start has a shorter context, and requests are routed by that one."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,3 +83,59 @@ def test_failsoft_status_says_why_the_gpu_worker_started_smaller(svc: ServiceHan
     assert shown.returncode == 0, shown.stderr
     assert "gpu starts with a smaller plan" in shown.stdout, shown.stdout
     assert "its last load ran out of memory" in shown.stdout, shown.stdout
+
+
+# ------------------------------------------------------------ a stale measurement, a dense model
+N_CTX = 4096
+
+
+@pytest.fixture(scope="module")
+def stale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
+    """The bundled model with a compute buffer measured far too small (a measurement from before a driver or
+    llama.cpp update, say): the plan takes the full context on the strength of it, the load fails at the
+    compute buffer, and the restart holds back what it lacked with a shorter context."""
+    root = tmp_path_factory.mktemp("stale-calibration")
+    data = root / "data"
+    settings = base_settings(
+        budget={"reserve_percent": 0.0, "reserve_min": "0", "max_ctx": N_CTX, "n_parallel": 1}
+    )
+    with running_service(root / "measure", settings=settings, data_dir=data) as first:
+        gpu = first.status()["workers"]["gpu"]["health"]
+        buffers = gpu["buffers"]
+        assert gpu["n_ctx"] == N_CTX
+    # The GPU worker's own measurement (the CPU worker's settings differ: its context is longer).
+    (measured,) = [
+        path
+        for path in (data / "calibration").rglob("*.json")
+        if json.loads(path.read_text())["settings"]["n_ctx"] == N_CTX
+    ]
+    record = json.loads(measured.read_text())
+    record["buffers"]["compute_bytes"] = 64 * 1024
+    measured.write_text(json.dumps(record))
+    compute = int(buffers["compute_bytes"])
+    vram = (
+        int(buffers["model_bytes"]) + int(buffers["kv_bytes"]) + int(buffers["output_bytes"]) + compute // 2
+    )
+    with running_service(root / "service", simulate_vram=f"{vram}B", settings=settings, data_dir=data) as svc:
+        yield svc
+
+
+def test_requests_are_routed_by_the_context_the_gpu_worker_runs_with(stale: ServiceHandle) -> None:
+    status = stale.status()
+    gpu = status["workers"]["gpu"]
+    assert status["plan"]["n_ctx_per_seq"] == N_CTX  # what the stale measurement let the plan take
+    assert gpu["last_failure"]["kind"] == "oom_load", gpu["last_failure"]
+    running = gpu["health"]["n_ctx_per_slot"]
+    assert 0 < running < N_CTX, status["gpu_path"]
+    # What the service says and routes by is the running worker's context, not the plan's.
+    assert status["caps"]["n_ctx_per_seq"] == running
+    short = client_for(stale).chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    assert failsoft_of(short)["worker"] == "gpu"
+    words = " ".join(["apple"] * (running + 200))  # longer than the GPU worker's slot, within the plan's
+    long = client_for(stale).chat.completions.create(
+        model="default", messages=[{"role": "user", "content": words}], max_tokens=4
+    )
+    assert failsoft_of(long)["worker"] == "cpu"
+    assert long.usage is not None and running < long.usage.prompt_tokens < N_CTX

@@ -314,8 +314,19 @@ class Service:
     def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int:
         """The context per slot of `entry`'s worker on `device` (0: it has none there)."""
         if entry.main:
-            return (self.plan_set.gpu if device == "gpu" else self.plan_set.cpu).n_ctx_per_seq
+            return self._gpu_context()[1] if device == "gpu" else self.plan_set.cpu.n_ctx_per_seq
         return self.library.n_ctx_per_seq(entry, device)
+
+    def _gpu_context(self) -> tuple[int, int, int]:
+        """The main GPU worker's n_ctx, context per slot and slots: the ready process's own (its start may
+        have been made smaller than the plan), else the plan's."""
+        worker = self.workers.get("gpu")
+        if worker is not None and worker.state == "ready":
+            running = worker.running_profile
+            parallel = max(running.n_parallel, 1)
+            return running.n_ctx, running.n_ctx // parallel, parallel
+        gpu = self.plan_set.gpu
+        return gpu.n_ctx, gpu.n_ctx_per_seq, gpu.n_parallel
 
     def grammar_error(self, grammar: str) -> str | None:
         return self.tokens.grammar_error(grammar)
@@ -388,12 +399,12 @@ class Service:
 
     # -------------------------------------------------------------------------------- status
     def caps(self) -> dict[str, int]:
-        gpu, cpu = self.plan_set.gpu, self.plan_set.cpu
+        n_ctx, per_seq, parallel = self._gpu_context()
         return {
-            "n_ctx": gpu.n_ctx,
-            "n_ctx_per_seq": gpu.n_ctx_per_seq,
-            "n_parallel": gpu.n_parallel,
-            "cpu_n_ctx": cpu.n_ctx,
+            "n_ctx": n_ctx,
+            "n_ctx_per_seq": per_seq,
+            "n_parallel": parallel,
+            "cpu_n_ctx": self.plan_set.cpu.n_ctx,
         }
 
     def _in_flight(self, role: str) -> int:
@@ -466,7 +477,7 @@ class Service:
         if isinstance(event, WorkerStateChanged) and event.new == "ready":
             worker = self.workers.get(event.role)
             if worker is not None:
-                self.slots.resize(event.role, worker.profile.n_parallel)
+                self.slots.resize(event.role, worker.running_profile.n_parallel)
 
     async def yield_gpu(self, wait: bool = True) -> dict[str, Any]:
         return await self.gpu.yield_gpu(wait)

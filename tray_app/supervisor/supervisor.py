@@ -106,7 +106,15 @@ class WorkerSupervisor:
 
     @property
     def profile(self) -> WorkerProfile:
+        """The profile the next start begins with (the plan's)."""
         return self._profile
+
+    @property
+    def running_profile(self) -> WorkerProfile:
+        """What the process started last runs with: the start gate may have made it smaller than `profile`
+        (less memory free then, or what an earlier load lacked). `profile` before any start."""
+        attempt = self._attempt
+        return attempt.profile if attempt is not None else self._profile
 
     @property
     def state(self) -> State:
