@@ -259,7 +259,45 @@ async def test_a_long_answer_is_tokenized_off_the_loop_and_the_newest_wins(
     assert rig.pieces()[-1] == newest and rig.mirror.held(job) == job.prompt_tokens
     assert list(rig.mirror._targets[job.id].tokens) == newest  # what a replay is then read as
     main = threading.current_thread().name
-    assert prompts.threads[0] == main and all(name != main for name in prompts.threads[1:])
+    assert len(prompts.threads) >= 3 and all(name != main for name in prompts.threads)  # the prompt's too
+
+
+class GatedPrompts(ChatPrompts):
+    """Tokenizes once `release` is set, recording the thread it ran on."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+        self.release = threading.Event()
+
+    def tokenize(self, text: str) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        self.release.wait(5)
+        return super().tokenize(text)
+
+
+async def test_a_long_prompt_is_tokenized_off_the_loop_and_read_once_known(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mirror_module, "COUNT_INLINE_CHARS", 10)  # every text here counts as long
+    prompts = GatedPrompts()
+    job = job_for("x" * 80)
+    assert rig.mirror.follow(job, prompts, streaming=False) is not None  # returned while tokenizing
+    await asyncio.sleep(0.05)
+    assert rig.relay.sent == [] and rig.mirror.held(job) == 0  # nothing to read before its tokens
+    prompts.release.set()
+    await settle(lambda: len(rig.chats()) == 1, "the replay's own request")
+    prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
+    assert rig.pieces()[-1] == ChatPrompts().tokenize(prompt)  # the last piece ends with the whole prompt
+    assert prompts.threads and threading.current_thread().name not in prompts.threads
+
+    # A job that goes to the CPU while its prompt is tokenized is never read for: the CPU reads it itself.
+    taken, late = job_for("y" * 80), GatedPrompts()
+    assert rig.mirror.follow(taken, late, streaming=False) is not None
+    rig.mirror.taken(taken)
+    late.release.set()
+    await asyncio.sleep(0.1)
+    assert len(rig.relay.sent) == len(rig.pieces()) + 1 and rig.mirror.held(taken) == 0
+    assert not any(ord("y") in piece for piece in rig.pieces())
 
 
 async def test_a_worker_that_refuses_ends_that_read_only(rig: Rig) -> None:

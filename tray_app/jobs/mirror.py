@@ -167,6 +167,7 @@ class Mirror:
         self._reading: dict[str, tuple[str, asyncio.Task[None]]] = {}  # job id -> (CPU role, its read)
         self._held: dict[str, list[array[int]]] = {}  # CPU role -> sequences it was given, oldest first
         self._tokenizing: set[asyncio.Task[array[int]]] = set()  # long texts tokenized on threads
+        self._first: dict[str, _Target] = {}  # job id -> its target while its prompt is tokenized on a thread
         self._pids: dict[str, int | None] = {}  # CPU role -> the process those sequences went to
         self._wake = asyncio.Event()
         self.read_tokens = 0  # prompt tokens the CPU read for the mirror
@@ -194,7 +195,7 @@ class Mirror:
         )
         if not policy.mirror_reason(case):
             return None
-        target = self._targets.get(job.id)
+        target = self._targets.get(job.id) or self._first.get(job.id)
         if target is None:
             try:
                 target = self._new_target(job, role, prompts)
@@ -216,10 +217,34 @@ class Mirror:
             if prompt is None:
                 return None
             text = prompt
-        tokens = array("i", prompts.tokenize(text))
-        target = _Target(job, role, tokens, len(tokens), exact)
-        self._put(target)
+        if len(text) <= COUNT_INLINE_CHARS:
+            tokens = array("i", prompts.tokenize(text))
+            target = _Target(job, role, tokens, len(tokens), exact)
+            self._put(target)
+            return target
+        # A long prompt on a thread, like admission's count (a 64 KiB prompt takes about 22 ms: a stop for
+        # every client of the loop). The target is read, and takes its answer, once its tokens are known.
+        target = _Target(job, role, array("i"), 0, exact)
+        self._first[job.id] = target
+        task = asyncio.create_task(asyncio.to_thread(lambda: array("i", prompts.tokenize(text))))
+        self._tokenizing.add(task)
+        task.add_done_callback(functools.partial(self._first_tokens, target))
         return target
+
+    def _first_tokens(self, target: _Target, task: asyncio.Task[array[int]]) -> None:
+        self._tokenizing.discard(task)
+        if self._first.get(target.job.id) is not target:
+            return  # the job went to the CPU meanwhile: that reads its prompt itself
+        del self._first[target.job.id]
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.info("job %s not mirrored: its prompt did not tokenize (%r)", target.job.id, error)
+            return
+        target.tokens = task.result()
+        target.prompt_tokens = len(target.tokens)
+        self._put(target)
 
     def extend(
         self, target: _Target, prompts: Prompts, reasoning: str, text: str, continued_chat: bool
@@ -308,6 +333,7 @@ class Mirror:
         is on (llama-server keeps that in the slot that read it), and no more is read for it. Cancelled, the
         piece would keep that slot busy, and the replay, sent to another slot, would miss what it holds."""
         self._targets.pop(job.id, None)
+        self._first.pop(job.id, None)
         reading = self._reading.get(job.id)
         if reading is not None:
             _, pending = await asyncio.wait({reading[1]}, timeout=SETTLE_SECONDS)
@@ -317,6 +343,7 @@ class Mirror:
     def taken(self, job: Job) -> None:
         """The job runs on its CPU worker now: that reads its prompt itself."""
         self._targets.pop(job.id, None)
+        self._first.pop(job.id, None)
         reading = self._reading.get(job.id)
         if reading is not None:
             reading[1].cancel()
