@@ -155,8 +155,8 @@ class GpuStarts:
         self._need: dict[str, int] = {}  # role -> bytes its current start was weighed with
         self.held_back: dict[str, str] = {}  # role -> why its last start was not made
         self.notes: dict[str, str] = {}  # role -> why it started with a smaller plan
-        # role -> bytes its loads lacked (the sizes of the allocations that failed), held back at its next
-        # starts. Learned against one plan set: a new one (the device changed) starts from the estimate again.
+        # role -> bytes its loads lacked (load_ran_short), held back at its next starts. Learned against one
+        # plan set: a new one (the device changed) starts from the estimate again.
         self._learned: dict[str, int] = {}
         self._learned_on: PlanSet | None = None
 
