@@ -41,6 +41,8 @@ FORBIDDEN = {
         "ui",
     },
     "view": {"host", "server", "supervisor", "jobs", "ui"},
+    # The tokenizer helper's two sides: the native one runs in the helper process, the other in the service.
+    "tokenizer": {"budget", "device", "library", "supervisor", "jobs", "server", "host", "ui"},
     # Notifications and the signed links: told by events, asked by the server, wired by the host.
     "reach": {"host", "server", "supervisor", "jobs", "budget", "engine", "library", "ui"},
 }
@@ -214,6 +216,28 @@ def test_only_the_tray_imports_qt() -> None:
         if name.split(".")[0] in QT
     ]
     assert not found, found
+
+
+# The only modules that load llama.cpp's binding: the tokenizer helper's native side (and the log capture it
+# uses), and the doctor, which runs in a process of its own. The service never loads it (issue 46):
+# tests/server/test_crash_isolation.py reads its process's memory map to prove it.
+NATIVE_BINDING = "llama_cpp"
+BINDING_USERS = {
+    "tray_app.tokenizer.counter",
+    "tray_app.tokenizer.grammar",
+    "tray_app.engine.llama_log",
+    "tray_app.doctor.checks",
+}
+
+
+def test_only_the_tokenizer_helper_and_the_doctor_load_the_binding() -> None:
+    users = {
+        module
+        for module in modules()
+        for name, _ in imported_names(module)
+        if name.split(".")[0] == NATIVE_BINDING
+    }
+    assert users == BINDING_USERS
 
 
 def test_the_rules_see_real_imports() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tray_app.engine import llama_log
-from tray_app.jobs.admission import TokenCounter
+from tray_app.tokenizer.counter import TokenCounter
 
 
 def test_levels_follow_ggml_and_a_continuation_keeps_its_message_level(

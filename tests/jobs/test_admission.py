@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tray_app.engine.tools import CHATML_TOOLS_TEMPLATE
-from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, TokenCounter, requested_tokens
+from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, requested_tokens
+from tray_app.tokenizer.counter import TokenCounter
 
 
 async def test_slots_are_never_exceeded_and_waiters_go_in_order() -> None:

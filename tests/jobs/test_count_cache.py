@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tray_app.jobs import admission
-from tray_app.jobs.admission import TokenCounter
-from tray_app.jobs.count_cache import CountCache, text_bytes
+from tray_app.tokenizer import counter as counter_module
+from tray_app.tokenizer.count_cache import CountCache, text_bytes
+from tray_app.tokenizer.counter import TokenCounter
 
 KIB = 1024
 
@@ -17,8 +17,8 @@ KIB = 1024
 def test_huge_prompts_cannot_make_the_count_caches_hold_more_than_their_bytes(
     model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(admission, "CONTENT_CACHE_BYTES", 256 * KIB)
-    monkeypatch.setattr(admission, "FRAMING_CACHE_BYTES", 64 * KIB)
+    monkeypatch.setattr(counter_module, "CONTENT_CACHE_BYTES", 256 * KIB)
+    monkeypatch.setattr(counter_module, "FRAMING_CACHE_BYTES", 64 * KIB)
     counter = TokenCounter(model_path)
     bound = 256 * KIB + 64 * KIB
     for n in range(12):  # 12 texts of 30 KiB: each small enough to keep, together beyond the bound

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,14 +30,22 @@ class ChatPrompts:
     """A template that writes each message as <role>content and ends ready for the answer; one token per
     character, so a prefix of the text is a prefix of its tokens, as with a real tokenizer."""
 
-    def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>", []
+    @staticmethod
+    def render(messages: list[dict[str, Any]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
-    def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int:
+    @staticmethod
+    def ids(text: str) -> list[int]:
+        return [ord(character) for character in text]
+
+    async def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
+        return self.render(messages), []
+
+    async def count_text(self, text: str, *, special: bool = True, add_bos: bool = True) -> int:
         return len(text)
 
-    def tokenize(self, text: str) -> list[int]:
-        return [ord(character) for character in text]
+    async def tokenize(self, text: str) -> list[int]:
+        return self.ids(text)
 
 
 @dataclass
@@ -130,10 +137,10 @@ async def settle(done: Callable[[], bool], what: str) -> None:
 
 async def test_a_prompt_is_read_in_pieces_then_as_the_replay_sends_it(rig: Rig) -> None:
     job = job_for("x" * 80)
-    prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
+    prompt = ChatPrompts.render(job.body["messages"])
     assert rig.mirror.follow(job, ChatPrompts(), streaming=False) is not None
     await settle(lambda: len(rig.chats()) == 1, "the replay's own request")
-    tokens = ChatPrompts().tokenize(prompt)
+    tokens = ChatPrompts.ids(prompt)
     expected = [tokens[:end] for end in range(PIECE, len(tokens), PIECE)] + [tokens]
     assert rig.pieces() == expected  # each piece a prefix one step longer: the cache holds the rest
     chat = rig.chats()[0]
@@ -154,8 +161,8 @@ async def test_a_follow_up_turn_reads_only_the_new_part(rig: Rig) -> None:
     await settle(lambda: len(rig.chats()) == 2, "the follow-up")
     shared = len("<user>" + "y" * 120)
     new_pieces = rig.pieces()[before:]
-    assert len(new_pieces) == 1 and len(new_pieces[0]) == len(ChatPrompts().chat_prompt(follow_up)[0])
-    assert rig.relay.sent[-2][1]["prompt"][:shared] == ChatPrompts().tokenize("<user>" + "y" * 120)
+    assert len(new_pieces) == 1 and len(new_pieces[0]) == len(ChatPrompts.render(follow_up))
+    assert rig.relay.sent[-2][1]["prompt"][:shared] == ChatPrompts.ids("<user>" + "y" * 120)
 
 
 async def test_a_short_prompt_is_not_mirrored_and_the_switch_turns_it_off(rig: Rig) -> None:
@@ -225,60 +232,54 @@ async def stream_two_words(rig: Rig, prompts: ChatPrompts) -> Job:
 async def test_a_streams_answer_is_read_as_it_grows(rig: Rig) -> None:
     rig.settings.update(every_tokens=2, every_seconds=0.0)
     job = await stream_two_words(rig, ChatPrompts())
-    prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
-    await settle(lambda: rig.pieces()[-1] == ChatPrompts().tokenize(prompt + "The sea"), "the answer so far")
+    prompt = ChatPrompts.render(job.body["messages"])
+    await settle(lambda: rig.pieces()[-1] == ChatPrompts.ids(prompt + "The sea"), "the answer so far")
     assert len(rig.chats()) == 1  # a resume is a completion of exactly those tokens: nothing else to send
 
 
-class ThreadedPrompts(ChatPrompts):
-    """Records the thread of each tokenization; the first text given holds its thread for a while."""
+class SlowFirstPrompts(ChatPrompts):
+    """Counts its tokenizations; the first extension's is answered only once `slow_first` is set (as a
+    helper busy with a long text answers later than the short ones after it)."""
 
     def __init__(self) -> None:
-        self.threads: list[str] = []
-        self.slow_first = threading.Event()
+        self.calls = 0
+        self.slow_first = asyncio.Event()
 
-    def tokenize(self, text: str) -> list[int]:
-        self.threads.append(threading.current_thread().name)
-        if len(self.threads) == 2:  # the first extension: still tokenizing when the second is done
-            self.slow_first.wait(5)
-        return super().tokenize(text)
+    async def tokenize(self, text: str) -> list[int]:
+        self.calls += 1
+        if self.calls == 2:  # the first extension: still tokenizing when the second is done
+            await asyncio.wait_for(self.slow_first.wait(), 5)
+        return await super().tokenize(text)
 
 
-async def test_a_long_answer_is_tokenized_off_the_loop_and_the_newest_wins(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(mirror_module, "COUNT_INLINE_CHARS", 10)  # every text here counts as long
+async def test_answers_are_tokenized_asynchronously_and_the_newest_wins(rig: Rig) -> None:
     rig.settings.update(every_tokens=1, every_seconds=0.0)
-    prompts = ThreadedPrompts()
+    prompts = SlowFirstPrompts()
     job = await stream_two_words(rig, prompts)
-    prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
-    newest = ChatPrompts().tokenize(prompt + "The sea")
+    prompt = ChatPrompts.render(job.body["messages"])
+    newest = ChatPrompts.ids(prompt + "The sea")
     await settle(lambda: rig.pieces()[-1] == newest, "the newest answer")
     prompts.slow_first.set()  # the older text's tokens arrive now: too late, and dropped
     await asyncio.sleep(0.1)
     assert rig.pieces()[-1] == newest and rig.mirror.held(job) == job.prompt_tokens
     assert list(rig.mirror._targets[job.id].tokens) == newest  # what a replay is then read as
-    main = threading.current_thread().name
-    assert len(prompts.threads) >= 3 and all(name != main for name in prompts.threads)  # the prompt's too
+    assert prompts.calls >= 3  # the prompt's, then each extension's
 
 
 class GatedPrompts(ChatPrompts):
-    """Tokenizes once `release` is set, recording the thread it ran on."""
+    """Tokenizes once `release` is set."""
 
     def __init__(self) -> None:
-        self.threads: list[str] = []
-        self.release = threading.Event()
+        self.asked = 0
+        self.release = asyncio.Event()
 
-    def tokenize(self, text: str) -> list[int]:
-        self.threads.append(threading.current_thread().name)
-        self.release.wait(5)
-        return super().tokenize(text)
+    async def tokenize(self, text: str) -> list[int]:
+        self.asked += 1
+        await asyncio.wait_for(self.release.wait(), 5)
+        return await super().tokenize(text)
 
 
-async def test_a_long_prompt_is_tokenized_off_the_loop_and_read_once_known(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(mirror_module, "COUNT_INLINE_CHARS", 10)  # every text here counts as long
+async def test_a_prompt_is_read_once_its_tokens_are_known(rig: Rig) -> None:
     prompts = GatedPrompts()
     job = job_for("x" * 80)
     assert rig.mirror.follow(job, prompts, streaming=False) is not None  # returned while tokenizing
@@ -286,9 +287,9 @@ async def test_a_long_prompt_is_tokenized_off_the_loop_and_read_once_known(
     assert rig.relay.sent == [] and rig.mirror.held(job) == 0  # nothing to read before its tokens
     prompts.release.set()
     await settle(lambda: len(rig.chats()) == 1, "the replay's own request")
-    prompt = ChatPrompts().chat_prompt(job.body["messages"])[0]
-    assert rig.pieces()[-1] == ChatPrompts().tokenize(prompt)  # the last piece ends with the whole prompt
-    assert prompts.threads and threading.current_thread().name not in prompts.threads
+    prompt = ChatPrompts.render(job.body["messages"])
+    assert rig.pieces()[-1] == ChatPrompts.ids(prompt)  # the last piece ends with the whole prompt
+    assert prompts.asked == 1
 
     # A job that goes to the CPU while its prompt is tokenized is never read for: the CPU reads it itself.
     taken, late = job_for("y" * 80), GatedPrompts()
@@ -345,7 +346,7 @@ async def test_a_finished_answer_is_read_for_the_next_turn(rig: Rig) -> None:
     assembler.feed({"choices": [{"delta": {"content": "The answer."}, "finish_reason": "stop"}]})
     following.finished(assembler)
     answered = [*first, {"role": "assistant", "content": "The answer."}]
-    rendered = ChatPrompts().tokenize(ChatPrompts().chat_prompt(answered)[0])  # as the next turn renders it
+    rendered = ChatPrompts.ids(ChatPrompts.render(answered))  # as the next turn renders it
     await settle(lambda: rig.pieces()[-1] == rendered, "the answer")
     before = len(rig.pieces())
     follow_up = [*answered, {"role": "user", "content": "ok"}]
@@ -353,25 +354,29 @@ async def test_a_finished_answer_is_read_for_the_next_turn(rig: Rig) -> None:
     await settle(lambda: len(rig.chats()) == 2, "the follow-up")
     # One piece for the whole follow-up: it started where the answer ended (from the start, it would be
     # two pieces of 64 and the rest).
-    assert [len(piece) for piece in rig.pieces()[before:]] == [len(ChatPrompts().chat_prompt(follow_up)[0])]
+    assert [len(piece) for piece in rig.pieces()[before:]] == [len(ChatPrompts.render(follow_up))]
 
 
 class Unrenderable(ChatPrompts):
     """A template that cannot render this request (the worker then says so to the job itself)."""
 
-    def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
+    async def chat_prompt(self, messages: list[dict[str, Any]], tools: Any = None) -> tuple[str, list[str]]:
         raise ValueError("'dict object' has no attribute 'name'")
 
 
 async def test_a_prompt_the_router_cannot_render_is_not_mirrored_and_the_job_goes_on(rig: Rig) -> None:
-    assert rig.mirror.follow(job_for("x" * 100), Unrenderable(), streaming=True) is None
+    unrendered = job_for("x" * 100)
+    rig.mirror.follow(unrendered, Unrenderable(), streaming=True)
     following = rig.mirror.follow(job := job_for("y" * 100), ChatPrompts(), streaming=True)
     assert following is not None
+    await settle(lambda: job.id in rig.mirror._targets, "the readable prompt's target")
+    assert unrendered.id not in rig.mirror._targets and unrendered.id not in rig.mirror._first
     assembler = Assembler("chat")
     assembler.feed({"choices": [{"delta": {"content": "Fine."}, "finish_reason": "stop"}]})
     following._prompts = Unrenderable()  # its answer, rendered for the next turn, fails the same way
     following.finished(assembler)
-    assert rig.mirror.held(job) == 0 and rig.mirror.status()["skipped"] == 1
+    await settle(lambda: rig.mirror.status()["skipped"] == 1, "the mirror gave the job up")
+    assert rig.mirror.held(job) == 0
 
 
 async def test_the_owner_ends_when_cancelled_as_it_is_woken(rig: Rig) -> None:

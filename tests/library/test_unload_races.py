@@ -51,7 +51,14 @@ def registry(tmp_path: Path) -> Any:
 
 
 def library_with(workers: dict[str, SlowStopWorker], registry: JobRegistry) -> Library:
-    library = Library(Catalog([MAIN, NOTES]), workers.get, registry, EventBus(), lambda: None)  # type: ignore[arg-type]
+    library = Library(
+        Catalog([MAIN, NOTES]),
+        workers.get,
+        registry,
+        EventBus(),
+        lambda: None,  # type: ignore[arg-type, return-value]
+        lambda path, chat_format: None,  # type: ignore[arg-type, return-value]
+    )
     library.plans = {"notes": object()}  # type: ignore[dict-item]
     return library
 

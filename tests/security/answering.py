@@ -16,10 +16,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.security.conftest import StandInExecutor, StandInService, client_for, make_config
+from tests.support.in_process_prompts import CounterPrompts
 from tray_app.contract.roles import EMBED_ROLES
 from tray_app.contract.vocabulary import Reason
 from tray_app.jobs import policy
-from tray_app.jobs.admission import SlotPool, TokenCounter
+from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import chat_chunk, completion_chunk
 from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.journal import Journal
@@ -28,6 +29,7 @@ from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.worker_port import ExecutorSettings
 from tray_app.library.catalog import Catalog, ModelEntry
 from tray_app.server.routes import create_app
+from tray_app.tokenizer.counter import TokenCounter
 
 MAX_BODY = 64 * 1024
 TOOL_CALL = {
@@ -161,12 +163,13 @@ class AnsweringService(StandInService):
         self.path_timings = SimpleNamespace(record=lambda path, at: None)
         self.started_at = time.time()
 
-    # Counted and checked as the service does: the model's own tokenizer, chat template and grammar parser.
-    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int:
-        return self.counter.count_chat(body) if kind == "chat" else self.counter.count_completion(body)
+    # Counted and checked as the service does: the model's own tokenizer, chat template and grammar parser
+    # (here in this process; the service asks its tokenizer helper).
+    def prompts(self, model: str = "") -> Any:
+        return CounterPrompts(self.counter)
 
-    def grammar_error(self, grammar: str) -> str | None:
-        return self.counter.grammar_error(grammar)
+    def file_prompts(self, model_file: str) -> Any:
+        return CounterPrompts(self.counter)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from tests.support.in_process_prompts import FixedPrompts
 from tray_app import admin_token, config, paths
 from tray_app.contract.events import EventBus
 from tray_app.jobs import policy
@@ -80,7 +81,7 @@ class StandInService:
         self.plan_set = SimpleNamespace(
             gpu=SimpleNamespace(n_ctx_per_seq=2048), device=SimpleNamespace(simulated=True)
         )
-        self.tokens = SimpleNamespace(grammar_error=lambda grammar: None)
+        self.tokens = FixedPrompts(5)
         main = ModelEntry(self.model_id, Path(self.model_id), ("default",), main=True)
         self.catalog = Catalog([main])
         self.library = SimpleNamespace(
@@ -115,9 +116,6 @@ class StandInService:
     def cpu_plan(self, role: str | None) -> Any:
         return SimpleNamespace(n_ctx_per_seq=8192, weights_bytes=1, kv_bytes=1, compute_bytes=1)
 
-    def grammar_error(self, grammar: str) -> str | None:
-        return None
-
     def touch(self, name: str, keep_alive: float | None) -> None:
         return None
 
@@ -127,8 +125,11 @@ class StandInService:
     def tool_call_opener_for(self, model: str) -> str:
         return self.tool_call_opener
 
-    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int:
-        return 5
+    def prompts(self, model: str = "") -> Any:
+        return self.tokens
+
+    def file_prompts(self, model_file: str) -> Any:
+        return self.tokens
 
     def status(self) -> dict[str, Any]:
         return {"stand_in": True}

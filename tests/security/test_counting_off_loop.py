@@ -1,37 +1,51 @@
-"""A long prompt is counted off the event loop (issue 36): counting the largest body the service takes
-(`server.max_body`, 4 MiB) takes seconds, and on the loop every other client waited meanwhile."""
+"""A long prompt is counted without stopping the event loop (issue 36), and no longer in the service's own
+process at all: the tokenizer helper counts it while every other client is answered."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.security.conftest import ADMIN_TOKEN, BASE_URL, StandInService
 from tray_app import admin_token
-from tray_app.jobs.admission import TokenCounter
 from tray_app.server.routes import create_app
+from tray_app.tokenizer.model_tokens import ModelTokens
+from tray_app.tokenizer.process import TokenizerProcess
+
+
+@pytest.fixture
+async def helper(model_path: Path, tmp_path: Path) -> AsyncIterator[TokenizerProcess]:
+    process = TokenizerProcess(tmp_path / "tokenizer.log", preload=[(model_path, "")])
+    process.start()
+    yield process
+    await process.aclose()
 
 
 async def test_the_event_loop_answers_while_a_long_prompt_is_counted(
-    make_service: Any, model_path: Path
+    make_service: Any, model_path: Path, helper: TokenizerProcess
 ) -> None:
-    """Counting a 4 MiB prompt (`server.max_body`) takes seconds, and it ran on the event loop: every other
-    client, the tray's status poll included, waited. Now a long prompt is counted on a thread."""
+    """Counting a 1 MiB prompt takes a good part of a second: the service's loop answers /health meanwhile,
+    because the count is a request to the helper process."""
     service: StandInService = make_service()
-    counter = TokenCounter(model_path)
+    tokens = ModelTokens(helper, model_path)
     counted: list[float] = []
 
-    def count_prompt(kind: str, body: dict[str, Any], model: str = "") -> int:
-        started = time.monotonic()
-        tokens = counter.count_chat(body) if kind == "chat" else counter.count_completion(body)
-        counted.append(time.monotonic() - started)
-        return tokens
+    class Timed(ModelTokens):
+        async def count(self, kind: str, body: dict[str, Any]) -> int:
+            started = time.monotonic()
+            try:
+                return await tokens.count(kind, body)
+            finally:
+                counted.append(time.monotonic() - started)
 
-    service.count_prompt = count_prompt  # type: ignore[method-assign]
+    timed = Timed(helper, model_path)
+    service.prompts = lambda model="": timed  # type: ignore[method-assign]
     content = "the river ran past the old mill and on to the sea; " * 20_000  # 1 MiB
     headers = admin_token.headers(ADMIN_TOKEN)
     transport = httpx.ASGITransport(app=create_app(service, manage_lifecycle=False))  # type: ignore[arg-type]

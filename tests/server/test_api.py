@@ -482,20 +482,20 @@ def test_a_request_the_worker_refuses_is_the_clients_error_and_no_worker_restart
             tool_choice={"type": "function", "function": {"name": "subtract"}},
         )
     assert "subtract" in unknown.value.message and unknown.value.param == "tool_choice"
-    # Passes the router's checks; llama-server cannot read the tool list and answers 500 about it.
-    nameless = {
+    # Passes the router's checks; llama-server cannot make a parser of the tool's parameters.
+    unparsable = {
         "model": "default",
         "messages": CHAT,
         "max_tokens": 4,
-        "tools": [{"type": "function", "function": {"parameters": {"type": "object"}}}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": "not a schema"}}],
     }
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(**nameless)
-    assert "Failed to parse tools" in refused.value.message
+        client.chat.completions.create(**unparsable)
+    assert "schema must be an object" in refused.value.message
     assert refused.value.response.headers["x-failsoft-attempts"] == "1"
     # A stream has its status line already: the refusal is its error event.
-    with pytest.raises(openai.APIError, match="Failed to parse tools") as streamed:
-        for _chunk in client.chat.completions.create(**nameless, stream=True):
+    with pytest.raises(openai.APIError, match="schema must be an object") as streamed:
+        for _chunk in client.chat.completions.create(**unparsable, stream=True):
             pass
     assert streamed.value.body["code"] == "invalid_request"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as empty:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.helpers import base_settings
 from tests.support.service import ServiceHandle, running_service
-from tray_app.jobs.admission import TokenCounter
+from tray_app.tokenizer.counter import TokenCounter
 
 pytestmark = pytest.mark.integration
 

@@ -11,6 +11,7 @@ from tray_app.sizes import format_size, text_bar
 from tray_app.view.budget_split import caps_text, status_segments
 from tray_app.view.device_now import device_lines
 from tray_app.view.pending import PendingJob
+from tray_app.view.service_run import clock, crash_line, how_it_ended
 from tray_app.view.state import format_duration, library, model_line, summarize, worker_line
 
 COUNTERS = ("accepted", "completed", "failed", "rejected", "cancelled")
@@ -152,6 +153,26 @@ def _notify_lines(status: ServiceStatus, now: float) -> list[str]:
     return ["Notify:", *("  " + notify_line(channel, now) for channel in channels)]
 
 
+def _restart_lines(status: ServiceStatus) -> list[str]:
+    """The service's own crash before this run, and the tokenizer helper's restarts, when there were any."""
+    lines = []
+    service = status.get("service")
+    note = service["restarted_after_crash"] if service else None
+    if note:
+        stack = note.get("stack_log")
+        lines.append(crash_line(note) + (f"; its stack: {stack}" if stack else ""))
+    helper = status.get("tokenizer") or {}
+    last = helper.get("last_exit")
+    if helper.get("restarts") and last:
+        code = last.get("returncode")
+        ended = how_it_ended(last.get("signal"), code if code and code > 0 else None)
+        lines.append(
+            f"The tokenizer helper was restarted {helper['restarts']} time(s); last at "
+            f"{clock(float(last.get('at') or 0))}" + (f" ({ended})" if ended else "")
+        )
+    return lines
+
+
 def render_status(status: ServiceStatus, url: str, now: float) -> str:
     """The whole status, one block per part: the headline, the device, the budget, the workers, the
     models, the queue and the jobs, the notify channels."""
@@ -161,6 +182,7 @@ def render_status(status: ServiceStatus, url: str, now: float) -> str:
         [
             f"Failsoft {status.get('version', '')} at {url} · up {uptime}",
             summary.tooltip.removeprefix("Failsoft: "),
+            *_restart_lines(status),
         ],
         _device_lines(status),
         _budget_lines(status),

@@ -66,6 +66,27 @@ class MirrorStatus(TypedDict):
     prompt_tokens_per_second: float  # the CPU worker's reading speed it plans with
 
 
+class CrashNote(TypedDict):
+    """How the service's previous run ended when it did not stop cleanly (host.crash_record)."""
+
+    at: float  # when the crashed run was last known alive, or when its end was seen (Unix time)
+    signal: int | None  # the fatal signal (11 for SIGSEGV, 9 for SIGKILL), when known
+    exit_code: int | None  # the exit status, when it exited non-zero rather than by a signal
+    pid: int | None  # the crashed run's process id
+    stack_log: (
+        str | None
+    )  # the file holding the Python stack of the crash (faulthandler), when one was written
+    restarted_by: str | None  # "tray", "systemd" or None (started again by hand)
+
+
+class ServiceRun(TypedDict):
+    """This run of the service: who it is, and how the run before it ended."""
+
+    pid: int
+    started_at: float  # Unix time
+    restarted_after_crash: CrashNote | None
+
+
 class ServiceStatus(TypedDict):
     version: str
     simulated: bool
@@ -89,6 +110,8 @@ class ServiceStatus(TypedDict):
     policy: dict[str, Any]
     mirror: MirrorStatus
     uptime_seconds: float
+    service: NotRequired[ServiceRun]
+    tokenizer: NotRequired[dict[str, Any]]  # the tokenizer helper process: pid, restarts, last_exit
     # The device watcher's latest reading: total/free/used, state, and the processes on the card, each with
     # pid, name, label, used_bytes, own and describe ("comfyui (python3, pid 4242)").
     device_now: NotRequired[dict[str, Any]]

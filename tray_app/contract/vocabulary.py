@@ -90,6 +90,6 @@ class Reason(StrEnum):
     CLIENT_DISCONNECTED = "client_disconnected"  # the client left (or stopped reading and was dropped)
     CANCELLED_BY_REQUEST = "cancelled_by_request"  # DELETE /v1/jobs/{id}
     REJECTED = "rejected"  # the user rejected the slow CPU run
-    SERVICE_RESTARTED = "service_restarted"  # the service restarted while the job's stream ran
+    SERVICE_RESTARTED = "service_restarted"  # the service restarted: the job's client is gone
     CPU_ATTEMPT_FAILED = "cpu_attempt_failed"  # the CPU worker failed the job too
     NO_WORKER_FOR_MODEL = "no_worker_for_model"  # the model has no worker on this machine

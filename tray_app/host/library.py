@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from tray_app.budget.library_plan import ModelPlans, library_share, plan_library_model
@@ -19,12 +19,12 @@ from tray_app.config import Config
 from tray_app.contract.events import Event, EventBus, JobStateChanged
 from tray_app.contract.status import ModelStatus
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
-from tray_app.jobs.admission import TokenCounter
 from tray_app.jobs.registry import JobRegistry
 from tray_app.library.catalog import Catalog, ModelEntry
 from tray_app.library.errors import LoadRefused
 from tray_app.library.eviction import Loaded, make_room
 from tray_app.library.keep_alive import FOREVER
+from tray_app.tokenizer.model_tokens import ModelTokens
 
 log = logging.getLogger(__name__)
 REAP_INTERVAL = 1.0  # how often idle models are looked at
@@ -53,7 +53,8 @@ class Library:
         workers: Callable[[str], LibraryWorker | None],
         registry: JobRegistry,
         bus: EventBus,
-        main_tokens: Callable[[], TokenCounter],
+        main_tokens: Callable[[], ModelTokens],
+        tokens_of: Callable[[Path, str], ModelTokens],
         *,
         gpu_refusal: Callable[[str], str | None] | None = None,
     ) -> None:
@@ -66,8 +67,8 @@ class Library:
         self._workers = workers
         self._registry = registry
         self._main_tokens = main_tokens
-        self._tokens: dict[str, TokenCounter] = {}
-        self._tokens_lock = threading.Lock()  # prompts are counted on threads too (jobs.prompt_count)
+        self._tokens_of = tokens_of
+        self._tokens: dict[str, ModelTokens] = {}
         self._last_used: dict[str, float] = {}
         self._keep_alive: dict[str, float] = {}  # a request's keep_alive, by model (the latest wins)
         self._loading: set[str] = set()
@@ -89,16 +90,15 @@ class Library:
         self.plans = {entry.name: plan_library_model(cfg, entry, plan_set) for entry in self.catalog.others()}
 
     # ---------------------------------------------------------------------------------- lookups
-    def tokens(self, name: str) -> TokenCounter:
-        """The tokenizer of model `name` (loaded once, vocabulary only)."""
+    def tokens(self, name: str) -> ModelTokens:
+        """The tokenizer of model `name` (the helper loads its vocabulary on first use)."""
         entry = self.catalog.find(name)
         if entry is None or entry.main:
             return self._main_tokens()
-        with self._tokens_lock:
-            counter = self._tokens.get(entry.name)
-            if counter is None:
-                counter = self._tokens[entry.name] = TokenCounter(entry.path, entry.chat_format)
-            return counter
+        counter = self._tokens.get(entry.name)
+        if counter is None:
+            counter = self._tokens[entry.name] = self._tokens_of(entry.path, entry.chat_format)
+        return counter
 
     def n_ctx_per_seq(self, entry: ModelEntry, device: str) -> int:
         plans = self.plans.get(entry.name)

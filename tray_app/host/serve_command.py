@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import ipaddress
 import logging
 import sys
 
 import uvicorn
 
+from tray_app import paths
 from tray_app.budget.plan_set import PlanSet
 from tray_app.cli import load_config
 from tray_app.config import Config, ConfigError
 from tray_app.host import event_loop
 from tray_app.host.bind import listening_socket
+from tray_app.host.crash_record import begin_run, enable_crash_stacks
 from tray_app.host.service import Service
 from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
 from tray_app.jobs.journal_owner import JournalInUse
@@ -71,6 +74,17 @@ def uvicorn_config(app: object, host: str, port: int) -> uvicorn.Config:
 
 
 def run(args: argparse.Namespace) -> int:
+    # First of all: a native crash anywhere below leaves its Python stack in the crash log.
+    crash_stacks = enable_crash_stacks(paths.log_dir())
+    try:
+        return _serve(args)
+    finally:
+        if crash_stacks is not None:
+            faulthandler.disable()
+            crash_stacks.close()
+
+
+def _serve(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     check_bind(cfg)
     host, port = cfg.server.host, cfg.server.port
@@ -96,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         except JournalInUse as error:
             print(f"failsoft serve: {error}", file=sys.stderr)
             return 1
+        # The data folder is this run's now (the journal's lock): the marker found is the previous run's.
+        service.run = begin_run(paths.data_dir(), paths.log_dir())
         line = devices_line(service.plan_set, service.model_id, cfg.cpu.enabled)
         print(f"failsoft serve: {line}", flush=True)
         print(f"failsoft serve: listening on http://{host}:{port}", flush=True)

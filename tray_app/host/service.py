@@ -30,12 +30,13 @@ from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
 from tray_app.engine.profile import WorkerProfile, WorkerProfiles
 from tray_app.host import sd_notify
+from tray_app.host.crash_record import RunRecord
 from tray_app.host.gpu_side import GpuSide
 from tray_app.host.gpu_watch import PlanningDevice
 from tray_app.host.library import Library
 from tray_app.host.metrics import Metrics
 from tray_app.jobs import policy
-from tray_app.jobs.admission import SlotPool, TokenCounter
+from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.intake import Jobs
@@ -49,6 +50,8 @@ from tray_app.library.catalog import ModelEntry, catalog_from_config
 from tray_app.reach.capability import signer_for
 from tray_app.reach.dispatcher import Dispatcher
 from tray_app.supervisor.profile import library_profiles
+from tray_app.tokenizer.model_tokens import ModelTokens
+from tray_app.tokenizer.process import TokenizerProcess
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
@@ -59,6 +62,9 @@ class ConfigChange:
     applied: list[str]  # section.key taken over live
     needs_restart: list[str]  # section.key that wait for a restart
     restarted: bool  # the workers were restarted with the new config
+
+
+TOKENIZER_LOG = "tokenizer.log"  # the tokenizer helper's output, beside the workers' logs
 
 
 class Service:
@@ -94,7 +100,18 @@ class Service:
         self.bus.add_listener(self.metrics.on_event)
         self.bus.add_listener(self._slots_follow_workers)
         self.started_at = time.time()
-        self.tokens = TokenCounter(self.model_path, cfg.model.chat_format)
+        # This run as its status tells it; `failsoft serve` replaces it with one that knows the last crash.
+        self.run = RunRecord(None, Path(), started_at=self.started_at)
+        # The tokenizer, chat template and grammar parser run in a helper process: no native inference code
+        # in this one (tray_app.tokenizer). Started first, it loads the model's vocabulary meanwhile.
+        self.tokenizer = TokenizerProcess(
+            paths.log_dir() / TOKENIZER_LOG,
+            preload=[(self.model_path, cfg.model.chat_format)],
+            faults=enable_faults,
+        )
+        self.tokenizer.start()
+        self.tokens = ModelTokens(self.tokenizer, self.model_path, cfg.model.chat_format)
+        self._file_tokens: dict[str, ModelTokens] = {}
         self.relay = Relay()
         self.path_timings = PathTimings()  # the router's own time on each stream's way to its first token
         self.journal = Journal(
@@ -108,6 +125,7 @@ class Service:
             self.registry,
             self.bus,
             lambda: self.tokens,
+            lambda path, chat_format: ModelTokens(self.tokenizer, path, chat_format),
             gpu_refusal=lambda role: self.gpu.gpu_refusal(role),
         )
         self.library.replan(cfg, self.plan_set)
@@ -298,6 +316,8 @@ class Service:
         await self.gpu.stop()
         await self.notify.stop()
         await self.relay.aclose()
+        await self.tokenizer.aclose()
+        self.run.end()  # stopped cleanly (uvicorn then re-raises SIGTERM: nothing runs after this)
         self.journal.flush()
         self.journal.close()
 
@@ -328,9 +348,6 @@ class Service:
         gpu = self.plan_set.gpu
         return gpu.n_ctx, gpu.n_ctx_per_seq, gpu.n_parallel
 
-    def grammar_error(self, grammar: str) -> str | None:
-        return self.tokens.grammar_error(grammar)
-
     def touch(self, name: str, keep_alive: float | None) -> None:
         self.library.touch(name, keep_alive)
 
@@ -341,9 +358,14 @@ class Service:
         """How model `model`'s workers open a tool call ("" when the router does not know it)."""
         return self._openers.get(model, self.tool_call_opener)
 
-    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int:
-        tokens = self.library.tokens(model)
-        return tokens.count_chat(body) if kind == "chat" else tokens.count_completion(body)
+    def prompts(self, model: str = "") -> ModelTokens:
+        return self.library.tokens(model)
+
+    def file_prompts(self, model_file: str) -> ModelTokens:
+        tokens = self._file_tokens.get(model_file)
+        if tokens is None:
+            tokens = self._file_tokens[model_file] = ModelTokens(self.tokenizer, Path(model_file))
+        return tokens
 
     def _main_profiles(self) -> WorkerProfiles:
         from tray_app.supervisor.profile import profiles_from_plans
@@ -469,6 +491,8 @@ class Service:
             "gpu_path": gpu["gpu_path"],  # normal, squeezed, yielded or lost, and why
             "notify": self.notify.status(),  # each [[notify]] channel: sent, failed, its last error
             "uptime_seconds": round(time.time() - self.started_at, 1),
+            "service": self.run.view(),  # this run, and the crash before it if there was one
+            "tokenizer": self.tokenizer.status(),  # the helper process: pid, restarts, its last exit
         }
 
     def _slots_follow_workers(self, event: Event) -> None:
@@ -527,7 +551,7 @@ class Service:
         model_path = fresh.model_path()
         model = (model_path, fresh.model.chat_format, fresh.model.name)
         if model != (self.model_path, self.cfg.model.chat_format, self.cfg.model.name):
-            self.tokens = TokenCounter(model_path, fresh.model.chat_format)
+            self.tokens = ModelTokens(self.tokenizer, model_path, fresh.model.chat_format)
             self.model_path = model_path
             self.catalog = self.library.catalog = catalog_from_config(fresh)
             self.model_id = self.catalog.main.name

@@ -8,7 +8,6 @@ the vectors."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -22,10 +21,10 @@ from tray_app.jobs import policy
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
 from tray_app.jobs.engine import CAUSE_WAIT_SECONDS
 from tray_app.jobs.outcomes import JobError, JobFailed, cannot_serve
-from tray_app.jobs.prompt_count import COUNT_INLINE_CHARS
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
-from tray_app.jobs.worker_port import ExecutorSettings, Worker
+from tray_app.jobs.worker_port import ExecutorSettings, Prompts, Worker
+from tray_app.tokenizer.wire import TokenizerFailed
 
 log = logging.getLogger(__name__)
 
@@ -47,42 +46,42 @@ def answer_seconds(tokens: int, tokens_per_second: float) -> float:
 
 class InputTokens:
     """Embeddings inputs' tokens as the embeddings workers count them (start and special tokens in): with
-    the chat model's tokenizer (`chat_model`), or a separate embeddings model's, loaded once (vocabulary
-    only). A token-array input is as many tokens as it holds."""
+    the chat model's tokenizer, or a separate embeddings model's (both in the tokenizer helper). A
+    token-array input is as many tokens as it holds."""
 
-    def __init__(self, chat_model: Callable[[str], int]) -> None:
+    def __init__(self, chat_model: Callable[[], Prompts], model_file: Callable[[str], Prompts]) -> None:
         self._chat_model = chat_model
-        self._own: dict[str, Callable[[str], int]] = {}
+        self._model_file = model_file
+        self._unreadable: set[str] = set()  # embeddings models whose tokenizer could not be read
 
     async def count(self, model_file: str, inputs: list[Any]) -> list[int]:
         """Each input's tokens; `model_file`: the embeddings model (`embeddings.model`, "" for the chat
-        model)."""
-        count = self._chat_model
-        if model_file:
-            loaded = self._own.get(model_file)
-            count = loaded if loaded is not None else await asyncio.to_thread(self._load, model_file)
-        text = sum(len(item) for item in inputs if isinstance(item, str))
-        if text <= COUNT_INLINE_CHARS:
-            return _counts(count, inputs)
-        return await asyncio.to_thread(_counts, count, inputs)
-
-    def _load(self, model_file: str) -> Callable[[str], int]:
-        from tray_app.jobs.admission import TokenCounter  # the native library, loaded only when needed
-
+        model). JobFailed (503) when the tokenizer helper cannot answer."""
+        texts = [item for item in inputs if isinstance(item, str)]
         try:
-            counter: Callable[[str], int] = TokenCounter(Path(model_file).expanduser()).count_text
-        except (OSError, ValueError) as error:
+            counted = iter(await self._prompts(model_file).count_texts(texts) if texts else [])
+        except TokenizerFailed as error:
+            if error.kind != "model" or not model_file:
+                raise JobFailed(
+                    JobError(
+                        503,
+                        "tokenizer_unavailable",
+                        f"the inputs could not be counted: {error}",
+                        retry_after=1,
+                    )
+                ) from None
             # Its worker cannot start with it either, and says why; the chat model's count stands in.
             log.warning(
                 "embeddings model %s: no tokenizer (%s); counting with the chat model's", model_file, error
             )
-            counter = self._chat_model
-        self._own[model_file] = counter
-        return counter
+            self._unreadable.add(model_file)
+            return await self.count(model_file, inputs)
+        return [next(counted) if isinstance(item, str) else len(item) for item in inputs]
 
-
-def _counts(count: Callable[[str], int], inputs: list[Any]) -> list[int]:
-    return [count(item) if isinstance(item, str) else len(item) for item in inputs]
+    def _prompts(self, model_file: str) -> Prompts:
+        if model_file and model_file not in self._unreadable:
+            return self._model_file(str(Path(model_file).expanduser()))
+        return self._chat_model()
 
 
 def journal_summary(answer: dict[str, Any]) -> dict[str, Any]:

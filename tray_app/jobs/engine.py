@@ -43,6 +43,7 @@ from tray_app.jobs.worker_port import (
     StandIn,
     Worker,
 )
+from tray_app.tokenizer.wire import TokenizerFailed
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ class Executor:
                     self.mirror.taken(job)
                 else:
                     following = self.mirror.follow(job, self._prompts(job.model), deliver)
-            url, body = self._upstream(job, worker, progress, resume)
+            url, body = await self._upstream(job, worker, progress, resume)
             first_timeout = self.settings.stall_seconds + job.prompt_tokens / self._prompt_rate(worker_role)
             # A resumed chat's chunks come back as completion chunks, or (a thinking model's, continued
             # by llama-server) as chat chunks that repeat the answer so far: either way they leave as the
@@ -392,28 +393,39 @@ class Executor:
     def _first_request(job: Job, worker: Worker) -> tuple[str, bytes]:
         return (worker.base_url or "") + first_path(job), job.upstream_body()
 
-    def _upstream(self, job: Job, worker: Worker, progress: Progress, resume: bool) -> tuple[str, bytes]:
+    async def _upstream(
+        self, job: Job, worker: Worker, progress: Progress, resume: bool
+    ) -> tuple[str, bytes]:
         if not resume:
             return self._first_request(job, worker)
-        delivered = self._delivered_tokens(job, progress)
-        path, body = resume_request(
-            job,
-            self._prompts(job.model),
-            progress.delivered_reasoning,
-            progress.delivered_text,
-            max(job.max_tokens - delivered, 1),
-            continues_chat(job, progress),
-        )
+        delivered = await self._delivered_tokens(job, progress)
+        try:
+            path, body = await resume_request(
+                job,
+                self._prompts(job.model),
+                progress.delivered_reasoning,
+                progress.delivered_text,
+                max(job.max_tokens - delivered, 1),
+                continues_chat(job, progress),
+            )
+        except TokenizerFailed as error:  # not the worker's fault: no unhealthy mark
+            raise UpstreamError("unavailable", f"the resumed prompt could not be rendered: {error}") from None
         body.update(upstream_stream(job.prompt_tokens + delivered))
         return (worker.base_url or "") + path, json.dumps(body).encode()
 
-    def _delivered_tokens(self, job: Job, progress: Progress) -> int:
+    async def _delivered_tokens(self, job: Job, progress: Progress) -> int:
         """The tokens of what the client already has: its reasoning's and text's own count, or the chunks
         they came in where those are more. A chunk may carry more than one token, so counting chunks alone
         would leave a resumed answer a budget beyond the request's `max_tokens`."""
         tokens = self._prompts(job.model)
-        texts = (progress.delivered_reasoning, progress.delivered_text)
-        counted = sum(tokens.count_text(text, special=False, add_bos=False) for text in texts if text)
+        counted = 0
+        for text in (progress.delivered_reasoning, progress.delivered_text):
+            if not text:
+                continue
+            try:
+                counted += await tokens.count_text(text, special=False, add_bos=False)
+            except TokenizerFailed:
+                return progress.delivered_tokens  # the chunks' count: at worst a budget a little too long
         return max(progress.delivered_tokens, counted)
 
     @staticmethod
@@ -484,7 +496,7 @@ class Executor:
             content_delivered=progress.output_delivered,
             tool_call_delivered=progress.tool_call_delivered,
             prompt_tokens=job.prompt_tokens,
-            remaining_tokens=max(job.max_tokens - self._delivered_tokens(job, progress), 1),
+            remaining_tokens=max(job.max_tokens - await self._delivered_tokens(job, progress), 1),
             time_left=job.time_left(),
             constrained=constrained_output(job.body) and not shape_survives_resume(job, progress),
             stand_in_answering=job.stand_in_for is not None,

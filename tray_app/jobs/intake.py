@@ -18,9 +18,9 @@ from typing import Any
 
 from tray_app.config import Config
 from tray_app.contract.events import EventBus, RouteDecided
-from tray_app.contract.vocabulary import JobKind, JobState, Reason, job_kind
+from tray_app.contract.vocabulary import JobKind, Reason
 from tray_app.engine.tools import worker_tool_choice
-from tray_app.jobs import idempotency, policy
+from tray_app.jobs import idempotency, policy, resume
 from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, requested_tokens
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.gpu_policy import GpuPath
@@ -28,14 +28,13 @@ from tray_app.jobs.ids import new_request_id, random_seed
 from tray_app.jobs.journal import Journal, StoredJob
 from tray_app.jobs.outcomes import JobError
 from tray_app.jobs.path_timing import FirstTokenPath
-from tray_app.jobs.prompt_count import COUNT_INLINE_CHARS, prompt_chars
 from tray_app.jobs.registry import Job, JobRegistry, new_id, stored_summary
 from tray_app.jobs.routing import Models, Refused, Routing, refused
 from tray_app.jobs.worker_port import Worker
 from tray_app.library.catalog import ModelEntry
+from tray_app.tokenizer.wire import TokenizerFailed
 
 BACKGROUND_DEADLINE = 24 * 3600.0  # a background job's client collects it later: a day to finish
-RESUMED_MAX_TOKENS = 256  # a resumed job whose body names no budget (it was counted at its first start)
 
 
 @dataclass(frozen=True)
@@ -138,22 +137,40 @@ class Jobs:
         body = {**body, "messages": [_worker_compatible(message) for message in body["messages"]]}
         return worker_tool_choice(body, self.models.tool_call_opener_for(entry.name))
 
-    def count_prompt(self, kind: str, body: dict[str, Any], model: str | None) -> int:
-        """A request's prompt tokens on the model it names, counted as admission counts them."""
+    async def count_prompt(self, kind: str, body: dict[str, Any], model: str | None) -> int:
+        """A request's prompt tokens on the model it names, counted as admission counts them (by the
+        tokenizer helper: the event loop never waits on it). Refused when it cannot be counted."""
         entry = self.model(model)
-        return self.models.count_prompt(kind, self.as_workers_take(kind, body, entry), entry.name)
+        prompts = self.models.prompts(entry.name)
+        try:
+            return await prompts.count(kind, self.as_workers_take(kind, body, entry))
+        except TokenizerFailed as error:
+            raise tokenizer_refusal(error) from None
 
-    async def count_request(self, request: JobRequest) -> int | None:
-        """A long request's prompt tokens, counted on a thread (jobs.prompt_count) for make() to take; None
-        for a short one, which make() counts at once. ApiError or Refused as make() for an unknown model."""
-        if prompt_chars(request.kind, request.body) <= COUNT_INLINE_CHARS:
-            return None
-        entry = self.model(request.model)
-        body = self.as_workers_take(request.kind, dict(request.body), entry)
-        return await asyncio.to_thread(self.models.count_prompt, request.kind, body, entry.name)
+    async def count_request(self, request: JobRequest) -> int:
+        """The request's prompt tokens, for make() to take, after its grammar passed llama.cpp's own parser
+        (both in the tokenizer helper, never in this process). Refused (400) for a grammar the parser
+        refuses; ApiError or Refused as make() for an unknown model."""
+        grammar = request.body.get("grammar")
+        if grammar:
+            entry = self.model(request.model)
+            try:
+                problem = await self.models.prompts(entry.name).grammar_error(grammar)
+            except TokenizerFailed as error:
+                raise tokenizer_refusal(error) from None
+            if problem is not None:
+                # Refused with the parser's own words before any worker sees it.
+                raise refused(
+                    400,
+                    "invalid_grammar",
+                    f"'grammar' is not valid GBNF: {problem}",
+                    type="invalid_request_error",
+                    param="grammar",
+                )
+        return await self.count_prompt(request.kind, request.body, request.model)
 
-    def make(self, request: JobRequest, *, background: bool = False, prompt_tokens: int | None = None) -> Job:
-        """The job for this request, checked and counted (unless `prompt_tokens`, from count_request), not
+    def make(self, request: JobRequest, *, prompt_tokens: int, background: bool = False) -> Job:
+        """The job for this request, whose grammar was checked and prompt counted by count_request, not
         registered yet."""
         entry = self.model(request.model)
         body = self.as_workers_take(request.kind, dict(request.body), entry)
@@ -164,18 +181,6 @@ class Jobs:
         if body.get("logprobs") is True and body.get("top_logprobs") == 0:
             # llama-server gives no log probabilities at all for 0 alternatives; one is the nearest it does.
             body["top_logprobs"] = 1
-        grammar = body.get("grammar")
-        if grammar and (problem := self.models.grammar_error(grammar)) is not None:
-            # Refused with the parser's own words before any worker sees it (tray_app.jobs.grammar_check).
-            raise refused(
-                400,
-                "invalid_grammar",
-                f"'grammar' is not valid GBNF: {problem}",
-                type="invalid_request_error",
-                param="grammar",
-            )
-        if prompt_tokens is None:
-            prompt_tokens = self.models.count_prompt(request.kind, body, entry.name)
         if prompt_tokens == 0:
             # Nothing to continue from: this model adds no start token to an empty prompt.
             raise refused(
@@ -480,57 +485,46 @@ class Jobs:
 
     # ------------------------------------------------------------------------------ restart
     def resume_unfinished(self) -> None:
-        """Jobs the journal holds as unfinished were accepted by an earlier run: carry them through now, on
-        the model they asked for (their body names it) and routed again, as a new request would be."""
+        """Jobs the journal holds as unfinished were accepted by an earlier run: a background job (or one in
+        the user's hands) goes on, on the model it asked for (its body names it) and routed again as a new
+        request would be, once its GPU worker has started; an interactive one, whose client is gone, ends
+        (jobs.resume)."""
         for stored in self.journal.unfinished():
             entry = self.models.find(stored.body.get("model"))
             roles = self.models.roles(entry) if entry is not None else {}
-            job = Job(
-                id=stored.id,
-                request_id=stored.request_id,
-                kind=job_kind(stored.kind),
-                body=stored.body,
-                stream=stored.stream,
-                background=True,
-                body_hash=stored.body_hash,
-                idempotency_key=stored.idempotency_key,
-                prompt_tokens=self.models.count_prompt(stored.kind, stored.body, entry.name if entry else ""),
-                max_tokens=int(
-                    stored.body.get("max_tokens")
-                    or stored.body.get("max_completion_tokens")
-                    or RESUMED_MAX_TOKENS
-                ),
-                deadline=time.monotonic() + BACKGROUND_DEADLINE,
-                created_at=stored.created_at,
-                state=JobState(stored.state),
-                attempts=stored.attempts,
-                estimated_seconds=stored.estimated_seconds,
-                fallback_reason=stored.fallback_reason,
-                asked_model=entry.name if entry is not None else "",
-                models=dict.fromkeys(roles, entry.name) if entry is not None else {},
-                roles=roles,
+            ending = resume.client_gone(stored)
+            attempts = self.journal.attempts(stored.id)
+            job = resume.resumed_job(
+                stored,
+                entry,
+                roles,
+                attempts=attempts,
+                background=ending is None or stored.background,
+                deadline_seconds=BACKGROUND_DEADLINE,
             )
             self.registry.add(job, journaled=True)
+            for number in resume.open_attempts(attempts):
+                self.registry.end_attempt(job, number, "cancelled", resume.ATTEMPT_CUT_OFF)
+            if ending is not None:
+                self.registry.fail(job, ending.state, ending.error, ending.reason)
+                continue
             if entry is None or not roles:
                 error = {"message": f"its model {stored.body.get('model')!r} is no longer served here"}
                 self.registry.fail(job, "failed", error, Reason.NO_WORKER_FOR_MODEL)
                 continue
             if job.state == "awaiting_approval":
-                continue  # still the user's call
-            if job.stream and job.state == "running":
-                # Its client's stream ended with the old process; part of it may have been delivered.
-                self.registry.fail(
-                    job,
-                    "failed",
-                    {"message": "the service restarted during the stream"},
-                    Reason.SERVICE_RESTARTED,
-                )
+                # Still the user's call; counted for the run they may approve.
+                self.run_task(job, self._count_resumed(job), f"count-{job.id}")
                 continue
             self.run_task(job, self._route_and_run(job), f"job-{job.id}")
 
     async def _route_and_run(self, job: Job) -> None:
-        """A resumed job's route, decided again (a long prompt goes to the CPU, as it did the first time)."""
+        """A resumed job's prompt counted again (the journal keeps no count) and its route decided again (a
+        long prompt goes to the CPU, as it did the first time) once its GPU worker has started."""
+        if not await self._count_resumed(job):
+            return
         try:
+            await self._gpu_started(job)
             decision = await self.route(job, BACKGROUND_DEADLINE)
             if decision.action == "refuse":
                 self.refusal(job, decision)
@@ -543,6 +537,36 @@ class Jobs:
             return  # the job ended with the reason
         self.registry.set_route(job, decision.action, decision.reason or None)
         await self.executor.drain(job)
+
+    async def _count_resumed(self, job: Job) -> bool:
+        """Count a resumed job's prompt tokens (the journal keeps no count); False, the job failed, when the
+        tokenizer cannot count them."""
+        try:
+            tokens = await self.models.prompts(job.asked_model).count(job.kind, job.body)
+        except TokenizerFailed as error:
+            refused_error = tokenizer_refusal(error).error
+            self.registry.fail(job, "failed", refused_error.record(), refused_error.code)
+            return False
+        self.registry.set_prompt_tokens(job, tokens)
+        return True
+
+    async def _gpu_started(self, job: Job) -> None:
+        """Wait until the main model's GPU worker has started (jobs.resume.gpu_started)."""
+        entry = self.models.find(job.asked_model)
+        role = job.worker_role("gpu")
+        if entry is not None and entry.main and role is not None:
+            wait = min(max(job.time_left(), 0.0), self.config().supervisor.start_timeout)
+            await resume.gpu_started(self.workers(role), wait)
+
+
+def tokenizer_refusal(error: TokenizerFailed) -> Refused:
+    """A request whose prompt the tokenizer helper could not read: the client's fault only when the
+    helper refused the input itself; otherwise the service's, for a moment (the helper was restarted)."""
+    if error.kind == "input":
+        return refused(
+            400, "invalid_prompt", f"the prompt could not be read: {error}", type="invalid_request_error"
+        )
+    return refused(503, "tokenizer_unavailable", f"the prompt could not be counted: {error}", retry_after=1)
 
 
 def journal_unavailable(failure: str | None) -> Refused:

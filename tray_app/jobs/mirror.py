@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,10 +37,15 @@ from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import Assembler
 from tray_app.jobs.progress import Progress, constrained_output, continues_chat
-from tray_app.jobs.prompt_count import COUNT_INLINE_CHARS
 from tray_app.jobs.registry import Job, worker_fields
 from tray_app.jobs.relay import Relay, UpstreamError
-from tray_app.jobs.replay import COMPLETION_PATH, completion_prompt, first_path, resume_request
+from tray_app.jobs.replay import (
+    COMPLETION_PATH,
+    completion_prompt,
+    completion_text,
+    continued_chat_request,
+    first_path,
+)
 from tray_app.jobs.worker_port import CpuSpeed, Prompts, Worker
 
 log = logging.getLogger(__name__)
@@ -166,8 +171,8 @@ class Mirror:
         self._targets: dict[str, _Target] = {}  # job id -> its target, oldest first
         self._reading: dict[str, tuple[str, asyncio.Task[None]]] = {}  # job id -> (CPU role, its read)
         self._held: dict[str, list[array[int]]] = {}  # CPU role -> sequences it was given, oldest first
-        self._tokenizing: set[asyncio.Task[array[int]]] = set()  # long texts tokenized on threads
-        self._first: dict[str, _Target] = {}  # job id -> its target while its prompt is tokenized on a thread
+        self._tokenizing: set[asyncio.Task[array[int] | None]] = set()  # texts the tokenizer helper reads
+        self._first: dict[str, _Target] = {}  # job id -> its target while its prompt is being tokenized
         self._pids: dict[str, int | None] = {}  # CPU role -> the process those sequences went to
         self._wake = asyncio.Event()
         self.read_tokens = 0  # prompt tokens the CPU read for the mirror
@@ -210,28 +215,32 @@ class Mirror:
     def _new_target(self, job: Job, role: str, prompts: Prompts) -> _Target | None:
         exact: tuple[str, bytes] | None = None
         if job.kind == "chat":
-            text = prompts.chat_prompt(job.body["messages"], job.body.get("tools"))[0]
             exact = (first_path(job), self._one_token(worker_fields(job.kind, job.body)))
-        else:
-            prompt = completion_prompt(job, prompts)
-            if prompt is None:
-                return None
-            text = prompt
-        if len(text) <= COUNT_INLINE_CHARS:
-            tokens = array("i", prompts.tokenize(text))
-            target = _Target(job, role, tokens, len(tokens), exact)
-            self._put(target)
-            return target
-        # A long prompt on a thread, like admission's count (a 64 KiB prompt takes about 22 ms: a stop for
-        # every client of the loop). The target is read, and takes its answer, once its tokens are known.
+        elif completion_text(job) is None:
+            return None  # a prompt of token ids: nothing the mirror can render
+        # Its tokens come from the tokenizer helper: the target is read, and takes its answer, once they
+        # are known.
         target = _Target(job, role, array("i"), 0, exact)
         self._first[job.id] = target
-        task = asyncio.create_task(asyncio.to_thread(lambda: array("i", prompts.tokenize(text))))
-        self._tokenizing.add(task)
-        task.add_done_callback(functools.partial(self._first_tokens, target))
+        self._tokenize(self._prompt_tokens(job, prompts), functools.partial(self._first_tokens, target))
         return target
 
-    def _first_tokens(self, target: _Target, task: asyncio.Task[array[int]]) -> None:
+    @staticmethod
+    async def _prompt_tokens(job: Job, prompts: Prompts) -> array[int] | None:
+        if job.kind == "chat":
+            text: str | None = (await prompts.chat_prompt(job.body["messages"], job.body.get("tools")))[0]
+        else:
+            text = await completion_prompt(job, prompts)
+        return None if text is None else array("i", await prompts.tokenize(text))
+
+    def _tokenize(
+        self, work: Awaitable[array[int] | None], done: Callable[[asyncio.Task[array[int] | None]], None]
+    ) -> None:
+        task = asyncio.ensure_future(work)
+        self._tokenizing.add(task)
+        task.add_done_callback(done)
+
+    def _first_tokens(self, target: _Target, task: asyncio.Task[array[int] | None]) -> None:
         self._tokenizing.discard(task)
         if self._first.get(target.job.id) is not target:
             return  # the job went to the CPU meanwhile: that reads its prompt itself
@@ -242,8 +251,11 @@ class Mirror:
         if error is not None:
             log.info("job %s not mirrored: its prompt did not tokenize (%r)", target.job.id, error)
             return
-        target.tokens = task.result()
-        target.prompt_tokens = len(target.tokens)
+        tokens = task.result()
+        if tokens is None:
+            return
+        target.tokens = tokens
+        target.prompt_tokens = len(tokens)
         self._put(target)
 
     def extend(
@@ -252,26 +264,15 @@ class Mirror:
         """The job's answer so far (`reasoning`, `text`) goes to the mirror: a replay now would resume it."""
         if target.job.id not in self._targets:
             return  # given up, or the job went to the CPU
-        try:
-            self._extend(target, prompts, reasoning, text, continued_chat)
-        except Exception as error:  # on the job's own path: never its failure
-            log.info("mirror of job %s given up: its answer did not render (%r)", target.job.id, error)
-            self._give_up(target.job.id, target)
-
-    def _extend(
-        self, target: _Target, prompts: Prompts, reasoning: str, text: str, continued_chat: bool
-    ) -> None:
         if continued_chat:
             # A thinking model's answer continues as a chat that the worker renders: that request itself.
-            path, body = resume_request(target.job, prompts, reasoning, text, 1, True)
+            path, body = continued_chat_request(target.job, reasoning, text, 1)
             target.version += 1
             target.exact, target.exact_done = (path, self._one_token(body)), False
             target.updated_at = time.monotonic()
             self._put(target)
             return
-        base = completion_prompt(target.job, prompts)
-        if base is not None:
-            self._retokenize(target, prompts, base + text)  # a resume is a completion of exactly these
+        self._retokenize(target, prompts, _joined(completion_prompt(target.job, prompts), text))
 
     def answered(self, target: _Target, prompts: Prompts, text: str) -> None:
         """The job's whole answer: the conversation as its next turn renders it, the answer as an assistant
@@ -280,25 +281,20 @@ class Mirror:
             return
         job = target.job
         turn = [*job.body["messages"], {"role": "assistant", "content": text}]
-        try:
-            self._retokenize(target, prompts, prompts.chat_prompt(turn, job.body.get("tools"))[0])
-        except Exception as error:  # on the job's own path: never its failure
-            log.info("mirror of job %s given up: its answer did not render (%r)", job.id, error)
-            self._give_up(job.id, target)
+        self._retokenize(target, prompts, _prompt_of(prompts.chat_prompt(turn, job.body.get("tools"))))
 
-    def _retokenize(self, target: _Target, prompts: Prompts, text: str) -> None:
-        """The target's tokens anew, for its answer so far or whole: at once for a short text; a long one on a
-        thread (64 KiB take about 22 ms, a stop for every client of the loop, again every few tokens of a
-        stream). Of a job's texts only the newest is applied."""
+    def _retokenize(self, target: _Target, prompts: Prompts, text: Awaitable[str | None]) -> None:
+        """The target's tokens anew, for its answer so far or whole (a resume is a completion of exactly
+        these), from the tokenizer helper: of a job's texts only the newest is applied."""
         target.version += 1
-        if len(text) <= COUNT_INLINE_CHARS:
-            self._retokenized(target, target.version, array("i", prompts.tokenize(text)))
-            return
-        task = asyncio.create_task(asyncio.to_thread(lambda: array("i", prompts.tokenize(text))))
-        self._tokenizing.add(task)
-        task.add_done_callback(functools.partial(self._tokenized, target, target.version))
 
-    def _tokenized(self, target: _Target, version: int, task: asyncio.Task[array[int]]) -> None:
+        async def tokens() -> array[int] | None:
+            whole = await text
+            return None if whole is None else array("i", await prompts.tokenize(whole))
+
+        self._tokenize(tokens(), functools.partial(self._tokenized, target, target.version))
+
+    def _tokenized(self, target: _Target, version: int, task: asyncio.Task[array[int] | None]) -> None:
         self._tokenizing.discard(task)
         if task.cancelled():
             return
@@ -307,7 +303,9 @@ class Mirror:
             log.info("mirror of job %s given up: its answer did not tokenize (%r)", target.job.id, error)
             self._give_up(target.job.id, target)
             return
-        self._retokenized(target, version, task.result())
+        tokens = task.result()
+        if tokens is not None:
+            self._retokenized(target, version, tokens)
 
     def _retokenized(self, target: _Target, version: int, tokens: array[int]) -> None:
         if version != target.version or self._targets.get(target.job.id) is not target:
@@ -507,3 +505,12 @@ class Mirror:
             "skipped": self.skipped,
             "prompt_tokens_per_second": round(self.prompt_speed(), 1),
         }
+
+
+async def _joined(prefix: Awaitable[str | None], text: str) -> str | None:
+    base = await prefix
+    return None if base is None else base + text
+
+
+async def _prompt_of(rendered: Awaitable[tuple[str, list[str]]]) -> str | None:
+    return (await rendered)[0]

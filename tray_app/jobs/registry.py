@@ -357,6 +357,10 @@ class JobRegistry:
         job.fallback_reason = reason
         self.journal.update_job(job.id, fallback_reason=reason)
 
+    def set_prompt_tokens(self, job: Job, tokens: int) -> None:
+        """A resumed job's prompt, counted again after a restart (the journal keeps no count)."""
+        job.prompt_tokens = tokens
+
     def extend_deadline(self, job: Job, seconds: float) -> None:
         """The user accepted a longer wait (an approved CPU run)."""
         job.deadline = time.monotonic() + seconds

@@ -33,18 +33,23 @@ def first_path(job: Job) -> str:
     return CHAT_PATH if job.kind == "chat" else COMPLETION_PATH
 
 
-def completion_prompt(job: Job, prompts: Prompts) -> str | None:
+async def completion_prompt(job: Job, prompts: Prompts) -> str | None:
     """The prompt a resumed job's completion starts from: a chat's messages through the workers' template,
     or a completion's own prompt; None for a prompt of token ids."""
     if job.kind == "chat":
-        return prompts.chat_prompt(job.body["messages"])[0]
+        return (await prompts.chat_prompt(job.body["messages"]))[0]
+    return completion_text(job)
+
+
+def completion_text(job: Job) -> str | None:
+    """A completion's own prompt as text; None for a prompt of token ids."""
     prompt = job.body.get("prompt")
     if isinstance(prompt, list):
         prompt = prompt[0] if prompt and isinstance(prompt[0], str) else None
     return prompt if isinstance(prompt, str) else None
 
 
-def resume_request(
+async def resume_request(
     job: Job, prompts: Prompts, reasoning: str, text: str, remaining: int, continued_chat: bool
 ) -> tuple[str, dict[str, Any]]:
     """The path and body (without the stream fields) that resume `job` after `reasoning` and `text` reached
@@ -52,13 +57,9 @@ def resume_request(
     llama-server continues as a chat (jobs.continuation)."""
     body: dict[str, Any]
     if continued_chat:
-        body = worker_fields(job.kind, job.body)
-        body.update(
-            messages=continuation_messages(job.body["messages"], reasoning, text), max_tokens=remaining
-        )
-        return CHAT_PATH, body
+        return continued_chat_request(job, reasoning, text, remaining)
     if job.kind == "chat":
-        prompt, stops = prompts.chat_prompt(job.body["messages"])
+        prompt, stops = await prompts.chat_prompt(job.body["messages"])
         user_stop = job.body.get("stop")
         stops = stops + ([user_stop] if isinstance(user_stop, str) else list(user_stop or []))
         body = {name: job.body[name] for name in SAMPLING_FIELDS if name in job.body}
@@ -68,3 +69,10 @@ def resume_request(
     prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
     body.update(prompt=prompt + text, max_tokens=remaining)
     return COMPLETION_PATH, body
+
+
+def continued_chat_request(job: Job, reasoning: str, text: str, remaining: int) -> tuple[str, dict[str, Any]]:
+    """A thinking model's answer continued as a chat (jobs.continuation), which llama-server renders."""
+    body = worker_fields(job.kind, job.body)
+    body.update(messages=continuation_messages(job.body["messages"], reasoning, text), max_tokens=remaining)
+    return CHAT_PATH, body

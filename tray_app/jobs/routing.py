@@ -20,11 +20,13 @@ from tray_app.jobs import gpu_policy, policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.outcomes import JobError
-from tray_app.jobs.prompt_count import count_off_loop
 from tray_app.jobs.registry import Job, JobRegistry
-from tray_app.jobs.worker_port import StandIn, Worker
+from tray_app.jobs.worker_port import Prompts, StandIn, Worker
 from tray_app.library.catalog import ModelEntry
 from tray_app.library.errors import LoadRefused
+from tray_app.tokenizer.wire import TokenizerFailed
+
+STARTING_CPU_WAIT = 10.0  # seconds a request a client waits on gives a CPU worker that is starting
 
 
 class Refused(Exception):
@@ -55,11 +57,15 @@ class Models(Protocol):
 
     def cpu_plan(self, role: str | None) -> Plan | None: ...
 
-    def count_prompt(self, kind: str, body: dict[str, Any], model: str = "") -> int: ...
+    def prompts(self, model: str = "") -> Prompts:
+        """Model `model`'s tokenizer and template ("" or an unknown name: the main model's)."""
+        ...
+
+    def file_prompts(self, model_file: str) -> Prompts:
+        """The tokenizer of a model file that no chat worker serves (an embeddings model)."""
+        ...
 
     def tool_call_opener_for(self, model: str) -> str: ...
-
-    def grammar_error(self, grammar: str) -> str | None: ...
 
     def touch(self, name: str, keep_alive: float | None) -> None: ...
 
@@ -116,7 +122,7 @@ class Routing:
         if decision is None:
             decision = await self._stand_in_route(job)
         if decision is None:
-            cpu = await self.cpu_state(deadline, job.worker_role("cpu"))
+            cpu = await self.cpu_state(deadline, job.worker_role("cpu"), patient=job.background)
             decision = policy.decide_route(request, cpu, self.executor.settings.policy)
         decision = self._with_gpu_path(decision)
         route = "refused" if decision.refused else decision.action
@@ -223,9 +229,10 @@ class Routing:
         if stand is None or role is None:
             return None
         n_ctx = self.models.n_ctx_per_seq(stand, "gpu")
-        prompt_tokens = await count_off_loop(
-            lambda: self.models.count_prompt(job.kind, job.body, stand.name), job.kind, job.body
-        )
+        try:
+            prompt_tokens = await self.models.prompts(stand.name).count(job.kind, job.body)
+        except TokenizerFailed:
+            return None  # no stand-in this time: the job goes on as if there were none
         if prompt_tokens + job.max_tokens > n_ctx:
             return None
         wait = min(max(job.time_left(), 0.0), cfg.supervisor.start_timeout)
@@ -247,20 +254,26 @@ class Routing:
         fixed = self.config().failover.cpu_tokens_per_second
         return fixed if fixed > 0 else self.executor.cpu_speed.tokens_per_second
 
-    async def cpu_state(self, time_left: float, role: str | None = "cpu") -> policy.CpuState:
-        """The CPU worker `role` (the main model's, or a library model's "cpu@name") as the policy sees it."""
+    async def cpu_state(
+        self, time_left: float, role: str | None = "cpu", *, patient: bool = False
+    ) -> policy.CpuState:
+        """The CPU worker `role` (the main model's, or a library model's "cpu@name") as the policy sees it.
+        A worker that is starting is waited for: a few seconds, or (`patient`: a job no client waits on)
+        as long as a start may take, since a start that takes longer fails."""
         worker = self.workers(role) if role else None
         plan = self.models.cpu_plan(role)
         if worker is None or plan is None:
             return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq if plan else 0)
-        ready = worker.state == "ready"
         speed = self.cpu_speed_ready()
         if self.cpu_tokens_per_second() <= 0 and speed is not None and not speed.done():
             # The first measurement is still running (just after start): its answer beats no answer.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(speed), min(max(time_left, 0.0), 15.0))
+        # Read after that wait, not before: the worker it waited for may be ready now.
+        ready = worker.state == "ready"
         if not ready and worker.state in ("starting", "restarting", "unhealthy"):
-            ready = await worker.ensure_ready(min(max(time_left, 0.0), 10.0))
+            start = self.config().supervisor.start_timeout if patient else STARTING_CPU_WAIT
+            ready = await worker.ensure_ready(min(max(time_left, 0.0), start))
         ram_ok = (
             ready
             or psutil.virtual_memory().available >= plan.weights_bytes + plan.kv_bytes + plan.compute_bytes

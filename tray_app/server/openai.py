@@ -23,7 +23,6 @@ from tray_app.jobs.embeddings import InputTokens
 from tray_app.jobs.ids import new_request_id
 from tray_app.jobs.intake import BACKGROUND_DEADLINE, Admission, JobRequest, Refused
 from tray_app.jobs.outcomes import JobFailed, Piece
-from tray_app.jobs.prompt_count import count_off_loop
 from tray_app.jobs.registry import Job, new_id
 from tray_app.jobs.worker_port import retry_after_seconds
 from tray_app.server.embedding_requests import check_tokens, parse_embedding_request
@@ -116,9 +115,7 @@ class Router:
     def __init__(self, service: ServiceView) -> None:
         self.svc = service
         self.jobs = service.jobs
-        self.input_tokens = InputTokens(
-            lambda text: self.jobs.models.count_prompt("completion", {"prompt": text})
-        )
+        self.input_tokens = InputTokens(self.jobs.models.prompts, self.jobs.models.file_prompts)
 
     @property
     def max_body(self) -> int:
@@ -129,14 +126,12 @@ class Router:
 
     async def count_chat(self, raw: bytes) -> int:
         """The prompt tokens of a chat request (`raw`, OpenAI's shape) on the model it names, counted as
-        admission counts them (a long prompt on a thread); ApiError (400, 404) when the request is not one
-        the router would take."""
+        admission counts them (by the tokenizer helper); ApiError (400, 404) when the request is not one the
+        router would take."""
         parsed = parse_request("chat", raw)
         check_model(parsed, self.svc.model_names)
         try:
-            return await count_off_loop(
-                lambda: self.jobs.count_prompt("chat", parsed.body, parsed.model), "chat", parsed.body
-            )
+            return await self.jobs.count_prompt("chat", parsed.body, parsed.model)
         except Refused as refused:
             raise from_job_error(refused.error) from None
 

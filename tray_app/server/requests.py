@@ -13,6 +13,7 @@ from tray_app.engine.request_fields import engine_internal_field
 from tray_app.library.catalog import resolve_name
 from tray_app.library.keep_alive import parse_keep_alive
 from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.input_bounds import check_openai
 
 Kind = Literal["chat", "completion"]
 ROLES = {"system", "user", "assistant", "tool", "function", "developer"}
@@ -146,6 +147,11 @@ def _check_tools(body: dict[str, Any]) -> None:
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools)):
         raise bad_request("'tools' must be an array of objects", "tools")
+    for index, tool in enumerate(tools or []):
+        function = tool.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            where = f"tools[{index}].function"
+            raise bad_request(f"'{where}' must be an object with a string 'name'", where)
     choice = body.get("tool_choice")
     if choice is not None and not isinstance(choice, str | dict):
         raise bad_request("'tool_choice' must be a string or an object", "tool_choice")
@@ -154,10 +160,11 @@ def _check_tools(body: dict[str, Any]) -> None:
     if (choice == "required" or isinstance(choice, dict)) and not tools:
         raise bad_request("'tool_choice' asks for a tool call but 'tools' is empty", "tool_choice")
     if isinstance(choice, dict):
-        name = (
-            (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
-        )
-        names = {(tool.get("function") or {}).get("name") for tool in tools or []}
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise bad_request("'tool_choice.function.name' must be a string", "tool_choice")
+        names = {tool["function"]["name"] for tool in tools or []}  # each a string: checked above
         if name not in names:
             raise bad_request(
                 f"'tool_choice' names a function that is not in 'tools': {name!r}", "tool_choice"
@@ -222,9 +229,14 @@ MAX_DEPTH = 100
 
 
 def load_json(raw: bytes) -> Any:
-    """The JSON value of a body; ValueError saying why it is not one (too deeply nested included)."""
+    """The JSON value of a body; ValueError saying why it is not one (too deeply nested included). UTF-8
+    only, as RFC 8259 asks: json.loads would also read UTF-16 and UTF-32 (where a `\\ud800` escape hides
+    from body_problem's look at the raw bytes) and lets UTF-8-encoded surrogates through."""
+    encoding = json.detect_encoding(raw)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        raise ValueError(f"it is encoded as {encoding.upper()}, and a JSON body must be UTF-8")
     try:
-        return json.loads(raw)
+        return json.loads(raw.decode(encoding))
     except RecursionError:
         raise ValueError(f"it is nested more than {MAX_DEPTH} deep") from None
 
@@ -233,8 +245,8 @@ def body_problem(raw: bytes, body: Any) -> tuple[str, str, str] | None:
     """What makes a parsed body unfit however its fields are read, as (message, where, code): a string with
     a lone UTF-16 surrogate (JSON lets `"\\ud800"` through, but no tokenizer, worker or UTF-8 encoder takes
     it), or nesting deeper than MAX_DEPTH. Looked for only where the raw text can hold it: only an escape
-    makes a surrogate (raw surrogate bytes are not UTF-8, refused by the parser), only many brackets deep
-    nesting."""
+    makes a surrogate (raw surrogate bytes are not UTF-8: load_json refuses them, and other encodings), only
+    many brackets deep nesting."""
     surrogates = b"\\ud" in raw or b"\\uD" in raw
     if not surrogates and raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
         return None
@@ -293,6 +305,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 def parse_request(kind: Kind, raw: bytes) -> ParsedRequest:
     """A checked request; ApiError(400) naming the field when something is wrong."""
     body = parse_json_object(raw)
+    check_openai(body, chat=kind == "chat")  # before anything reads its messages, tools or grammar
     max_tokens = _check_common(body)
     _check_logit_bias(body)
     _check_logprobs(kind, body)

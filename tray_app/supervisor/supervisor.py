@@ -39,7 +39,7 @@ from tray_app.engine.llama_log import parse_buffer_sizes
 from tray_app.engine.profile import WorkerProfile
 from tray_app.supervisor import drill_faults, health_probe, launch_plan, load_check, status_view
 from tray_app.supervisor.backoff import Backoff
-from tray_app.supervisor.calibration import record_calibration
+from tray_app.supervisor.calibration import engine_lists_a_gpu, record_calibration
 from tray_app.supervisor.classify import FAILURE_KINDS, Failure, FailureKind, classify_exit, hung_failure
 from tray_app.supervisor.failed_allocation import failed_allocation
 from tray_app.supervisor.mailbox import Mailbox
@@ -426,7 +426,13 @@ class WorkerSupervisor:
         attempt.ready_at = now
         attempt.load_seconds = now - attempt.started_at
         self._health = status_view.worker_health(attempt, answer, buffers, self._engine)
-        record_calibration(attempt.profile, buffers)
+        engine = self._engine
+        gpu_build = (
+            attempt.profile.n_gpu_layers == 0
+            and engine is not None
+            and await asyncio.to_thread(engine_lists_a_gpu, engine.path)  # a child process, read once
+        )
+        record_calibration(attempt.profile, buffers, gpu_build=gpu_build)
         self._backoff.note_ready(now)
         self._retry_at = self._next_retry_wall = None
         self._set_state("ready", f"answered /health in {now - attempt.started_at:.2f} s")

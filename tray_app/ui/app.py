@@ -1,9 +1,11 @@
-"""`failsoft` with no subcommand: the tray, on top of an in-process service or attached to a running one.
+"""`failsoft` with no subcommand: the tray, on top of a service it starts or attached to a running one.
 
-The service runs in its own thread (its own asyncio loop) and the tray talks to it over HTTP like any other
-client, so the same tray can watch a headless `failsoft serve` elsewhere (`--attach URL`), or the one already
-running at its own address (a systemd unit). Quitting stops the service only when the tray started it. One
-tray per address: a second start opens the first one's chat window (single_instance).
+The tray starts `failsoft serve` as its child process (host/service_child.py), in a process group of its own,
+and talks to it over HTTP like any other client: a crash of the service's native code ends that process, not
+the tray, which says so and starts it again. The same tray can watch a headless `failsoft serve` elsewhere
+(`--attach URL`), or the one already running at its own address (a systemd unit). Quitting stops the service
+only when the tray started it. One tray per address: a second start opens the first one's chat window
+(single_instance).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tray_app.cli import load_config
 from tray_app.host.service_probe import local_url, probe_service
 
 if TYPE_CHECKING:
+    from tray_app.host.service_child import ServiceChild
     from tray_app.ui.single_instance import TrayInstance
 
 log = logging.getLogger(__name__)
@@ -29,7 +32,6 @@ log = logging.getLogger(__name__)
 # Set to a directory: the tray writes what it shows (state, tray geometry, open windows) to ui-state.json
 # there, so an automated desktop test can check the real tray without reading pixels.
 AUTOMATION_ENV = "FAILSOFT_UI_AUTOMATION"
-START_TIMEOUT_S = 60.0  # ServiceThread.start's own limit
 
 
 def display_problem(env: Mapping[str, str], platform: str = sys.platform) -> str | None:
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # The in-process service polls worker health every second: one log line per request is noise here.
+    # The readiness checks of the service child: one log line per request is noise here.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     from PySide6.QtWidgets import QApplication
@@ -114,35 +116,48 @@ def _tray_for(
             "running Failsoft: [server] api_key",
             1,
         )
-    from tray_app.host.thread import ServiceThread
+    from tray_app.host.service_child import ServiceChild, default_log_path, health_answers, serve_argv
 
-    service = ServiceThread(cfg, enable_faults=bool(args.enable_faults))
+    argv = serve_argv(
+        sys.executable,
+        config=args.config,
+        model=args.model,
+        simulate_vram=args.simulate_vram,
+        host=cfg.server.host,
+        port=cfg.server.port,
+        enable_faults=bool(args.enable_faults),
+    )
+    # Its output goes to a file: a pipe nobody reads would fill and stall it.
+    child = ServiceChild(argv, default_log_path(paths.log_dir()), health_answers(url))
     try:
-        return _run_tray(app, url, cfg, service, instance)
+        return _run_tray(app, url, cfg, child, instance)
     finally:
-        service.stop()
+        child.stop()
 
 
-def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any, instance: TrayInstance) -> int:
-    """The tray at once; the in-process service (if any) starts on a worker thread meanwhile. Another
+def _run_tray(
+    app: Any, base_url: str, cfg: config.Config, child: ServiceChild | None, instance: TrayInstance
+) -> int:
+    """The tray at once; the service child (if any) starts meanwhile, and again after a crash. Another
     start of the tray (`instance`) opens the chat window."""
-    from tray_app.ui.controller import ServiceStarter, TrayApp
+    from tray_app.host.service_child import Start
+    from tray_app.ui.controller import TrayApp
+    from tray_app.ui.service_child_qt import QtServiceChild
 
     automation = os.environ.get(AUTOMATION_ENV)
     tray_app = TrayApp(
         base_url,
         api_key=cfg.server.api_key,
         config_path=_config_path(cfg),
-        attached=service is None,
+        attached=child is None,
         state_file=Path(automation) / "ui-state.json" if automation else None,
     )
     tray_app.quit_requested.connect(app.quit)
     instance.activated.connect(tray_app.show_chat)
     _quit_on_signals(app)
     failure: list[str] = []
-    starter = None
-    if service is not None:
-        starter = ServiceStarter(service, tray_app, lambda: probe_service(base_url, cfg.server.api_key))
+    if child is not None:
+        runner = QtServiceChild(child, lambda: probe_service(base_url, cfg.server.api_key), tray_app)
 
         def start_failed(message: str) -> None:
             failure.append(f"failsoft: the service could not start on {base_url}: {message}")
@@ -153,18 +168,17 @@ def _run_tray(app: Any, base_url: str, cfg: config.Config, service: Any, instanc
             log.info("%s started meanwhile: the tray shows it (quitting leaves it running)", detail)
             tray_app.attach()
 
-        starter.failed.connect(start_failed)
-        starter.found_running.connect(found_running)
-        starter.started.connect(lambda _url: tray_app.service_started())
+        runner.failed.connect(start_failed)
+        runner.found_running.connect(found_running)
+        runner.changed.connect(tray_app.service_child_changed)
         tray_app.model.starting = True
-        starter.start()
+        if runner.start() is not Start.OK:
+            return cannot_start(app, f"failsoft: the service could not start on {base_url} (see the log)", 1)
     tray_app.start()
     try:
         status: int = app.exec()
     finally:
         tray_app.stop()
-        if starter is not None:
-            starter.wait(START_TIMEOUT_S)
     return cannot_start(app, failure[0], status) if failure else status
 
 

@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,18 +22,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tray_app.host.service_child import Change, ChildChange
 from tray_app.host.service_probe import Probe
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.approvals import ApprovalsWindow
 from tray_app.ui.budget_bar import BudgetBar
 from tray_app.ui.chat import ChatWindow
 from tray_app.ui.icons import app_icon
-from tray_app.ui.notifications import Notice, NotificationCenter
+from tray_app.ui.notifications import SERVICE_RESTARTED, Notice, NotificationCenter
 from tray_app.ui.qt_events import QtEventBridge
 from tray_app.ui.settings import SettingsDialog
 from tray_app.ui.status_model import StatusModel
 from tray_app.ui.timeline_window import TimelineWindow
 from tray_app.ui.tray import TrayIcon
+from tray_app.view.service_run import Restart, RestartWatch
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +158,8 @@ class TrayApp(QObject):
         self._tray_poll = QTimer(self)
         self._tray_poll.setInterval(TRAY_POLL_MS)
         self._tray_poll.timeout.connect(self._show_tray_when_available)
+        self.restarts = RestartWatch()  # the service's own restarts: told once each, and the line about them
+        self.model.changed.connect(self._service_run)
         self.model.changed.connect(self.write_state)
         self.model.changed.connect(self._chat_limits)
         self.tray.menu.aboutToShow.connect(self.write_state)
@@ -198,6 +203,34 @@ class TrayApp(QObject):
         """The in-process service listens now: look at once instead of at the next retry."""
         self.model.refresh()
         self.events.retry_now()
+
+    def service_child_changed(self, change: ChildChange) -> None:
+        """The service the tray started (host/service_child.py): up, down and restarting, or ended."""
+        if change.change is Change.READY:
+            self._tell_restart(self.restarts.child_up(change.pid, self.model.status))
+            self.service_started()
+        elif change.change is Change.CRASHED and change.returncode is not None:
+            self.restarts.child_down(change.returncode, change.restart_in, change.at)
+            self.model.starting = True  # on its way back: "Starting the service…", not "not reachable"
+            self.model.refresh()
+        elif change.change is Change.ENDED:
+            self.restarts.child_down(change.returncode or 0, None, change.at)
+            self.model.refresh()
+        else:
+            return
+        self.tray.set_service_line(self.restarts.line)
+        self.write_state()
+
+    def _service_run(self) -> None:
+        """A status came: a restart of the service that it reports itself (after a crash of a tray's child,
+        or of a systemd unit)."""
+        self._tell_restart(self.restarts.status(self.model.status))
+        self.tray.set_service_line(self.restarts.line)
+
+    def _tell_restart(self, restart: Restart | None) -> None:
+        if restart is not None:
+            event = {"type": SERVICE_RESTARTED, "at": time.time(), "pid": restart.pid, "line": restart.line}
+            self.notifications.add(event)
 
     def _show_tray_when_available(self) -> None:
         if QSystemTrayIcon.isSystemTrayAvailable():
@@ -275,6 +308,7 @@ class TrayApp(QObject):
             "level": summary.level,
             "headline": summary.headline,
             "tooltip": self.tray.icon.toolTip(),
+            "service_line": self.restarts.line,  # "The service restarted after a crash at 14:02 (signal 11)"
             "simulated": summary.simulated,
             "reachable": self.model.reachable,
             "workers": {role: str(workers.get(role, {}).get("state")) for role in ("gpu", "cpu")},

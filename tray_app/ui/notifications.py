@@ -1,6 +1,9 @@
 """Tray messages for what a person should know about: a job moved to the CPU, a fallback refused, a job
 waiting for approval, a worker restarted. A burst (a chaos test, a flapping GPU) gives one message, not
-twenty: events are gathered for a moment, and messages keep a minimum distance from each other."""
+twenty: events are gathered for a moment, and messages keep a minimum distance from each other.
+
+Besides the service's events, the tray adds one of its own: `service_restarted` (the service itself restarted
+after a crash: view/service_run.py says when and how, once per crash)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from tray_app.view.reasons import GPU_PATH_TITLES, REASON_WORDS, reason_text
 
+SERVICE_RESTARTED = "service_restarted"  # the tray's own event: {"type", "at", "pid", "line"}
 NOTIFIED_TYPES = (
+    SERVICE_RESTARTED,
     "journal_failed",
     "gpu_path",
     "approval_needed",
@@ -51,6 +56,10 @@ def _single(event: dict[str, Any]) -> Notice:
     if kind == "gpu_path":
         return _gpu_path(event)
     job = str(event.get("job_id") or "")[:12]
+    if kind == SERVICE_RESTARTED:
+        return Notice(
+            "Failsoft service restarted", f"{event.get('line') or 'The service restarted'}.", "warning", False
+        )
     if kind == "journal_failed":
         body = (
             f"Background jobs are refused until Failsoft restarts: {event.get('reason') or 'a write failed'}"
@@ -88,7 +97,7 @@ def coalesce(events: list[dict[str, Any]]) -> Notice | None:
     if len(events) == 1:
         return _single(events[0])
     counts = Counter(e["type"] for e in events)
-    lines = []
+    lines = [str(e.get("line") or "the service restarted") for e in events if e["type"] == SERVICE_RESTARTED]
     if counts["journal_failed"]:
         lines.append("the journal cannot store jobs: background jobs are refused")
     if counts["gpu_path"]:
@@ -155,7 +164,7 @@ class NotificationCenter(QObject):
     def add(self, event: dict[str, Any]) -> None:
         if event.get("type") not in NOTIFIED_TYPES:
             return
-        key = (event.get("type"), event.get("at"), event.get("job_id"), event.get("role"))
+        key = (event.get("type"), event.get("at"), event.get("job_id"), event.get("role"), event.get("pid"))
         at = event.get("at")
         if key in self._seen or (isinstance(at, int | float) and time.time() - at > STALE_AFTER_S):
             return

@@ -113,6 +113,7 @@ class TrayIcon(QObject):
         self.attached = attached
         self.level = ""
         self.simulated: bool | None = None
+        self.service_line = ""  # the service's own restart, or its being down (view/service_run.py)
         self.icon = QSystemTrayIcon(self)
         self.menu = QMenu()
         self._build_menu()
@@ -132,6 +133,9 @@ class TrayIcon(QObject):
         budget_action = QWidgetAction(menu)
         budget_action.setDefaultWidget(self.budget)
         menu.addAction(budget_action)
+        self.service_action = menu.addAction("")  # the service's own restart: shown only when there was one
+        self.service_action.setEnabled(False)
+        self.service_action.setVisible(False)
         menu.addSeparator()
         self.workers = {role: WorkerMenu(role, self.worker_action) for role in ("gpu", "cpu")}
         for worker_menu in self.workers.values():
@@ -157,13 +161,22 @@ class TrayIcon(QObject):
     def show(self) -> None:
         self.icon.show()
 
+    def set_service_line(self, line: str) -> None:
+        if line != self.service_line:
+            self.service_line = line
+            self.refresh()
+
     def refresh(self) -> None:
         summary = self.model.summary()
         status = self.model.status  # None until the service first answered
         if (summary.level, summary.simulated) != (self.level, self.simulated):
             self.level, self.simulated = summary.level, summary.simulated
             self.icon.setIcon(state_icon(summary.level, summary.simulated))
-        self.icon.setToolTip(summary.tooltip)
+        self.icon.setToolTip(
+            f"{summary.tooltip}\n{self.service_line}" if self.service_line else summary.tooltip
+        )
+        self.service_action.setText(self.service_line)
+        self.service_action.setVisible(bool(self.service_line))
         if self.model.reachable and status is not None:
             detail = f"{device_label(status)} · {caps_label(status)} · {self.client.base_url}"
         else:

@@ -48,7 +48,7 @@ REASON_WORDS: dict[str, Words] = {
     Reason.CLIENT_DISCONNECTED: Words("the client went away or stopped reading", "client left"),
     Reason.CANCELLED_BY_REQUEST: Words("it was cancelled by request", "cancelled"),
     Reason.REJECTED: Words("the CPU run was rejected", "rejected"),
-    Reason.SERVICE_RESTARTED: Words("the service restarted during its stream"),
+    Reason.SERVICE_RESTARTED: Words("the service restarted; the client's connection was lost"),
     Reason.CPU_ATTEMPT_FAILED: Words("the CPU worker failed it too", "CPU failed too"),
     Reason.NO_WORKER_FOR_MODEL: Words("the model has no worker here"),
     # Why loading or unloading a library model was refused (the error codes of /failsoft/models/...).

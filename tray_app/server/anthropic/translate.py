@@ -14,6 +14,7 @@ from typing import Any
 
 from tray_app.jobs.policy import CONTEXT_EXCEEDED
 from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.input_bounds import check_count, check_messages, check_schema, check_tools
 from tray_app.server.rewrite import cached_tokens
 
 # A chat's finish reason as Anthropic's stop reason. "length" is "max_tokens" when the client's own budget
@@ -34,14 +35,22 @@ def chat_request(body: dict[str, Any], *, counting: bool = False) -> dict[str, A
         raise unsupported(
             "'mcp_servers' is not supported: the workers call no servers of their own", "mcp_servers"
         )
+    system = body.get("system")
+    blocks = 0 if system is None else len(system) if isinstance(system, list) else 1
+    check_messages(
+        body.get("messages"), extra=blocks, noun="messages and system blocks" if blocks else "messages"
+    )
+    check_tools(body.get("tools"), ("input_schema",))
     messages: list[dict[str, Any]] = []
-    if body.get("system") is not None:
-        messages.append({"role": "system", "content": _text(body["system"], "system")})
+    if system is not None:
+        messages.append({"role": "system", "content": _text(system, "system")})
     conversation = body.get("messages")
     if not isinstance(conversation, list) or not conversation:
         raise bad_request("'messages' must be a non-empty array", "messages")
     for index, message in enumerate(conversation):
         messages += _turn(message, f"messages[{index}]")
+    # Each tool result becomes a message of its own: the bound holds for what the template renders too.
+    check_count(len(messages), "messages", "messages (each tool result counts as one)")
     out: dict[str, Any] = {"messages": messages}
     if body.get("model") is not None:
         out["model"] = body["model"]
@@ -155,7 +164,9 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                 f"not {kind!r}",
                 f"tools[{index}]",
             )
-        function = {"name": tool.get("name"), "parameters": tool.get("input_schema") or {"type": "object"}}
+        if not isinstance(tool.get("name"), str):
+            raise bad_request(f"'tools[{index}].name' must be a string", f"tools[{index}].name")
+        function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
         if tool.get("description"):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
@@ -172,7 +183,9 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
     elif kind == "none":
         out = {"tool_choice": "none"}
     elif kind == "tool":
-        out = {"tool_choice": {"type": "function", "function": {"name": choice.get("name")}}}
+        if not isinstance(choice.get("name"), str):
+            raise bad_request("'tool_choice.name' must be a string", "tool_choice.name")
+        out = {"tool_choice": {"type": "function", "function": {"name": choice["name"]}}}
     else:
         raise unsupported("'tool_choice.type' must be auto, any, tool or none", "tool_choice")
     if choice.get("disable_parallel_tool_use"):
@@ -188,6 +201,7 @@ def _output(config: Any, thinking: Any) -> dict[str, Any]:
         if isinstance(fmt, dict):
             if fmt.get("type") != "json_schema":
                 raise unsupported("'output_config.format.type' must be json_schema", "output_config.format")
+            check_schema(fmt.get("schema"), "output_config.format.schema")
             schema = {"name": "output", "schema": fmt.get("schema") or {}}
             out["response_format"] = {"type": "json_schema", "json_schema": schema}
         if config.get("effort") in EFFORTS:

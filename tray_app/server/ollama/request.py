@@ -8,6 +8,8 @@ import json
 import re
 from typing import Any, Literal
 
+from tray_app.server.errors import ApiError
+from tray_app.server.input_bounds import check_messages, check_schema, check_tools
 from tray_app.server.ollama.errors import OllamaError
 from tray_app.server.ollama.options import map_format, map_options, think_fields
 from tray_app.server.requests import body_problem, load_json
@@ -103,6 +105,19 @@ def _openai_message(message: Any, index: int, pending: list[str]) -> dict[str, A
     return out
 
 
+def _check_bounds(body: dict[str, Any], chat: bool) -> None:
+    """The bounds on what reaches the native parsers (server.input_bounds), in Ollama's error shape: checked
+    before anything is translated, counted or rendered."""
+    try:
+        if chat:
+            check_messages(body.get("messages"))
+            check_tools(body.get("tools"), ("function", "parameters"))
+        if isinstance(body.get("format"), dict):
+            check_schema(body["format"], "format")
+    except ApiError as error:
+        raise OllamaError(error.status, error.message) from None
+
+
 def _common(body: dict[str, Any], model_id: str, stream: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"model": model_id, "stream": stream}
     out.update(map_options(body.get("options")))
@@ -121,6 +136,7 @@ def _common(body: dict[str, Any], model_id: str, stream: bool) -> dict[str, Any]
 def chat_request(body: dict[str, Any], model_id: str, thinks: bool = False) -> dict[str, Any]:
     """An Ollama /api/chat body (with messages) as an OpenAI chat completion body (`thinks`: the model's
     template thinks)."""
+    _check_bounds(body, chat=True)
     stream = wants_stream(body)
     think = think_fields(body, str(body.get("model")), thinks)
     messages = body.get("messages")
@@ -144,6 +160,7 @@ def generate_request(
 ) -> tuple[Kind, dict[str, Any]]:
     """An Ollama /api/generate body (with a prompt) as an OpenAI body: a chat of `system` and `prompt`, or
     with `raw` a plain completion of the prompt as it is."""
+    _check_bounds(body, chat=False)
     stream = wants_stream(body)
     think = think_fields(body, str(body.get("model")), thinks)
     prompt = body.get("prompt")

@@ -17,6 +17,7 @@ from typing import Any
 from tray_app.jobs.ids import random_hex
 from tray_app.jobs.registry import RESPONSE_NOTE
 from tray_app.server.errors import ApiError, bad_request
+from tray_app.server.input_bounds import check_count, check_messages, check_schema, check_tools
 from tray_app.server.rewrite import cached_tokens
 
 # What an answer's echo of its request keeps as it was asked (the fields a client may read back).
@@ -52,6 +53,8 @@ def chat_request(body: dict[str, Any], history: list[dict[str, Any]] | None = No
         raise unsupported(
             "'background' is not supported: use POST /v1/jobs for background work", "background"
         )
+    check_messages(body.get("input"), "input", noun="items")
+    check_tools(body.get("tools"), ("parameters",))
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -60,6 +63,8 @@ def chat_request(body: dict[str, Any], history: list[dict[str, Any]] | None = No
         messages.append({"role": "system", "content": instructions})
     messages += history or []
     messages += _messages(body.get("input"))
+    # With the stored conversation it continues, the bound holds for what the template renders.
+    check_count(len(messages), "input", "messages with the instructions and the conversation it continues")
     out: dict[str, Any] = {"messages": messages, "stream": body.get("stream") is True}
     # What a later request continuing this one takes from the stored body: the messages up to here (the
     # router may add its own after them, e.g. a forced tool call's opening tag), after the instructions;
@@ -210,6 +215,7 @@ def _format(text: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
+        check_schema(fmt.get("schema"), "text.format.schema")
         schema = {"name": fmt.get("name") or "format", "schema": fmt.get("schema") or {}}
         if fmt.get("strict") is not None:
             schema["strict"] = fmt["strict"]

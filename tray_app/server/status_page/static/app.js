@@ -166,6 +166,15 @@ function render(view) {
     stateBadge(c.last_error && (!c.last_sent_at || c.last_error_at > c.last_sent_at) ? "failed" : "ready"))),
   $("no-notify"));
 
+  const crash = status.service && status.service.restarted_after_crash;
+  $("restarted").hidden = !crash;
+  if (crash) {
+    const at = new Date(crash.at * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+    const how = crash.signal ? `signal ${crash.signal}` : crash.exit_code ? `exit status ${crash.exit_code}` : "";
+    $("restarted").textContent = `The service restarted after a crash at ${at}${how ? ` (${how})` : ""}` +
+      (crash.stack_log ? `; its stack: ${crash.stack_log}` : "");
+  }
+
   $("version").textContent = `Failsoft ${status.version}${status.simulated ? " · simulated GPU" : ""} · up ${duration(status.uptime_seconds)}`;
 }
 

@@ -1,6 +1,6 @@
 """Token counts kept for texts that come again (a conversation resends its earlier turns), bounded by the
 bytes its keys hold, not by their number: a key is a prompt's text, and a few huge prompts must not hold
-gigabytes. Safe to use from several threads (jobs.prompt_count counts long prompts off the event loop)."""
+gigabytes. Safe to use from several threads (the tokenizer helper counts long prompts on threads)."""
 
 from __future__ import annotations
 
