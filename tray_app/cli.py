@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", type=Path, help="config file (default: the user config dir, or $FAILSOFT_CONFIG)"
     )
     parser.add_argument("--attach", metavar="URL", help="show the tray for a service already running at URL")
+    parser.add_argument("--admin-token", metavar="TOKEN", help=ADMIN_TOKEN_HELP)
     _add_model_and_device(parser)
     parser.add_argument("--enable-faults", action="store_true", help="allow fault injection (drills only)")
     sub = parser.add_subparsers(dest="command")
@@ -154,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the CPU mirror's figures: the failover pause by prompt length with and without it, and "
         "the GPU worker's throughput beside its work (a sixth of --rounds rounds: 3 by default)",
     )
+    bench.add_argument(
+        "--start",
+        action="store_true",
+        help="only the start: seconds from `failsoft serve` to its first answer (a new data folder, then the "
+        "same again), beside llama-server alone on the model (a fifth of --rounds rounds: 4 by default)",
+    )
     bench.add_argument("--json", action="store_true", help="print JSON")
 
     doctor = sub.add_parser(
@@ -186,6 +193,10 @@ def _add_install_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 SERVICE_URL_HELP = "the service's address (default: the config's); its key: $FAILSOFT_API_KEY or the config"
+ADMIN_TOKEN_HELP = (
+    "the admin token of a service at another address (--url, --attach); the one found on this machine "
+    "($FAILSOFT_ADMIN_TOKEN, the data folder) goes only to the local service at the config's address"
+)
 
 
 def _add_console_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -194,6 +205,10 @@ def _add_console_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     def command(name: str, summary: str) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=summary)
         parser.add_argument("--url", help=SERVICE_URL_HELP)
+        # SUPPRESS: `failsoft --admin-token T status` works too (a default here would overwrite it).
+        parser.add_argument(
+            "--admin-token", metavar="TOKEN", help=ADMIN_TOKEN_HELP, default=argparse.SUPPRESS
+        )
         return parser
 
     status = command("status", "what a running service is doing: GPU, budget, workers, models, jobs")

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from tray_app.bench.mirror_report import mirror_lines
 from tray_app.bench.overhead import measure_overhead
 from tray_app.bench.report import against_lines, text
 from tray_app.bench.split import split_profile, split_worker
+from tray_app.bench.start_time import start_figures, start_lines
 from tray_app.bench.throughput import LEVELS as THROUGHPUT_LEVELS
 from tray_app.bench.throughput import throughput_figures
 from tray_app.cli import load_config
@@ -32,6 +34,7 @@ from tray_app.device.cost import watcher_cost_figures
 from tray_app.drill.client import DrillError, ServiceClient
 from tray_app.drill.launcher import DRILL_SUPERVISOR, LONG_HEALTH_TIMEOUT, LaunchError, launched_service
 from tray_app.drill.service_check import default_simulated_vram, service_summary
+from tray_app.engine import binary
 
 PROFILE_TOKENS = 32
 Progress = Callable[[str], None]
@@ -51,6 +54,7 @@ def bench_config(cfg: Config, simulate_vram: str | None) -> dict[str, Any]:
 
 
 OVERHEAD_TOKENS = 8
+START_CONTEXT = 4096  # llama-server alone starts with this context: the service's GPU worker's order of size
 
 
 def one_token_rounds(rounds: int) -> int:
@@ -208,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     settings = bench_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
+    if args.start:
+        return _start_only(args, settings, cfg.model_path(), progress)
     if args.mirror:
         # A simulated GPU reads a long prompt at CPU speed: on a busy machine its first token can come after
         # the fast drill's deadline (15 s + 1 s per 100 tokens). The kill is what is measured, not a hang.
@@ -231,6 +237,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"failsoft bench: {error}", file=sys.stderr)
         return 2
     _report(args, "bench", results, text(results))
+    return 0
+
+
+def _start_only(args: argparse.Namespace, settings: dict[str, Any], model: Path, progress: Progress) -> int:
+    """`--start`: only the start to the first answer, in a fifth of --rounds rounds (4 by default)."""
+    started = time.time()
+    try:
+        figures = start_figures(settings, model, START_CONTEXT, max(args.rounds // 5, 1), progress)
+    except (RuntimeError, binary.EngineError, httpx.HTTPError, LaunchError) as error:
+        print(f"failsoft bench: {error}", file=sys.stderr)
+        return 2
+    results = {"started_at": started, "seconds": round(time.time() - started, 1), "start": figures}
+    _report(args, "bench-start", results, start_lines(figures))
     return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tray_app import paths
+from tray_app.budget.gguf_header import GgufError, GgufHeader, read_gguf_header
 from tray_app.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -101,12 +102,11 @@ class ModelInfo:
         return data
 
 
-def _field(reader: Any, key: str) -> Any:
-    found = reader.get_field(key)
-    return None if found is None else found.contents()
+def _field(reader: GgufHeader, key: str) -> Any:
+    return reader.fields.get(key)
 
 
-def _required_int(reader: Any, path: Path, key: str) -> int:
+def _required_int(reader: GgufHeader, path: Path, key: str) -> int:
     value = _field(reader, key)
     if value is None:
         raise ModelFileError(f"{path}: GGUF metadata lacks {key}")
@@ -134,27 +134,7 @@ def _swa_layers(pattern: Any, n_layers: int, default_pattern: int) -> tuple[bool
     return tuple(n_pattern == 0 or layer % n_pattern < n_pattern - 1 for layer in range(n_layers))
 
 
-def _reader_class() -> Any:
-    # Imported here: gguf pulls in numpy, which callers that only need the dataclass do not.
-    import numpy as np
-    from gguf import GGUFReader
-
-    class PlainArrayReader(GGUFReader):
-        """GGUFReader on a plain ndarray view of its memory map: it slices the map once per value (about
-        250,000 times for a 50k-token vocabulary), and np.memmap's slicing hooks made that 3x slower."""
-
-        @property
-        def data(self) -> Any:
-            return self._plain_data
-
-        @data.setter
-        def data(self, mapped: Any) -> None:
-            self._plain_data = np.asarray(mapped)
-
-    return PlainArrayReader
-
-
-def _open(path: Path) -> Any:
+def _open(path: Path) -> GgufHeader:
     if not path.is_file():
         raise ModelFileError(f"{path}: model file not found")
     with path.open("rb") as stream:
@@ -162,9 +142,9 @@ def _open(path: Path) -> Any:
     if magic != b"GGUF":
         raise ModelFileError(f"{path}: not a GGUF file (it starts with {magic!r}, a GGUF file with b'GGUF')")
     try:
-        return _reader_class()(path)
-    except _READ_ERRORS as error:
-        # A short file leaves the reader a short tensor (or header) to shape: the file was cut off.
+        return read_gguf_header(path)
+    except (*_READ_ERRORS, GgufError) as error:
+        # A short file leaves the reader a short header, or tensors past its end: the file was cut off.
         raise ModelFileError(f"{path}: truncated or damaged GGUF file ({error})") from None
 
 
@@ -277,8 +257,8 @@ def _inspect(path: Path) -> ModelInfo:
         # llama.cpp's default when the file does not say: the embedding split evenly over the heads.
         head_dim_k = int(_field(reader, f"{arch}.attention.key_length") or n_embd // n_head)
         head_dim_v = int(_field(reader, f"{arch}.attention.value_length") or n_embd // n_head)
-        tokens = reader.get_field("tokenizer.ggml.tokens")
-        n_vocab = int(_field(reader, f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else 0))
+        tokens = _field(reader, "tokenizer.ggml.tokens")
+        n_vocab = int(_field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens is not None else 0))
         n_ctx_train = _required_int(reader, path, f"{arch}.context_length")
         n_ff_value = _field(reader, f"{arch}.feed_forward_length")
         chat_template = _field(reader, "tokenizer.chat_template")

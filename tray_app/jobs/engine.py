@@ -381,9 +381,12 @@ class Executor:
             raise UpstreamError("unavailable", f"there is no {worker_role} worker")
         if worker.state == "ready" and worker.base_url:
             return worker
-        if role == "gpu":
+        first_start = worker.state == "starting" and worker.last_failure is None
+        if role == "gpu" and not first_start:
             # Not waiting here: a GPU that is restarting is a failure the policy answers (often: the CPU).
             raise UpstreamError("unavailable", f"the GPU worker is {worker.state}")
+        # A worker loading for the first time (the service just started) is waited for, as a model loaded
+        # on demand is: the GPU answers in a second or two, where the CPU would answer slower.
         wait = min(self.settings.worker_ready_wait, max(job.time_left(), 1.0))
         if await worker.ensure_ready(wait) and worker.base_url:
             return worker
