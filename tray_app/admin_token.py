@@ -4,17 +4,22 @@ Inference routes take the optional API key; the routes that change what the serv
 workers and models, approvals, drill faults) also need this token. The service writes it at its first start;
 the tray and the `failsoft` commands read it from the same data folder. Whoever can read the file is the
 service's owner; an inference client, a web page or another local user is not.
+
+A token found on this machine (the file, $FAILSOFT_ADMIN_TOKEN) goes only to the local service's own address
+(`for_url`); a service elsewhere gets only a token named for it (`--admin-token`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from tray_app import paths
+from tray_app import config, paths
 
 HEADER = "X-Failsoft-Admin"
 FILE_NAME = "admin-token"
@@ -64,6 +69,59 @@ def for_client(data_dir: Path | None = None) -> str:
     if from_env or data_dir is not None:
         return from_env or read(token_path(data_dir))
     return read(SYSTEM_COPY) or read(token_path())
+
+
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+def _loopback(name: str) -> bool:
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def is_own_address(url: str, host: str, port: int) -> bool:
+    """Whether `url` is the local service's own address, the config's `host`:`port`: over HTTP, that port, at
+    a loopback name when the service listens on loopback (or everywhere), else at `host` itself. Another port,
+    another machine or a proxy in front is not."""
+    try:
+        parts = urlsplit(url)
+        url_port = parts.port or 80
+    except ValueError:
+        return False
+    if parts.scheme != "http" or parts.username is not None or url_port != port:
+        return False
+    name = (parts.hostname or "").lower()
+    configured = host.lower().strip("[]")
+    if name == configured:
+        return True
+    return _loopback(name) and (configured in WILDCARD_HOSTS or _loopback(configured))
+
+
+def _own_address() -> tuple[str, int] | None:
+    """The config's host and port (this user's config, or $FAILSOFT_CONFIG); None when it cannot be read."""
+    try:
+        cfg = config.load()
+    except (config.ConfigError, OSError):
+        return None
+    return cfg.server.host, cfg.server.port
+
+
+def is_local_service(url: str, own: tuple[str, int] | None = None) -> bool:
+    """Whether `url` is the local service's own address (`own`: the config's host and port; by default
+    read from the config)."""
+    own = own or _own_address()
+    return own is not None and is_own_address(url, *own)
+
+
+def for_url(url: str, own: tuple[str, int] | None = None) -> str:
+    """What a client sends the service at `url` when no token was named for it: the token found on this
+    machine (`for_client`) if `url` is the local service's own address, else "" (a token of this machine
+    never goes to another one, nor to another port)."""
+    return for_client() if is_local_service(url, own) else ""
 
 
 def headers(token: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import math
 import os
 import tempfile
 import tomllib
@@ -270,8 +271,9 @@ def _check_value(where: str, key: str, expected: Any, value: Any) -> Any:
             raise ConfigError(f"{where}: {key} = {value!r} must be a whole number >= 0")
         return value
     if expected is float:
-        if isinstance(value, bool) or not isinstance(value, _NON_NEGATIVE) or value < 0:
-            raise ConfigError(f"{where}: {key} = {value!r} must be a number >= 0")
+        # Not `value < 0`: NaN passes that, and NaN or an infinity would be written back to the file.
+        if isinstance(value, bool) or not isinstance(value, _NON_NEGATIVE) or not 0 <= value < math.inf:
+            raise ConfigError(f"{where}: {key} = {value!r} must be a finite number >= 0")
         return float(value)
     if expected is str:
         if not isinstance(value, str):
@@ -296,6 +298,8 @@ def from_dict(data: dict[str, Any], source: str = "config") -> Config:
                 config.notify = notify_settings.channels_from_config(source, section_value)
             except ValueError as error:
                 raise ConfigError(str(error)) from None
+            for number, channel in enumerate(config.notify, 1):  # notify_settings' `< 0` lets NaN through
+                _check_value(source, f"notify[{number}].coalesce_seconds", float, channel.coalesce_seconds)
             continue
         section = getattr(config, section_name, None)
         if not dataclasses.is_dataclass(section):

@@ -30,6 +30,9 @@ class NotifyConfig:
     events: list[str] = field(default_factory=lambda: list(EVENT_NAMES))
     quiet_hours: str = ""  # "22:00-07:00" local time: held, then sent as one message when it ends
     coalesce_seconds: float = 10.0  # a burst within this many seconds goes out as one message
+    # An approval's message quotes the prompt's opening (120 characters). Off by default: the channel may
+    # be a third party's server (ntfy.sh, Apprise's services); without it, the model, size and reason only.
+    preview: bool = False
 
 
 def channels_from_config(source: str, value: Any) -> list[NotifyConfig]:
@@ -68,12 +71,15 @@ def _set(channel: NotifyConfig, where: str, key: str, value: Any) -> None:
         if unknown:
             raise ValueError(f"{where}.events: {unknown!r}: use some of {', '.join(EVENT_NAMES)}")
         value = list(value)
+    elif key == "preview":
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}.preview = {value!r} must be true or false")
     elif key == "coalesce_seconds":
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ValueError(f"{where}.coalesce_seconds = {value!r} must be a number >= 0")
         value = float(value)
     else:
-        keys = "kind, url, name, token, events, quiet_hours, coalesce_seconds"
+        keys = "kind, url, name, token, events, quiet_hours, coalesce_seconds, preview"
         raise ValueError(f"{where}: unknown key {key!r}; keys are {keys}")
     setattr(channel, key, value)
 
@@ -129,6 +135,7 @@ def redacted(channels: list[NotifyConfig]) -> list[dict[str, Any]]:
                 "events": list(channel.events),
                 "quiet_hours": channel.quiet_hours,
                 "coalesce_seconds": channel.coalesce_seconds,
+                "preview": channel.preview,
             }
         )
     return shown

@@ -14,7 +14,7 @@ from tray_app.budget.gguf_header import GGML_BLOCKS, GgufError, StringArray, rea
 
 
 def test_the_block_sizes_are_ggmls() -> None:
-    assert GGML_BLOCKS == {int(kind): sizes for kind, sizes in gguf.GGML_QUANT_SIZES.items()}
+    assert {int(kind): sizes for kind, sizes in gguf.GGML_QUANT_SIZES.items()} == GGML_BLOCKS
 
 
 def same_as_gguf_py(path: Path) -> None:

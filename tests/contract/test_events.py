@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from tray_app.contract.events import EventBus, FallbackStarted, WorkerStateChanged
+from tray_app.contract.events import ApprovalNeeded, EventBus, FallbackStarted, WorkerStateChanged
 
 
 def test_to_dict_carries_type_time_and_fields() -> None:
@@ -15,6 +15,24 @@ def test_to_dict_carries_type_time_and_fields() -> None:
     assert data["job_id"] == "job-1"
     assert data["reason"] == "oom_decode"
     assert data["at"] > 0
+
+
+def test_an_approval_keeps_the_prompt_off_the_wire() -> None:
+    """/failsoft/events needs no admin token: its approvals say which model, how large and why, never what
+    the prompt says; the prompt's opening stays on the object, for the notify channels that opted in."""
+    event = ApprovalNeeded(
+        job_id="job-1",
+        estimated_seconds=80,
+        model="smollm2",
+        prompt_tokens=42,
+        reason="gpu_unavailable",
+        prompt_preview="CONFIDENTIAL: the merger closes on 12 March",
+    )
+    data = event.to_dict()
+    assert "CONFIDENTIAL" not in str(data) and "CONFIDENTIAL" not in repr(event)
+    assert "preview" not in data and "prompt_preview" not in data
+    assert (data["model"], data["prompt_tokens"], data["reason"]) == ("smollm2", 42, "gpu_unavailable")
+    assert event.prompt_preview.startswith("CONFIDENTIAL")
 
 
 def test_listeners_receive_in_order_and_can_be_removed() -> None:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Iterable
 
 import pytest
 
 from tests.device.conftest import GIB, MIB
-from tray_app.contract.events import DeviceChanged, Event, OtherProcessAppeared, OtherProcessLeft
+from tests.support.waits import wait_until_async
+from tray_app.config import DeviceConfig
+from tray_app.contract.events import DeviceChanged, Event, EventBus, OtherProcessAppeared, OtherProcessLeft
 from tray_app.device.changes import compare
 from tray_app.device.cost import ledger_poll_cost, measure_poll_cost, watcher_cost_lines
 from tray_app.device.ledger import Ledger
 from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot, DeviceState, SourceKind
 from tray_app.device.sources import LedgerSource
 from tray_app.device.watcher import DeviceWatcher
+from tray_app.host import gpu_watch as gpu_watch_module
+from tray_app.host.gpu_watch import GpuWatch
 
 WORKER = DeviceProcess(pid=100, name="llama-server", used_bytes=2 * GIB, own=True)
 COMFY = DeviceProcess(pid=4242, name="python3", used_bytes=3 * GIB, own=False, label="")
@@ -186,3 +191,119 @@ def test_the_cost_per_poll_is_measured_and_printed() -> None:
     assert blank == "" and line.startswith("device watcher, per poll: simulated GPU's ledger ")
     assert "µs CPU" in line and "NVML not measured (no NVIDIA GPU: none here)" in line
     assert watcher_cost_lines(None) == []
+
+
+class DriverSource(ScriptedSource):
+    """A blocking source (a driver's, as NVML's): notes the thread each read runs on; while `hang` is clear a
+    read waits for it (a wedged driver), up to a bound so a failed test cannot hold its thread for good."""
+
+    blocking = True
+
+    def __init__(self, readings: Iterable[DeviceSnapshot]) -> None:
+        super().__init__(readings)
+        self.threads: list[str] = []
+        self.hang = threading.Event()
+        self.hang.set()
+
+    def read(self) -> DeviceSnapshot:
+        self.threads.append(threading.current_thread().name)
+        self.hang.wait(timeout=30)
+        return super().read()
+
+
+async def test_a_blocking_sources_fresh_reading_is_taken_on_the_watchers_thread() -> None:
+    """Review F15: the GPU start gate's fresh reading (read_fresh) ran the driver's calls on the event
+    loop; the watcher's own polls ran them on the default executor, shared with the rest of the service."""
+    source = DriverSource([reading(10 * GIB, at=1.0), reading(9 * GIB, at=2.0), reading(8 * GIB, at=3.0)])
+    published: list[Event] = []
+    watcher = DeviceWatcher(source, published.append)
+    try:
+        first = await watcher.poll()
+        fresh = watcher.read_fresh()
+        assert (first.at, fresh is not None and fresh.at) == (1.0, 2.0)
+        assert watcher.latest is fresh and watcher.polls == 2  # recorded as a poll's
+        assert types(published) == ["device_changed", "device_changed"]  # and told
+        assert source.threads == ["device-reader_0", "device-reader_0"]  # never the loop's, nor the pool's
+    finally:
+        await watcher.stop()
+    assert source.closed
+
+
+async def test_a_wedged_driver_does_not_stall_the_loop() -> None:
+    source = DriverSource([reading(10 * GIB, at=1.0), reading(9 * GIB, at=2.0)])
+    watcher = DeviceWatcher(source)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    try:
+        await watcher.poll()
+        source.hang.clear()  # the driver stops answering
+        stood_in = watcher.read_fresh(wait=0.05)
+        assert stood_in is watcher.latest and stood_in is not None and stood_in.at == 1.0  # the latest one
+        # The loop goes on while the read hangs on the watcher's thread...
+        before = ticks
+        await wait_until_async(lambda: ticks > before + 10, timeout=10, what="the loop to run")
+        # ...and a read hanging past the wait is not waited for again, nor is a second one started.
+        assert watcher.read_fresh(wait=30) is stood_in and len(source.threads) == 2
+        source.hang.set()  # the driver answers at last: its reading is recorded on the loop
+        await wait_until_async(lambda: watcher.polls == 2, timeout=10, what="the late reading")
+        assert watcher.latest is not None and watcher.latest.at == 2.0
+    finally:
+        source.hang.set()
+        ticker.cancel()
+        await watcher.stop()
+
+
+async def test_the_gpu_start_gates_reading_comes_from_the_watchers_thread() -> None:
+    watch = GpuWatch(DeviceConfig(), EventBus(), dict, lambda role: 0)
+    source = DriverSource([reading(10 * GIB, at=1.0), reading(9 * GIB, at=2.0)])
+    watch.watcher = DeviceWatcher(source)
+    try:
+        await watch.watcher.poll()
+        source.hang.clear()
+        assert watch.read_now() is watch.latest and len(source.threads) == 2  # asked, not waited for long
+    finally:
+        source.hang.set()
+        await watch.watcher.stop()
+
+
+async def test_the_gpu_start_gate_awaits_its_reading_and_the_loop_runs_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The supervisors await the gate (host.gpu_side): a driver that does not answer holds the start for
+    FRESH_READ_AWAIT_SECONDS at most, and the event loop not at all."""
+    monkeypatch.setattr(gpu_watch_module, "FRESH_READ_AWAIT_SECONDS", 0.3)
+    watch = GpuWatch(DeviceConfig(), EventBus(), dict, lambda role: 0)
+    source = DriverSource([reading(10 * GIB, at=1.0), reading(9 * GIB, at=2.0), reading(8 * GIB, at=3.0)])
+    watch.watcher = DeviceWatcher(source)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    try:
+        fresh = await watch.read_now_async()
+        assert fresh is not None and fresh.at == 1.0  # the driver answered: its reading
+        source.hang.clear()
+        before = ticks
+        stood_in = await watch.read_now_async()
+        assert stood_in is watch.latest and stood_in is fresh  # the latest stands in
+        assert ticks > before  # the loop ran while the start waited
+        source.hang.set()
+        await wait_until_async(
+            lambda: watch.latest is not None and watch.latest.at == 2.0, 10, "the late one"
+        )
+    finally:
+        source.hang.set()
+        ticker.cancel()
+        await watch.watcher.stop()

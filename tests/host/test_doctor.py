@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.display import start_xvfb
 from tests.support.http_server import http_server
 from tests.support.service import running_service
-from tests.support.waits import wait_until
 from tray_app.doctor.tray_host import probe
 
 
@@ -132,17 +132,18 @@ def test_a_missing_engine_blocks(tmp_path: Path) -> None:
 @pytest.fixture
 def xembed_desktop(tmp_path: Path) -> Iterator[dict[str, str]]:
     """Xvfb and the XEmbed tray host trayer, nothing else."""
-    from tests.ui.test_real_tray import Desktop, free_display, x_server_answers
-
-    number = free_display()
-    env = {**os.environ, "DISPLAY": f":{number}"}
-    env.pop("DBUS_SESSION_BUS_ADDRESS", None)
     log_path = tmp_path / "desktop.log"
     log = log_path.open("wb")
-    processes = [subprocess.Popen(["Xvfb", f":{number}", "-nolisten", "tcp"], stdout=log, stderr=log)]
     try:
-        # The socket file appears before the server accepts clients; trayer started then exits at once.
-        wait_until(lambda: x_server_answers(Desktop(f":{number}", env)), 20, "Xvfb to answer")
+        display, xvfb = start_xvfb(log=log)  # returns once Xvfb accepts clients
+    except BaseException:
+        log.close()
+        print(log_path.read_text(errors="replace"))
+        raise
+    env = {**os.environ, "DISPLAY": display}
+    env.pop("DBUS_SESSION_BUS_ADDRESS", None)
+    processes = [xvfb]
+    try:
         processes.append(subprocess.Popen(["trayer"], env=env, stdout=log, stderr=log))
         yield env
     finally:

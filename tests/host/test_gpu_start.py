@@ -3,7 +3,8 @@ it fits, a smaller plan when only that fits, none (naming who holds the memory) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -11,12 +12,16 @@ from tray_app.budget.device import SimulatedDevice
 from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.config import Config, from_dict
+from tray_app.contract.events import EventBus, WorkerStateChanged, WorkerUnhealthy
 from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot
 from tray_app.engine.profile import WorkerProfile
+from tray_app.host import gpu_start
+from tray_app.host.gpu_side import GpuSide
 from tray_app.host.gpu_start import GpuStarts, weigh
 from tray_app.sizes import format_size
 from tray_app.supervisor.profile import profiles_from_plans
 
+MIB = 1024**2
 GIB = 1024**3
 TOTAL = 4 * GIB
 
@@ -144,3 +149,102 @@ def test_a_load_that_ran_short_makes_the_next_start_smaller_until_the_plans_chan
     assert starts.learned_all() == {}
     again = starts.gate(gpu)
     assert isinstance(again, WorkerProfile) and again.n_ctx == gpu.n_ctx
+
+
+# ---------------------------------------------------------- what failed loads taught is bounded (review F10)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_few_transient_failures_cannot_refuse_the_gpu(plans: Plans, gpu: WorkerProfile) -> None:
+    """Another program's brief spike fails a load with no excess of its own: the whole allocation is held
+    back. Three of them once added up to more than the card and refused the GPU until a restart; the total
+    is capped at a quarter of the device, and the card is free again."""
+    reading = device_with(0)
+    starts = GpuStarts(plans, lambda: reading, lambda: "normal")
+    starts.gate(gpu)
+    for _ in range(3):
+        starts.load_ran_short("gpu", int(1.5 * GIB), 0)
+    cap = int(TOTAL * gpu_start.LEARNED_CAP_FRACTION)
+    assert starts.learned("gpu") == cap == starts.learned_all()["gpu"]
+    started = starts.gate(gpu)
+    assert isinstance(started, WorkerProfile) and started.n_ctx == gpu.n_ctx, started
+
+
+def test_a_load_that_succeeds_forgets_what_others_took_and_keeps_the_estimates_shortfall(
+    plans: Plans, gpu: WorkerProfile
+) -> None:
+    plan = plans.plan_set.gpu
+    reading = device_with(0)
+    starts = GpuStarts(plans, lambda: reading, lambda: "normal")
+    starts.gate(gpu)
+    short = plan.used_bytes // 8
+    starts.load_ran_short("gpu", plan.used_bytes // 2, plan.used_bytes + short)  # the estimate was short
+    starts.load_ran_short("gpu", 64 * MIB, plan.used_bytes // 2)  # someone took memory meanwhile
+    assert starts.learned("gpu") == short + 64 * MIB
+    starts.load_succeeded("gpu")
+    # The start that loaded held the estimate's shortfall back: a restart does too. The spike is gone.
+    assert starts.learned_all() == {"gpu": short}
+    starts.load_succeeded("gpu-embed")  # nothing learned there: nothing to forget
+    assert starts.learned_all() == {"gpu": short}
+
+    # Only others' memory learned: a success leaves nothing.
+    transient = GpuStarts(plans, lambda: reading, lambda: "normal")
+    transient.load_ran_short("gpu", 64 * MIB, 0)
+    transient.load_succeeded("gpu")
+    assert transient.learned_all() == {}
+
+
+def test_what_failed_loads_taught_is_forgotten_after_a_while(plans: Plans, gpu: WorkerProfile) -> None:
+    clock = Clock()
+    reading = device_with(0)
+    starts = GpuStarts(plans, lambda: reading, lambda: "normal", clock=clock)
+    starts.load_ran_short("gpu", 256 * MIB, 0)
+    clock.now += gpu_start.LEARNED_FOR_SECONDS - 1
+    starts.load_ran_short("gpu", 128 * MIB, 0)  # a new failure renews the lesson and adds to it
+    clock.now += gpu_start.LEARNED_FOR_SECONDS - 1
+    assert starts.learned("gpu") == 384 * MIB
+    clock.now += 2
+    assert starts.learned("gpu") == 0 and starts.learned_all() == {}
+    # What was forgotten does not come back with the next failure: that starts from nothing.
+    starts.load_ran_short("gpu", 32 * MIB, 0)
+    assert starts.learned("gpu") == 32 * MIB
+
+
+def test_the_gpu_path_forgets_others_memory_when_a_gpu_worker_loads() -> None:
+    """GpuSide wires it: a load out of memory teaches its start gate, the worker's `ready` ends a spike's
+    lesson (the service publishes both)."""
+    bus = EventBus()
+    host = PathHost(bus, Config(), plan_from_config(Config(), gpu=SimulatedDevice(TOTAL)))
+    side = GpuSide(host)  # type: ignore[arg-type]
+    try:
+        bus.publish(WorkerUnhealthy(role="gpu", kind="oom_load", reason="x", failed_bytes=64 * MIB))
+        assert side.starts.learned("gpu") == 64 * MIB
+        bus.publish(WorkerStateChanged(role="cpu", old="starting", new="ready", reason="", pid=1))
+        assert side.starts.learned("gpu") == 64 * MIB  # another worker's load says nothing of the GPU's
+        bus.publish(WorkerStateChanged(role="gpu", old="starting", new="ready", reason="", pid=2))
+        assert side.starts.learned_all() == {}
+    finally:
+        side.close()
+
+
+@dataclass
+class PathHost:
+    bus: EventBus
+    cfg: Config
+    plan_set: PlanSet
+    workers: dict[str, Any] = field(default_factory=dict)
+    library: Any = None
+
+    def library_plans(self, name: str) -> ModelPlans | None:
+        return None
+
+    def in_flight(self, role: str) -> int:
+        return 0
+
+    def replan(self) -> PlanSet:
+        return self.plan_set

@@ -112,7 +112,8 @@ def test_failsoft_yield_and_resume_give_the_gpu_away_until_asked_back(svc: Servi
     svc.wait_workers_ready()
     answers: list[dict[str, Any]] = []
     command = [FAILSOFT, "yield", "--url", svc.base_url]
-    env = {**svc.hog_env(), "FAILSOFT_DATA_DIR": str(svc.data_dir)}  # where the admin token is
+    # Where the admin token is, and the config that names the service's address (the token goes only there).
+    env = {**svc.hog_env(), "FAILSOFT_DATA_DIR": str(svc.data_dir), "FAILSOFT_CONFIG": str(svc.config_path)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "GPU path: yielded (asked with failsoft yield)" in done.stdout

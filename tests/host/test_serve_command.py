@@ -18,7 +18,7 @@ from tray_app.budget.device import no_gpu
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.budget.target import PlanTarget
 from tray_app.host.bind import listening_socket
-from tray_app.host.serve_command import devices_line
+from tray_app.host.serve_command import check_bind, devices_line
 
 GIB = 1024**3
 
@@ -77,6 +77,44 @@ def test_a_missing_model_file_is_named_without_a_traceback(tmp_path: Path) -> No
     done = _serve(tmp_path, {"server": {"port": free_port()}, "model": {"path": str(missing)}})
     assert done.returncode == 2, done
     assert done.stderr.strip() == f"failsoft: {missing}: model file not found"
+
+
+def test_a_public_url_beyond_loopback_without_an_api_key_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Review 3, F9: behind a reverse proxy the service answered whoever reached the proxy, with no key."""
+    port = free_port()
+    settings = {"server": {"port": port, "public_url": "https://ai.example.org"}}
+    done = _serve(tmp_path, {**settings, "device": {"simulate_vram": "4GiB"}})
+    assert done.returncode == 2, done
+    config_path = tmp_path / "config.toml"
+    assert done.stderr.strip() == (
+        f"failsoft: {config_path}: refusing to serve server.public_url https://ai.example.org without "
+        "server.api_key: whoever reaches that address could use the service; set an API key in the config, "
+        "or remove public_url"
+    )
+    assert "listening" not in done.stdout and "model" not in done.stdout  # refused before anything started
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+@pytest.mark.parametrize(
+    ("server", "refused"),
+    [
+        ({"public_url": "https://ai.example.org"}, True),
+        ({"public_url": "http://192.168.1.20:8750"}, True),
+        ({"public_url": "https://ai.example.org", "api_key": "sk-long-random"}, False),
+        ({"public_url": "http://127.0.0.1:8750"}, False),
+        ({"public_url": "http://localhost:8750"}, False),
+        ({"public_url": "http://[::1]:8750"}, False),
+        ({}, False),
+    ],
+)
+def test_which_public_urls_need_a_key(server: dict[str, str], refused: bool) -> None:
+    cfg = config.from_dict({"server": server})
+    if refused:
+        with pytest.raises(config.ConfigError, match=r"without server\.api_key"):
+            check_bind(cfg)
+    else:
+        check_bind(cfg)
 
 
 @pytest.mark.integration

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.jobs.test_executor_effects import StandInWorker
+from tray_app.contract.vocabulary import JobState
 from tray_app.jobs import mirror as mirror_module
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import Assembler
@@ -355,6 +356,51 @@ async def test_a_finished_answer_is_read_for_the_next_turn(rig: Rig) -> None:
     # One piece for the whole follow-up: it started where the answer ended (from the start, it would be
     # two pieces of 64 and the rest).
     assert [len(piece) for piece in rig.pieces()[before:]] == [len(ChatPrompts.render(follow_up))]
+
+
+async def test_a_final_jobs_target_keeps_its_tokens_and_lets_go_of_the_job(rig: Rig) -> None:
+    """Review F14: up to KEPT targets outlive their jobs, each once holding the whole Job (body, result) and,
+    for a failed, cancelled or tool-call answer, `exact`: the request re-encoded, as large as the body.
+    A final job's target keeps only its token array (the next turn's start), nothing of the request."""
+    read = job_for("f" * 80)
+    rig.mirror.follow(read, ChatPrompts(), streaming=False)
+    await settle(lambda: len(rig.chats()) == 1, "the first job's prompt and request")
+    held = await rig.slots.acquire("cpu", "real-job", 1.0)  # real work: the mirror reads nothing meanwhile
+    unread = job_for("g" * 80)
+    rig.mirror.follow(unread, ChatPrompts(), streaming=False)
+    await settle(lambda: unread.id in rig.mirror._targets, "the second target")
+    assert rig.mirror._targets[unread.id].exact is not None  # its request, waiting to be read
+    read.state, unread.state = JobState.COMPLETED, JobState.FAILED
+    rig.mirror._wake.set()  # the owner's next turn (WAKE_SECONDS at most)
+    await settle(lambda: all(t.job is None for t in rig.mirror._targets.values()), "the final jobs let go")
+    for job in (read, unread):
+        target = rig.mirror._targets[job.id]
+        assert target.exact is None
+        assert list(target.tokens) == ChatPrompts.ids(ChatPrompts.render(job.body["messages"]))
+    assert rig.mirror.held(read) == read.prompt_tokens  # what the CPU holds is still known
+    assert rig.mirror.status()["following"] == 0
+    rig.slots.release("cpu", held)
+    await settle(lambda: rig.mirror.status()["tokens_behind"] == 0, "the failed job's prompt to be read")
+    assert rig.mirror.held(unread) == unread.prompt_tokens
+    assert len(rig.chats()) == 1  # ...but never its request, which no replay will send
+
+
+async def test_a_finished_answer_is_read_after_its_job_is_final(rig: Rig) -> None:
+    first = [{"role": "user", "content": "h" * 70}]
+    job = job_for("", messages=first)
+    following = rig.mirror.follow(job, ChatPrompts(), streaming=False)
+    assert following is not None
+    await settle(lambda: len(rig.chats()) == 1, "the prompt")
+    job.state = JobState.COMPLETED
+    rig.mirror._wake.set()
+    await settle(lambda: rig.mirror._targets[job.id].job is None, "the job let go")
+    assembler = Assembler("chat")
+    assembler.feed({"choices": [{"delta": {"content": "Done."}, "finish_reason": "stop"}]})
+    following.finished(assembler)  # the attempt's own job renders the next turn
+    answered = [*first, {"role": "assistant", "content": "Done."}]
+    rendered = ChatPrompts.ids(ChatPrompts.render(answered))
+    await settle(lambda: rig.pieces()[-1] == rendered, "the answer")
+    assert rig.mirror._targets[job.id].job is None
 
 
 class Unrenderable(ChatPrompts):

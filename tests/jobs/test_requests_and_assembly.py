@@ -234,6 +234,14 @@ def test_the_usage_has_the_prompt_as_the_worker_read_it_with_what_its_cache_held
         "completion_tokens": 3,
         "total_tokens": 93,
     }
+    # The resumed attempt's own usage counts its own request (the answer so far read as prompt, the rest
+    # generated): the whole answer's counts stand instead.
+    worker_says = {"prompt_tokens": 92, "completion_tokens": 1, "total_tokens": 93}
+    again = Assembler("chat")
+    again.feed({**_chunk({"content": "Hi"}), "usage": {"prompt_tokens": 90, "completion_tokens": 1}})
+    again.begin_attempt(resumed=True)
+    again.feed({**_chunk({"content": " there"}, "stop"), "timings": timings, "usage": worker_says})
+    assert again.result(90, {})["usage"]["completion_tokens"] == 3
 
 
 def test_a_chats_log_probabilities_are_gathered_token_by_token() -> None:

@@ -60,8 +60,9 @@ def svc(module_root: Path, model_path: Path) -> Iterator[ServiceHandle]:
 
 
 def admin_env(svc: ServiceHandle) -> dict[str, str]:
-    """A terminal's environment with the service's admin token (its data folder is not this user's)."""
-    return {**os.environ, admin_token.ENV_VARIABLE: svc.admin_token}
+    """A terminal's environment with the service's admin token (its data folder is not this user's) and its
+    config (which names its address: the token found here goes only there)."""
+    return {**os.environ, admin_token.ENV_VARIABLE: svc.admin_token, "FAILSOFT_CONFIG": str(svc.config_path)}
 
 
 def model_status(svc: ServiceHandle, name: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The signed action links: one job, one decision, until they expire, once; and the page's login cookie."""
+"""The signed action links: one job, one decision, until they expire, once; and the page's login sessions."""
 
 from __future__ import annotations
 
@@ -86,16 +86,68 @@ def test_the_key_is_made_once_and_private(tmp_path: Path) -> None:
     assert (tmp_path / "action-key").stat().st_mode & 0o777 == 0o600
 
 
-def test_the_session_cookie_is_signed_and_expires() -> None:
+def test_a_session_is_kept_here_and_ends_when_idle_or_too_old() -> None:
     clock = Clock()
-    signer = Signer(KEY, now=clock)
-    cookie = signer.session_cookie()
+    signer = Signer(KEY, now=clock, owner="admin")
+    cookie = signer.start_session()
     assert signer.session_valid(cookie)
-    assert not Signer(b"x" * 32).session_valid(cookie)
-    assert not signer.session_valid(cookie.replace(cookie[0], "9", 1))
-    assert not signer.session_valid("garbage")
-    clock.now += signer.session_ttl + 1
+    assert not Signer(KEY, owner="admin").session_valid(cookie)  # no other service knows it
+    assert not signer.session_valid(cookie[::-1]) and not signer.session_valid("garbage")
+    clock.now += signer.sessions.idle - 1
+    assert signer.session_valid(cookie)  # used: not idle
+    clock.now += signer.sessions.idle + 1
+    assert not signer.session_valid(cookie)  # unused for longer than IDLE
+    again, started = signer.start_session(), clock.now
+    while clock.now + signer.sessions.idle / 2 - started <= signer.session_ttl:
+        clock.now += signer.sessions.idle / 2
+        assert signer.session_valid(again)
+    clock.now += signer.sessions.idle / 2
+    assert not signer.session_valid(again)  # in use all along, but older than TTL
+
+
+def test_an_ended_session_stays_ended_also_after_a_restart(tmp_path: Path) -> None:
+    signer = signer_for(tmp_path)
+    kept, ended = signer.start_session(), signer.start_session()
+    signer.end_session(ended)
+    assert not signer.session_valid(ended)
+    restarted = signer_for(tmp_path)
+    assert restarted.session_valid(kept) and not restarted.session_valid(ended)
+    stored = (tmp_path / "sessions.json").read_text(encoding="utf-8")
+    assert kept not in stored  # digests only: the file gives no cookie
+    assert (tmp_path / "sessions.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_new_admin_token_ends_every_session(tmp_path: Path) -> None:
+    cookie = signer_for(tmp_path).start_session()
+    (tmp_path / "admin-token").unlink()  # the owner makes a new token: the next start writes one
+    assert not signer_for(tmp_path).session_valid(cookie)
+    assert "sessions" in (tmp_path / "sessions.json").read_text(encoding="utf-8")
+    assert '"owner"' not in (tmp_path / "sessions.json").read_text(encoding="utf-8")  # gone from the file
+
+
+def test_the_sessions_are_bounded() -> None:
+    signer = Signer(KEY)
+    first = signer.start_session()
+    for _ in range(100):
+        signer.start_session()
+    assert len(signer.sessions) == 32 and not signer.session_valid(first)
+
+
+@pytest.mark.parametrize("cookie", ["é", "1.a.\xe9", "\ud800", "x" * 10_000, ""])
+def test_any_text_is_no_session_and_no_error(cookie: str) -> None:
+    signer = Signer(KEY)
     assert not signer.session_valid(cookie)
+    signer.end_session(cookie)
+
+
+@pytest.mark.parametrize("signature", ["é", "\ud800", "\u00e9" * 43])
+def test_any_text_in_a_link_is_refused_not_an_error(signature: str) -> None:
+    signer = Signer(KEY)
+    parts = signer.link_token("job-abc", "approve").split(".")
+    with pytest.raises(Refused):
+        signer.check(".".join([*parts[:4], signature]))
+    with pytest.raises(Refused):
+        signer.check("jöb.approve.1.n." + signature)
 
 
 def test_a_link_token_is_not_a_session_cookie() -> None:

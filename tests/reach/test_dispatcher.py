@@ -13,6 +13,7 @@ import pytest
 from tray_app.contract.events import ApprovalNeeded, EventBus, FallbackStarted, JobStateChanged
 from tray_app.notify_settings import NotifyConfig
 from tray_app.reach import dispatcher as dispatcher_module
+from tray_app.reach import webhook
 from tray_app.reach.capability import Signer
 from tray_app.reach.channels import ChannelError
 from tray_app.reach.dispatcher import Dispatcher
@@ -81,7 +82,7 @@ async def test_each_channel_hears_only_its_events(channels: dict[str, Recorder])
 
 
 async def test_an_approval_carries_signed_links_to_the_public_url(channels: dict[str, Recorder]) -> None:
-    event = ApprovalNeeded(job_id="job-7", estimated_seconds=80, preview="hi")
+    event = ApprovalNeeded(job_id="job-7", estimated_seconds=80, prompt_preview="hi")
     dispatcher = await run([channel("phone")], [event], public_url="https://box.example/")
     await settle()
     [message] = channels["phone"].sent
@@ -120,4 +121,37 @@ async def test_quiet_hours_hold_messages_until_they_end(
     clock["now"] = datetime(2025, 3, 1, 7, 0, 0, 200_000)
     await settle(0.5)
     assert len(channels["phone"].sent) == 1
+    await dispatcher.stop()
+
+
+async def test_only_a_channel_with_preview_on_quotes_the_prompt(channels: dict[str, Recorder]) -> None:
+    secret = "CONFIDENTIAL: the merger with ACME closes on 12 March"
+    event = ApprovalNeeded(
+        job_id="job-7", estimated_seconds=80, model="smollm2", prompt_tokens=31, prompt_preview=secret
+    )
+    dispatcher = await run([channel("phone"), channel("quoted", preview=True)], [event])
+    await settle()
+    [plain], [quoted] = channels["phone"].sent, channels["quoted"].sent
+    assert "Model smollm2 · prompt 31 tokens" in plain.body
+    assert "CONFIDENTIAL" not in str(webhook.payload(plain))
+    assert f"“{secret}”" in quoted.body
+    # The quote is in the words only: the events a webhook gets are the wire's, with no prompt text.
+    assert "CONFIDENTIAL" not in str(webhook.payload(quoted)["events"])
+    assert [state["preview"] for state in dispatcher.status()] == [False, True]
+    await dispatcher.stop()
+
+
+async def test_a_held_preview_goes_with_its_message_and_no_further(channels: dict[str, Recorder]) -> None:
+    events = [
+        ApprovalNeeded(job_id="job-1", estimated_seconds=80, prompt_preview="first prompt"),
+        ApprovalNeeded(job_id="job-2", estimated_seconds=80, prompt_preview="second prompt"),
+    ]
+    dispatcher = await run([channel("quoted", preview=True)], events)
+    await settle()
+    [burst] = channels["quoted"].sent  # two approvals: one message, which quotes neither
+    assert "first prompt" not in burst.body and "second prompt" not in burst.body
+    # Sent (or not) with its batch, a preview is forgotten: a later event of the same job finds none.
+    dispatcher.take(ApprovalNeeded(job_id="job-1", estimated_seconds=80).to_dict())
+    await settle()
+    assert "first prompt" not in channels["quoted"].sent[-1].body
     await dispatcher.stop()

@@ -28,8 +28,19 @@ def links(job: str) -> dict[str, str]:
     }
 
 
+PROMPT = "Tell me about the sea"
+
+
 def approval(job: str = "job-1", seconds: float = 80) -> dict[str, Any]:
-    return ApprovalNeeded(job_id=job, estimated_seconds=seconds, preview="Tell me about the sea").to_dict()
+    """As the channel gets it: the event's wire form."""
+    return ApprovalNeeded(
+        job_id=job,
+        estimated_seconds=seconds,
+        model="smollm2",
+        prompt_tokens=1234,
+        reason="gpu_unavailable",
+        prompt_preview=PROMPT,
+    ).to_dict()
 
 
 def test_an_approval_carries_approve_and_reject_for_its_job() -> None:
@@ -42,6 +53,32 @@ def test_an_approval_carries_approve_and_reject_for_its_job() -> None:
         ("Reject", "https://box.example/ui/act/job-1-no", "POST"),
         ("Open", PAGE, "GET"),
     ]
+
+
+def test_an_approval_says_the_model_the_size_and_the_reason_and_never_the_prompt() -> None:
+    message = compose([approval()], links, PAGE)
+    assert message is not None
+    assert "Model smollm2 · prompt 1,234 tokens · the GPU worker is not available (gpu_unavailable)" in (
+        message.body
+    )
+    assert "sea" not in message.body
+    assert all("sea" not in str(event) for event in message.events)
+
+
+def test_a_channel_that_asked_for_previews_gets_the_prompts_opening() -> None:
+    long = "Summarise   this\nreport: " + "x" * 300
+    message = compose([approval()], links, PAGE, previews={"job-1": long, "job-2": "another job's prompt"})
+    assert message is not None
+    assert "\n“Summarise this report: xxx" in message.body  # on one line
+    quoted = message.body.split("“", 1)[1].rstrip("”")
+    assert len(quoted) == 120
+    assert "another job" not in message.body
+
+
+def test_a_burst_quotes_no_prompt() -> None:
+    message = compose([approval("job-1"), approval("job-2")], links, PAGE, previews={"job-1": PROMPT})
+    assert message is not None and "2 jobs wait for approval" in message.body
+    assert PROMPT not in message.body
 
 
 def test_without_a_public_url_the_actions_are_left_out_and_the_message_says_how() -> None:

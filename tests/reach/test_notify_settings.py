@@ -31,11 +31,25 @@ def test_channels_are_read_with_their_defaults() -> None:
         ({"url": "http://x/y", "quiet_hours": "late"}, "22:00-07:00"),
         ({"url": "http://x/y", "coalesce_seconds": -1}, "coalesce_seconds"),
         ({"url": "http://x/y", "colour": "red"}, "unknown key"),
+        ({"url": "http://x/y", "preview": "yes"}, r"notify\[1\]\.preview .* true or false"),
     ],
 )
 def test_a_wrong_channel_names_its_key(table: dict[str, object], says: str) -> None:
     with pytest.raises(config.ConfigError, match=says):
         config.from_dict({"notify": [table]})
+
+
+def test_previews_are_off_unless_a_channel_asks() -> None:
+    cfg = config.from_dict(
+        {
+            "notify": [
+                {"url": "https://ntfy.sh/a"},
+                {"kind": "webhook", "url": "http://hook.lan/", "preview": True},
+            ]
+        }
+    )
+    assert [channel.preview for channel in cfg.notify] == [False, True]
+    assert [channel["preview"] for channel in config.public_view(cfg)["notify"]] == [False, True]
 
 
 def test_public_url_must_be_an_address() -> None:

@@ -76,7 +76,8 @@ class StandInService:
     def __post_init__(self) -> None:
         self.registry = JobRegistry(self.journal, self.bus)
         self.executor = StandInExecutor(self.registry, self.spawned)
-        self.signer = Signer(b"signing key of the test".ljust(32, b"."))  # links and the page's login
+        # Links and the page's login sessions (in memory here), bound to this admin token.
+        self.signer = Signer(b"signing key of the test".ljust(32, b"."), owner=ADMIN_TOKEN)
         self.workers = {"gpu": SimpleNamespace(state="ready"), "cpu": SimpleNamespace(state="ready")}
         self.plan_set = SimpleNamespace(
             gpu=SimpleNamespace(n_ctx_per_seq=2048), device=SimpleNamespace(simulated=True)

@@ -11,18 +11,23 @@ from tests.security.conftest import ADMIN_TOKEN, StandInService, client_for
 from tests.security.test_host_and_origin import _awaiting_job
 from tray_app.reach.capability import Signer
 from tray_app.server.routes import create_app
-from tray_app.server.status_page.session import COOKIE
+from tray_app.server.status_page.session import COOKIE, SECURE_COOKIE
+
+OWN_ORIGIN = {"Origin": "http://127.0.0.1:8750"}
 
 
 def page_client(service: StandInService, **kwargs: Any) -> TestClient:
     return client_for(create_app(service, manage_lifecycle=False), admin=False, **kwargs)  # type: ignore[arg-type]
 
 
-def log_in(client: TestClient) -> None:
+def log_in(client: TestClient) -> str:
+    """Logs `client` in; the session id its cookie carries."""
     answer = client.post("/ui/login", json={"token": ADMIN_TOKEN})
     assert answer.status_code == 200, answer.text
     cookie = answer.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    assert cookie.startswith(f"{COOKIE}=") and "Secure" not in cookie  # plain HTTP: no __Host- cookie
+    return str(client.cookies[COOKIE])
 
 
 def test_the_page_is_served_without_a_key_and_shows_nothing_until_login(make_service: Any) -> None:
@@ -63,7 +68,7 @@ def test_the_cookie_does_not_work_for_another_origin_even_an_allowed_one(make_se
 
 
 def test_a_forged_cookie_is_no_login(service: StandInService) -> None:
-    forged = Signer(b"another key".ljust(32, b".")).session_cookie()
+    forged = Signer(b"another key".ljust(32, b"."), owner=ADMIN_TOKEN).start_session()
     with page_client(service, cookies={COOKIE: forged}) as client:
         assert client.get("/failsoft/view").status_code == 401
 
@@ -105,12 +110,121 @@ def test_forged_and_expired_links_change_nothing(service: StandInService, how: s
     assert job.state == other.state == "awaiting_approval" and service.executor.approved == []
 
 
-def test_the_public_url_host_is_let_through(make_service: Any) -> None:
-    service = make_service(public_url="https://ai.example.org")
+def test_the_public_url_host_is_let_through_with_a_key_and_gets_a_host_only_secure_cookie(
+    make_service: Any,
+) -> None:
+    service = make_service(public_url="https://ai.example.org", api_key="sk-test")
     with page_client(service, base_url="https://ai.example.org") as client:
         assert client.get("/ui/").status_code == 200
-        assert (
-            client.post("/ui/login", json={"token": ADMIN_TOKEN}).headers["set-cookie"].count("Secure") == 1
-        )
+        cookie = client.post("/ui/login", json={"token": ADMIN_TOKEN}).headers["set-cookie"]
+        assert cookie.startswith(f"{SECURE_COOKIE}=") and cookie.count("Secure") == 1
+        assert "Domain" not in cookie and "Path=/" in cookie and "Max-Age=604800" in cookie
+        assert client.get("/failsoft/view").status_code == 200
+    # Behind a proxy that speaks plain HTTP to the service: its Host, or its X-Forwarded-Proto, says HTTPS.
+    with page_client(service, base_url="http://ai.example.org:443") as client:
+        login = client.post("/ui/login", json={"token": ADMIN_TOKEN})
+        assert login.headers["set-cookie"].startswith(f"{SECURE_COOKIE}=")
+    with page_client(service) as client:
+        login = client.post("/ui/login", json={"token": ADMIN_TOKEN}, headers={"X-Forwarded-Proto": "https"})
+        assert login.headers["set-cookie"].startswith(f"{SECURE_COOKIE}=")
     with page_client(service, base_url="http://evil.example") as client:
         assert client.get("/ui/").status_code == 403
+
+
+def test_without_an_api_key_the_public_url_host_is_refused(make_service: Any) -> None:
+    """`failsoft serve` refuses that config at start; a reload that sets it does not open the service."""
+    service = make_service(public_url="https://ai.example.org")
+    with client_for(create_app(service, manage_lifecycle=False), base_url="https://ai.example.org") as client:
+        assert client.get("/failsoft/status").status_code == 403
+        assert client.get("/ui/").status_code == 403
+    with client_for(create_app(service, manage_lifecycle=False)) as client:
+        assert client.get("/failsoft/status").status_code == 200  # loopback as before
+
+
+def test_logout_ends_the_session_for_every_copy_of_the_cookie(make_service: Any) -> None:
+    service = make_service(api_key="sk-test")
+    with page_client(service) as client:
+        session_id = log_in(client)
+    with page_client(service, cookies={COOKIE: session_id}) as copy:  # another program holding a copy
+        assert copy.get("/failsoft/view").status_code == 200
+        with page_client(service, cookies={COOKIE: session_id}) as browser:
+            logout = browser.post("/ui/logout", headers=OWN_ORIGIN)
+            assert logout.status_code == 200 and f'{COOKIE}=""' in logout.headers["set-cookie"]
+        assert copy.get("/failsoft/view").status_code == 401
+        assert copy.get("/v1/models").status_code == 401  # nor does it stand for the API key any more
+
+
+def test_a_login_replaces_the_session_the_browser_had(service: StandInService) -> None:
+    with page_client(service) as client:
+        first = log_in(client)
+        second = log_in(client)
+    assert first != second
+    assert not service.signer.session_valid(first) and service.signer.session_valid(second)
+
+
+@pytest.mark.parametrize(
+    ("headers", "acts"),
+    [
+        ({}, False),  # the cookie alone: a program, not the page
+        ({"Sec-Fetch-Site": "same-site"}, False),  # a page on another port of this host
+        ({"Sec-Fetch-Site": "cross-site"}, False),
+        (OWN_ORIGIN, True),  # the page: a browser sends its Origin with every POST
+        ({"Sec-Fetch-Site": "same-origin"}, True),
+        ({**OWN_ORIGIN, "Sec-Fetch-Site": "same-site"}, False),
+    ],
+)
+def test_the_cookie_changes_something_only_from_the_page_itself(
+    make_service: Any, headers: dict[str, str], acts: bool
+) -> None:
+    service = make_service()
+    job = _awaiting_job(service)
+    with page_client(service) as client:
+        log_in(client)
+        approved = client.post(f"/failsoft/jobs/{job.id}/approve", headers=headers)
+    assert (approved.status_code, job.state) == ((200, "queued") if acts else (401, "awaiting_approval"))
+
+
+@pytest.mark.parametrize(
+    ("headers", "reads"),
+    [({}, True), ({"Sec-Fetch-Site": "none"}, True), ({"Sec-Fetch-Site": "same-site"}, False)],
+)
+def test_the_cookie_alone_reads(make_service: Any, headers: dict[str, str], reads: bool) -> None:
+    with page_client(make_service(api_key="sk-test")) as client:
+        log_in(client)
+        assert client.get("/failsoft/view", headers=headers).status_code == (200 if reads else 401)
+
+
+def test_a_new_admin_token_ends_the_sessions(make_service: Any) -> None:
+    service = make_service()
+    with page_client(service) as client:
+        session_id = log_in(client)
+    service.signer.sessions.owner = "the digest of another token"  # as a restart with a new token has it
+    assert not service.signer.session_valid(session_id)
+
+
+BIG_LOGIN = b'{"token": "' + b"x" * 5000 + b'"}'
+
+
+@pytest.mark.parametrize(
+    ("request_args", "status"),
+    [
+        ({"method": "GET", "url": "/v1/models", "headers": {"Cookie": f"{COOKIE}=1.a.\xe9"}}, 401),
+        ({"method": "GET", "url": "/failsoft/view", "headers": {"Cookie": f"{SECURE_COOKIE}=\xe9\xff"}}, 401),
+        ({"method": "GET", "url": "/ui/act/job-1.approve.1.n.%C3%A9"}, 403),
+        ({"method": "POST", "url": "/ui/act/job-1.approve.99999999999.n.%C3%A9"}, 403),
+        ({"method": "POST", "url": "/ui/act/%ED%A0%80.approve.1.n.x"}, 403),
+        ({"method": "POST", "url": "/ui/login", "json": {"token": "é"}}, 401),
+        ({"method": "POST", "url": "/ui/login", "content": b'{"token": "\\ud800"}'}, 401),
+        ({"method": "POST", "url": "/ui/login", "content": BIG_LOGIN}, 413),
+        ({"method": "POST", "url": "/ui/logout", "headers": {"Cookie": f"{COOKIE}=\xe9"}}, 200),
+    ],
+)
+def test_no_cookie_link_or_login_text_is_a_500(
+    make_service: Any, request_args: dict[str, Any], status: int
+) -> None:
+    """F6's rows of the status page: each of these gave 500 (a TypeError, an unmapped 413)."""
+    with page_client(make_service(api_key="sk-test")) as client:
+        headers = request_args.pop("headers", {})
+        raw = {k: v.encode("latin-1") for k, v in headers.items()}
+        answer = client.request(**request_args, headers=raw)  # type: ignore[arg-type]
+    assert answer.status_code == status, answer.text

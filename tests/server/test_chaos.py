@@ -1,6 +1,7 @@
 """Chaos through real processes: the drill's mix (tray_app/drill/chaos.py) of OpenAI, Ollama and Anthropic
-streams, forced tool calls, background jobs and embeddings, with slow readers, clients that leave
-mid-stream and requests carrying engine fields, while the GPU worker is SIGKILLed and hung at intervals.
+streams, forced tool calls, background jobs and embeddings, with slow readers, clients that stop reading
+for good (under a keep-alive shorter than the stall limit: review F1), clients that leave mid-stream and
+requests carrying engine fields, while the GPU worker is SIGKILLed and hung at intervals.
 
 Afterwards every invariant of tray_app/drill/invariants.py holds: no job left running or queued, every
 worker's slots free, the queue empty, every completed answer whole, nothing lost, 0 answered twice, one
@@ -26,7 +27,8 @@ from tray_app.drill.invariants import Observed, check
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SETTINGS = base_settings(
-    server={"queue_max": 64},
+    # A keep-alive comment every 2 s: far inside the 15 s stall limit, which must still drop non-readers.
+    server={"queue_max": 64, "keepalive_seconds": 2.0},
     failover={"auto_approve_seconds": 3600},
     cpu={"threads": 1},
 )

@@ -197,3 +197,117 @@ async def test_a_slow_but_reading_client_is_not_dropped() -> None:
     writer.close()
     await task
     assert events == ["end"] and len(client.bodies()) == 6
+
+
+class Transport(Client):
+    """The server's side of a connection as uvicorn's `send` drives it: a send first waits while the
+    transport is paused (its buffer over `limit`), then queues its bytes. `draining`: the client reads what
+    is queued; once it stops, the buffer fills and every later send waits. `attempts`: each send's body, in
+    the order they were made, whether they went out or are still waiting."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.buffered = 0
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.draining = True
+        self.attempts: list[bytes] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            self.attempts.append(message["body"])
+        await self.writable.wait()
+        self.sent.append(message)
+        if message["type"] == "http.response.body" and not self.draining:
+            self.buffered += len(message["body"])
+            if self.buffered > self.limit:
+                self.writable.clear()  # paused: the client reads nothing
+
+    @property
+    def paused(self) -> bool:
+        return not self.writable.is_set()
+
+
+def keepalive_response(
+    writer: Writer, transport: Transport, events: list[str], keepalive: float, stall: float
+) -> asyncio.Task[None]:
+    response = EventStreamResponse(
+        writer,
+        {},
+        lambda: events.append("disconnect"),
+        lambda: events.append("end"),
+        keepalive=keepalive,
+        stall=stall,
+        on_stall=lambda: events.append("stalled"),
+    )
+    return asyncio.create_task(response({"type": "http"}, transport.receive, transport.send))
+
+
+async def flood_until_blocked(writer: Writer, transport: Transport) -> asyncio.Task[bool]:
+    """The job writes piece after piece, as a worker's stream comes, until its write is blocked."""
+    while True:
+        write = asyncio.create_task(writer.write(b"data: " + b"x" * 1000 + b"\n\n"))
+        await asyncio.sleep(0.01)
+        if not write.done():
+            assert transport.paused
+            return write
+
+
+async def test_keep_alive_comments_do_not_hide_a_client_that_stopped_reading() -> None:
+    """Review F1: each comment restamped the stall clock, so with a keep-alive shorter than the stall limit
+    a client that stopped reading was never dropped and held its job's slot."""
+    writer, transport, events = Writer(), Transport(limit=64 * 1024), []
+    task = keepalive_response(writer, transport, events, keepalive=1.0, stall=3.0)
+    await asyncio.sleep(1.5)  # a silent start (a long prompt): the client reads, and gets a comment
+    assert transport.bodies() == [(KEEPALIVE, True)]
+    transport.draining = False  # the client stops reading
+    job_write = await flood_until_blocked(writer, transport)
+    blocked_at = len(transport.attempts)
+    await asyncio.wait_for(task, 20)  # a generous bound: the drop itself comes after 3 to 4 s
+    assert events == ["stalled", "end"]
+    assert job_write.cancelled()  # the job's task is released from its write, and with it the slot
+    assert len(transport.attempts) == blocked_at  # nothing queued behind the blocked write, no comment
+
+
+async def test_one_comment_waits_for_a_stalled_client_and_the_drop_cancels_the_jobs_write() -> None:
+    """A silent job (awaiting approval) whose client stopped reading: one comment waits for the client,
+    no more pile up behind it. When the job writes, the stall is measured on that write, and the drop
+    releases the job's write, not only the comment's."""
+    writer, transport, events = Writer(), Transport(limit=0), []
+    task = keepalive_response(writer, transport, events, keepalive=0.2, stall=1.0)
+    await asyncio.sleep(0.01)
+    transport.draining = False
+    await writer.write(b"data: first\n\n")  # queued: the buffer is now over its limit
+    assert transport.paused
+    await asyncio.sleep(1.5)  # seven keep-alive intervals, longer than the stall limit
+    assert transport.attempts[1:] == [KEEPALIVE]  # one comment, waiting for the client
+    assert not task.done()  # a waiting comment is no stall: no job output is held up
+    job_write = asyncio.create_task(writer.write(b"data: second\n\n"))
+    await asyncio.wait_for(task, 20)
+    assert events == ["stalled", "end"]
+    assert job_write.cancelled()
+    assert transport.attempts[1:] == [KEEPALIVE, b"data: second\n\n"]
+    assert transport.bodies() == [(b"data: first\n\n", True)]  # nothing more reached the client
+
+
+async def test_a_comment_never_overtakes_or_joins_a_write_in_progress() -> None:
+    """A write that is slow to go out (a client reading slowly) gets no comment queued beside it, and the
+    stream goes on once the client reads again."""
+    writer, transport, events = Writer(), Transport(limit=0), []
+    task = keepalive_response(writer, transport, events, keepalive=0.1, stall=30.0)
+    await asyncio.sleep(0.01)
+    transport.draining = False
+    await writer.write(b"data: a\n\n")
+    job_write = asyncio.create_task(writer.write(b"data: b\n\n"))  # waits: the client is slow
+    await asyncio.sleep(0.5)
+    assert transport.attempts == [b"data: a\n\n", b"data: b\n\n"]  # no comment while it waits
+    transport.draining = True
+    transport.buffered = 0
+    transport.writable.set()  # the client reads again
+    assert await job_write is True
+    await writer.write(b"data: [DONE]\n\n", last=True)
+    writer.close()
+    await task
+    assert events == ["end"]
+    assert transport.bodies()[-1] == (b"data: [DONE]\n\n", False)

@@ -1,6 +1,9 @@
 """Review N1: a streaming client that stops reading (a paused tab, a dead phone link) held its job and its
 router slot for as long as the service ran, once it also went away. Through a real `failsoft serve` on fake
-workers that flood each stream, and a raw socket client with a tiny receive buffer that reads nothing."""
+workers that flood each stream, and a raw socket client with a tiny receive buffer that reads nothing.
+
+Review F1: with a keep-alive shorter than the stall limit, the comments restamped the stall clock, so such a
+client was never dropped: four of them held every GPU slot. Through real llama.cpp workers."""
 
 from __future__ import annotations
 
@@ -21,6 +24,10 @@ from tests.support.waits import wait_until
 
 # 1,500 tokens of 32 KiB each: far more than the kernel's socket buffers and the server's transport hold.
 FLOOD = {"prompt": "Count: 1,", "max_tokens": 1500, "stream": True}
+RECEIVE_BUFFER = 2048
+# The segment size the client announces: on loopback (a 64 KiB MTU) the server's send buffer is sized from
+# it, so a small one keeps what the kernel takes before the router's write blocks to about 100 KB.
+SEGMENT = 536
 
 
 @pytest.fixture(scope="module")
@@ -33,16 +40,19 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
 
 
 @contextlib.contextmanager
-def non_reader(svc: ServiceHandle, body: dict[str, Any]) -> Iterator[socket.socket]:
+def non_reader(
+    svc: ServiceHandle, body: dict[str, Any], path: str = "/v1/completions"
+) -> Iterator[socket.socket]:
     """A client that sends a streamed request, then reads nothing: its receive window stays tiny."""
     port = int(svc.base_url.rsplit(":", 1)[1])
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, SEGMENT)
     try:
         sock.connect(("127.0.0.1", port))
         payload = json.dumps(body).encode()
         sock.sendall(
-            f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\n\r\n".encode()
             + payload
         )
@@ -111,3 +121,71 @@ def test_a_client_that_stops_reading_and_stays_is_dropped_after_the_stall_limit(
         with contextlib.suppress(ConnectionResetError):
             while sock.recv(1 << 20):
                 pass
+
+
+# Review F1's settings: a keep-alive (5 s) shorter than the stall limit, which the test supervisor's health
+# settings leave at its floor.
+KEEPALIVE = 5.0
+STALL = 15.0
+MARGIN = 45.0  # the answers' way to a blocked write (some 50 tokens each), and a busy machine
+# A streamed chat with 20 log probabilities per token (about 2 KB a piece) that goes on until its write is
+# blocked: `ignore_eos` so the model does not end it first.
+CHATTY = {
+    "model": "default",
+    "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}],
+    "max_tokens": 1500,
+    "ignore_eos": True,
+    "logprobs": True,
+    "top_logprobs": 20,
+    "stream": True,
+}
+
+
+@pytest.fixture(scope="module")
+def real_svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
+    settings = base_settings(server={"keepalive_seconds": KEEPALIVE})
+    with running_service(tmp_path_factory.mktemp("keepalive-stall"), settings=settings) as handle:
+        assert handle.status()["workers"]["gpu"]["slots"] == 4
+        yield handle
+
+
+def job_record(svc: ServiceHandle, job_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{svc.base_url}/v1/jobs/{job_id}", headers=svc.headers(), timeout=10)
+    record: dict[str, Any] = response.json()
+    return record
+
+
+@pytest.mark.integration
+def test_keep_alive_comments_do_not_keep_clients_that_stopped_reading_on_every_slot(
+    real_svc: ServiceHandle,
+) -> None:
+    svc = real_svc
+    with contextlib.ExitStack() as clients:
+        for _ in range(4):  # one per GPU slot; none of them reads a byte, none leaves
+            clients.enter_context(non_reader(svc, CHATTY, "/v1/chat/completions"))
+        jobs = wait_until(
+            lambda: len(found := running_jobs(svc)) == 4 and gpu_in_flight(svc) == 4 and found,
+            60,
+            "the four chats to take every GPU slot",
+        )
+        ids = sorted(str(job["id"]) for job in jobs)
+        # Before the fix the comments kept every one of them alive until the clients went away.
+        wait_until(
+            lambda: not running_jobs(svc) and gpu_in_flight(svc) == 0,
+            STALL + MARGIN,
+            "every stalled client dropped and its slot free",
+        )
+        for job_id in ids:
+            record = job_record(svc, job_id)
+            assert record["state"] == "cancelled" and record["error"]["code"] == "client_stalled", record
+        dropped = [line for line in svc.output().splitlines() if "the client read nothing for" in line]
+        assert sorted(i for i in ids for line in dropped if i in line) == ids, dropped
+        # The slots are free for someone else, while the four sockets are still open.
+        answer = httpx.post(
+            svc.v1 + "/chat/completions",
+            json={"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3},
+            headers=svc.headers(),
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-failsoft-worker"] == "gpu"

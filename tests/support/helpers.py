@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.support.service import ServiceHandle, write_config
+from tests.support.service import ServiceHandle, at_port, write_config
 from tests.support.waits import wait_until
 from tray_app import admin_token
 
@@ -81,8 +81,9 @@ def wait_replaced(svc: ServiceHandle, old_pid: int, role: str = "gpu") -> dict[s
 
 
 def reload_settings(svc: ServiceHandle, settings: dict[str, Any], *, restart: bool = False) -> dict[str, Any]:
-    """Rewrite the service's config file and ask it to take over what it can live (or restart workers)."""
-    write_config(svc.config_path, settings)
+    """Rewrite the service's config file (its port kept) and ask it to take over what it can live (or restart
+    workers)."""
+    write_config(svc.config_path, at_port(settings, svc.port))
     response = httpx.post(
         svc.base_url + "/failsoft/config/reload",
         json={"restart": restart},

@@ -25,7 +25,7 @@ import tomli_w
 from tray_app import admin_token
 from tray_app.host.launch import free_port, spawn_serve, stop_process_tree
 
-__all__ = ["ServiceHandle", "free_port", "running_service", "stop_process_tree", "write_config"]
+__all__ = ["ServiceHandle", "at_port", "free_port", "running_service", "stop_process_tree", "write_config"]
 
 READY_TIMEOUT = 120.0
 
@@ -53,6 +53,10 @@ class ServiceHandle:
     @property
     def worker_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.worker_key}"}
+
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1])
 
     @property
     def v1(self) -> str:
@@ -113,6 +117,13 @@ def write_config(path: Path, settings: dict[str, Any]) -> None:
     path.write_text(tomli_w.dumps(settings), encoding="utf-8")
 
 
+def at_port(settings: dict[str, Any], port: int) -> dict[str, Any]:
+    """`settings` with the service's port in `[server]`: its address in its config, as a user's config has
+    it, so the `failsoft` commands and the tray with this config take it for the local service (and send it
+    the admin token found on this machine: admin_token.for_url)."""
+    return {**settings, "server": {**settings.get("server", {}), "port": port}}
+
+
 @contextlib.contextmanager
 def running_service(
     root: Path,
@@ -134,7 +145,8 @@ def running_service(
     config_path = root / "config.toml"
     data_dir = data_dir or root / "data"
     log_dir = root / "logs"
-    write_config(config_path, settings or {})
+    port = port or free_port()
+    write_config(config_path, at_port(settings or {}, port))
     args = [
         "--simulate-vram",
         simulate_vram,

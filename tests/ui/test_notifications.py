@@ -19,7 +19,8 @@ def approval(job: str, seconds: float = 42.0) -> dict[str, Any]:
         "type": "approval_needed",
         "job_id": job,
         "estimated_seconds": seconds,
-        "preview": "Summarise this long report",
+        "model": "qwen3-14b",
+        "prompt_tokens": 5210,
         "at": time.time(),
     }
 
@@ -34,12 +35,12 @@ def test_single_fallback_says_why() -> None:
     )
 
 
-def test_single_approval_gives_estimate_and_preview_and_opens_approvals() -> None:
+def test_single_approval_gives_estimate_model_and_size_and_opens_approvals() -> None:
     notice = coalesce([approval("job-2")])
     assert notice is not None
     assert notice.title == "Approval needed"
     assert "about 42 s on the CPU" in notice.body
-    assert "Summarise this long report" in notice.body
+    assert "qwen3-14b, a prompt of 5,210 tokens" in notice.body
     assert notice.opens_approvals
 
 

@@ -23,6 +23,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.support.display import start_xvfb
 from tests.support.service import free_port, running_service, stop_process_tree, write_config
 from tests.support.waits import wait_until
 from tray_app import admin_token
@@ -34,13 +35,6 @@ ARTIFACTS = REPO / "test-artifacts" / "screenshots"
 DOCS_SCREENSHOTS = REPO / "docs" / "screenshots"
 SCREEN = (1100, 720)
 START_TIMEOUT = 150.0
-
-
-def free_display() -> int:
-    for number in range(90, 200):
-        if not Path(f"/tmp/.X11-unix/X{number}").exists() and not Path(f"/tmp/.X{number}-lock").exists():
-            return number
-    raise RuntimeError("no free X display number between :90 and :199")
 
 
 @dataclass
@@ -74,21 +68,18 @@ class Desktop:
 @pytest.fixture
 def desktop(tmp_path: Path) -> Iterator[Desktop]:
     """Xvfb with a soft background and trayer as a full-width top panel."""
-    number = free_display()
+    log = (tmp_path / "desktop.log").open("wb")
+    try:
+        display, xvfb = start_xvfb("-screen", "0", f"{SCREEN[0]}x{SCREEN[1]}x24", log=log)
+    except BaseException:
+        log.close()
+        raise
     env = {
         key: value for key, value in os.environ.items() if key not in ("QT_QPA_PLATFORM", "WAYLAND_DISPLAY")
     }
-    env["DISPLAY"] = f":{number}"
-    screen = f"{SCREEN[0]}x{SCREEN[1]}x24"
-    desk = Desktop(f":{number}", env)
-    log = (tmp_path / "desktop.log").open("wb")
-    desk.processes.append(
-        subprocess.Popen(
-            ["Xvfb", f":{number}", "-screen", "0", screen, "-nolisten", "tcp"], stdout=log, stderr=log
-        )
-    )
+    env["DISPLAY"] = display
+    desk = Desktop(display, env, [xvfb])
     try:
-        wait_until(lambda: x_server_answers(desk), 20, "Xvfb to answer")
         background = tmp_path / "background.png"
         desk.run("convert", "-size", f"{SCREEN[0]}x{SCREEN[1]}", "gradient:#e9eef3-#c3cfdb", str(background))
         # display sets the root window's background and exits non-zero by design; the screenshots show it.
@@ -110,14 +101,6 @@ def desktop(tmp_path: Path) -> Iterator[Desktop]:
                 process.kill()
                 process.wait(timeout=10)
         log.close()
-
-
-def x_server_answers(desktop: Desktop) -> bool:
-    try:
-        desktop.run("xdotool", "getdisplaygeometry")
-    except subprocess.CalledProcessError:
-        return False
-    return True
 
 
 def panel_window(desktop: Desktop) -> str:

@@ -24,15 +24,25 @@ class ServiceError(Exception):
 class ServiceClient:
     base_url: str
     api_key: str = ""
-    admin: str = ""  # the control API's token; "": $FAILSOFT_ADMIN_TOKEN or the data folder's file
+    # The control API's token named for this service (--admin-token). "": the token found on this machine
+    # ($FAILSOFT_ADMIN_TOKEN, the data folder's file), sent only when `base_url` is the local service's own
+    # address (`own`: the config's host and port; None: read from the config).
+    admin: str = ""
+    own: tuple[str, int] | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServiceClient:
         """The service at `--url`, else at the config's address; the key from $FAILSOFT_API_KEY, else the
-        config's `[server] api_key`."""
+        config's `[server] api_key`; the admin token from --admin-token, else the one found on this machine
+        for the config's own address only."""
         cfg = cli.load_config(args)
         url = (args.url or local_url(cfg.server.host, cfg.server.port)).rstrip("/")
-        return cls(url, os.environ.get(API_KEY_VARIABLE) or cfg.server.api_key)
+        return cls(
+            url,
+            os.environ.get(API_KEY_VARIABLE) or cfg.server.api_key,
+            admin=(getattr(args, "admin_token", None) or "").strip(),
+            own=(cfg.server.host, cfg.server.port),
+        )
 
     def get(self, path: str, params: dict[str, str] | None = None) -> Any:
         return self._call("GET", path, params=params)
@@ -51,7 +61,7 @@ class ServiceClient:
     ) -> Any:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         if admin_token.sent_by_owner(path):
-            headers.update(admin_token.headers(self.admin or admin_token.for_client()))
+            headers.update(admin_token.headers(self.admin or admin_token.for_url(self.base_url, self.own)))
         try:
             with httpx.Client(trust_env=False, timeout=timeout, headers=headers) as client:
                 response = client.request(method, self.base_url + path, params=params, json=body)
@@ -80,5 +90,14 @@ class ServiceClient:
             return (
                 f"the service at {self.base_url} wants an API key: set {API_KEY_VARIABLE}, or "
                 "[server] api_key in the config"
+            )
+        if (
+            error.get("code") == "admin_token_required"
+            and not self.admin
+            and not admin_token.is_local_service(self.base_url, self.own)
+        ):
+            return (
+                f"the service at {self.base_url} wants its admin token: pass --admin-token (the token found "
+                "on this machine goes only to the local service's own address, the config's host and port)"
             )
         return str(error.get("message") or f"HTTP {status}")

@@ -2,7 +2,9 @@
 any client (the HTTP event stream, the Qt tray adapter, tests) can consume them.
 
 Every event has a `type` (its wire name), a wall-clock `at`, and fields of its own. `to_dict()` is what goes
-out on /failsoft/events as the JSON `data:` of a server-sent event whose `event:` is the type.
+out on /failsoft/events as the JSON `data:` of a server-sent event whose `event:` is the type; an event's
+`PRIVATE` fields never do (nor into the status page, a webhook's `events` or a repr): they are for a
+listener in this process that hands them on only where the user allowed it.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from typing import Any, ClassVar
 @dataclass(frozen=True)
 class Event:
     type: ClassVar[str] = "event"
+    # Fields that stay in the process: to_dict() (the wire) leaves them out.
+    PRIVATE: ClassVar[frozenset[str]] = frozenset()
     at: float = field(default_factory=time.time, kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, **dataclasses.asdict(self)}
+        fields = dataclasses.asdict(self)
+        return {"type": self.type, **{key: value for key, value in fields.items() if key not in self.PRIVATE}}
 
 
 @dataclass(frozen=True)
@@ -113,11 +118,21 @@ class FallbackRefused(Event):
 
 @dataclass(frozen=True)
 class ApprovalNeeded(Event):
+    """A job waits for the user's yes or no to a slow CPU run. On the wire it says which model, how large and
+    why, never what the prompt says: /failsoft/events needs no admin token. The prompt's opening is read
+    through the admin routes (/failsoft/jobs, /failsoft/view), and reaches a notification channel only with
+    its `preview = true` (`prompt_preview`, which to_dict() leaves out)."""
+
     type: ClassVar[str] = "approval_needed"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"prompt_preview"})
     job_id: str
     estimated_seconds: float
-    preview: str
+    model: str = ""  # the model that would answer on the CPU
+    prompt_tokens: int = 0
+    # A reason code: why it left the GPU (crash_abort, exceeds_gpu_profile), else why it waits (cpu_too_slow)
+    reason: str = ""
     stand_in: str | None = None  # a smaller model the user may pick instead: it answers on the GPU now
+    prompt_preview: str = field(default="", repr=False, kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +37,16 @@ class NoSimulatedDevice(LookupError):
 
 
 class LedgerBusy(RuntimeError):
-    """Another running process already owns the ledger at this path."""
+    """Another running process already owns the ledger at this path: the message names it (pid and command)
+    and says what to do, in one line."""
+
+    def __init__(self, path: Path, owner_pid: int) -> None:
+        self.path = path
+        self.owner_pid = owner_pid
+        super().__init__(
+            f"the simulated GPU ({path}) is held by process {owner_pid} ({command_of(owner_pid)}); "
+            "stop that process, or set FAILSOFT_RUNTIME_DIR to another folder to run a second one"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,18 @@ def process_start(pid: int) -> float | None:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
         return None
+
+
+def command_of(pid: int, limit: int = 160) -> str:
+    """`pid`'s command line as a person would type it (the program by its file name), cut to `limit`."""
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        argv = []
+    if not argv:
+        return "command unknown"
+    command = shlex.join([Path(argv[0]).name, *argv[1:]])
+    return command if len(command) <= limit else command[: limit - 1] + "…"
 
 
 def is_alive(pid: int, started: float | None) -> bool:
@@ -127,7 +149,7 @@ class Ledger:
             if raw is not None:
                 current_owner, current_started = _owner(raw)
                 if current_owner != owner and is_alive(current_owner, current_started):
-                    raise LedgerBusy(f"{self.path} belongs to the running process {current_owner}")
+                    raise LedgerBusy(self.path, current_owner)
                 if current_owner == owner:
                     holdings = self._live(raw)
             state = LedgerState(simulated_name(name), total_bytes, owner, holdings)

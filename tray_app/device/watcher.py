@@ -14,6 +14,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from tray_app.contract.events import DeviceChanged, Event, OtherProcessAppeared, OtherProcessLeft
 from tray_app.device.changes import Change, compare
@@ -26,6 +27,9 @@ MIB = 1024 * 1024
 DEFAULT_POLL_SECONDS = 1.0
 DEFAULT_THRESHOLD_BYTES = 64 * MIB
 HISTORY_SECONDS = 15 * 60.0
+# The longest a caller on the loop that cannot await (the GPU start gate) waits for a blocking source's fresh
+# reading before it takes the latest one: an NVML reading takes milliseconds; a wedged driver, forever.
+FRESH_READ_WAIT_SECONDS = 0.25
 
 Publish = Callable[[Event], None]
 
@@ -56,6 +60,14 @@ class DeviceWatcher:
         self._history: deque[DeviceSnapshot] = deque(maxlen=max(1, math.ceil(history_seconds / poll_seconds)))
         self._task: asyncio.Task[None] | None = None
         self._waiters: list[asyncio.Future[None]] = []
+        # A blocking source is read on the watcher's own thread, one read at a time (never on the default
+        # executor, which serves the rest of the service): the read in progress, its number, its start.
+        self._reader: ThreadPoolExecutor | None = None
+        self._reading: Future[DeviceSnapshot] | None = None
+        self._reading_number = 0
+        self._reading_since = 0.0
+        self._recorded_number = 0  # the newest of those reads recorded (each is recorded once, in order)
+        self._overdue: Future[DeviceSnapshot] | None = None  # a read that outlived a caller's wait
 
     @property
     def latest(self) -> DeviceSnapshot | None:
@@ -74,12 +86,59 @@ class DeviceWatcher:
         return self.record(self._read())
 
     async def poll(self) -> DeviceSnapshot:
-        """Read (off the loop when the source may block) and record."""
-        if self.source.blocking:
-            snapshot = await asyncio.to_thread(self._read)
-        else:
-            snapshot = self._read()
-        return self.record(snapshot)
+        """Read (on the watcher's thread when the source may block) and record."""
+        if not self.source.blocking:
+            return self.record(self._read())
+        number, reading = self._read_on_thread()
+        snapshot = await asyncio.wrap_future(reading)
+        self._arrived(number, reading)
+        return self._latest or snapshot
+
+    def read_fresh(self, wait: float = FRESH_READ_WAIT_SECONDS) -> DeviceSnapshot | None:
+        """A reading taken now for a caller on the loop that cannot await (the GPU start gate), recorded as
+        a poll's. A source that does not block is read here. A blocking one (NVML: driver calls) is read on
+        the watcher's thread, waited for at most `wait` seconds; past that the latest reading is the answer
+        (the late one is recorded if it ever comes), and a read that outlived one caller's wait is not
+        waited for again: a wedged driver stalls the loop for `wait` once, never for good."""
+        if not self.source.blocking:
+            return self.poll_once()
+        number, reading = self._read_on_thread()
+        left = wait - (time.monotonic() - self._reading_since)
+        if left > 0 and reading is not self._overdue:
+            with contextlib.suppress(TimeoutError):
+                reading.result(timeout=left)
+        if reading.done():
+            self._arrived(number, reading)
+        elif reading is not self._overdue:
+            self._overdue = reading
+            waited = time.monotonic() - self._reading_since
+            log.warning("the device has not answered a reading for %.1f s: the latest one stands in", waited)
+        return self._latest
+
+    def _read_on_thread(self) -> tuple[int, Future[DeviceSnapshot]]:
+        """The read of the source on the watcher's thread: the one in progress, or a new one. Its result is
+        recorded on the loop when it comes, unless its caller recorded it first."""
+        if self._reading is None or self._reading.done():
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-reader")
+            loop = asyncio.get_running_loop()
+            self._reading_number += 1
+            number = self._reading_number
+            self._reading, self._reading_since = self._reader.submit(self._read), time.monotonic()
+
+            def arrive(done: Future[DeviceSnapshot]) -> None:  # on the reader's thread
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to tell
+                    loop.call_soon_threadsafe(self._arrived, number, done)
+
+            self._reading.add_done_callback(arrive)
+        return self._reading_number, self._reading
+
+    def _arrived(self, number: int, reading: Future[DeviceSnapshot]) -> None:
+        """On the loop: record a finished read of the watcher's thread, once, and never after a newer one."""
+        if number <= self._recorded_number or reading.cancelled() or reading.exception() is not None:
+            return
+        self._recorded_number = number
+        self.record(reading.result())
 
     def record(self, snapshot: DeviceSnapshot) -> DeviceSnapshot:
         """Keep `snapshot` as the device now, in the ring, and tell what changed since the last telling."""
@@ -125,6 +184,9 @@ class DeviceWatcher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._reader is not None:
+            self._reader.shutdown(wait=False, cancel_futures=True)  # a read hanging in the driver stays
+            self._reader = None
         self.source.close()
 
     async def _run(self) -> None:

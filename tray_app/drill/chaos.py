@@ -3,8 +3,8 @@ clients among them, while the GPU worker is killed and hung at intervals. The ch
 (tests/server/test_chaos.py) and `failsoft drill --soak` both run it; `invariants` judges what it left.
 
 Bounded in count and time: at most `requests` requests, none started after `seconds`, each given up after
-`request_timeout`; every loop stops by itself. It talks to 127.0.0.1 only (the slow readers' raw sockets
-connect to the base URL's host and port)."""
+`request_timeout`; every loop stops by itself. It talks to 127.0.0.1 only (the slow readers' and
+non-readers' raw sockets connect to the base URL's host and port)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ WEIGHTS: Mapping[str, int] = {
     "leaver": 2,
     "slow_reader": 1,
     "slow_leaver": 1,
+    "non_reader": 2,
     "engine_field": 2,
 }
 
@@ -67,14 +68,25 @@ class MixResult:
 Kind = Callable[[ServiceClient, MixPlan], Awaitable[list[Sent]]]
 
 
-def _slow(client: ServiceClient, hold: float, plan: MixPlan) -> Awaitable[list[Sent]]:
-    # What a client sends on its own socket: the API key (if any) and the deadline, not the admin token.
-    headers = {
+def _own_headers(client: ServiceClient) -> dict[str, str]:
+    """What a client sends on its own socket: the API key (if any) and the deadline, not the admin token."""
+    return {
         name: value
         for name, value in client.http.headers.items()
         if name.lower() in ("authorization", "x-failsoft-deadline")
     }
-    return misbehaving.slow_reader(client.base_url, headers, hold, plan.request_timeout, plan.slow_tokens)
+
+
+def _slow(client: ServiceClient, hold: float, plan: MixPlan) -> Awaitable[list[Sent]]:
+    return misbehaving.slow_reader(
+        client.base_url, _own_headers(client), hold, plan.request_timeout, plan.slow_tokens
+    )
+
+
+def _non_reader(client: ServiceClient, plan: MixPlan) -> Awaitable[list[Sent]]:
+    return misbehaving.non_reader(
+        client.http, client.base_url, _own_headers(client), plan.request_timeout, plan.slow_tokens
+    )
 
 
 KINDS: Mapping[str, Kind] = {
@@ -88,6 +100,7 @@ KINDS: Mapping[str, Kind] = {
     "leaver": lambda client, plan: misbehaving.leaver(client.http),
     "slow_reader": lambda client, plan: _slow(client, plan.slow_hold, plan),
     "slow_leaver": lambda client, plan: _slow(client, misbehaving.BRIEF_PAUSE, plan),
+    "non_reader": _non_reader,
     "engine_field": lambda client, plan: misbehaving.engine_field(client.http),
 }
 

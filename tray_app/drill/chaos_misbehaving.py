@@ -1,6 +1,8 @@
 """The misbehaving part of the chaos mix: clients that leave mid-stream (each dialect in turn), slow readers
 (a raw socket with a tiny receive buffer that stops reading: past the router's stall limit, or briefly and
-then gone) and requests carrying llama-server's own fields (each must get 400 `unsupported_field`)."""
+then gone), non-readers (the same socket, which reads nothing and stays until the service ends its job:
+keep-alive comments must not keep it, review F1) and requests carrying llama-server's own fields (each must
+get 400 `unsupported_field`)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tray_app.contract.vocabulary import UNFINISHED_JOB_STATES
 from tray_app.drill.bodies import STORY
 from tray_app.drill.chaos_records import (
     JOB_HEADER,
     TOKEN_HEADER,
     Sent,
+    error_of,
     read_anthropic,
     read_ollama,
     read_openai,
@@ -27,6 +31,7 @@ from tray_app.drill.chaos_records import (
 from tray_app.drill.chaos_requests import (
     ANTHROPIC_HEADERS,
     anthropic_chat,
+    job_headers,
     ollama_chat,
     openai_chat,
     stream,
@@ -34,11 +39,15 @@ from tray_app.drill.chaos_requests import (
 
 LEAVE_AFTER_LINES = 3  # a few pieces of the answer have arrived when the client goes
 LONG = 64  # tokens: long enough that the client leaves before the end
-# A slow reader's answer at most (its slot may take fewer): about 1.2 MB with its log probabilities. Whether
-# that outgrows the socket buffers (and the router's stall limit drops the client) depends on the kernel's.
-SLOW_TOKENS = 600
+# A slow reader's answer at most (its slot may take fewer): about 500 KB with its log probabilities, several
+# times what the buffers between the router and a reader that announces a small segment size hold (about
+# 110 KB, see `_socket`), and short enough that one on the CPU worker does not hold its slot for minutes.
+SLOW_TOKENS = 240
 RECEIVE_BUFFER = 2048
+SEGMENT = 536
 BRIEF_PAUSE = 3.0  # a slow reader that goes away reads nothing this long first
+DRAIN = 15.0  # seconds a non-reader gives the rest of its stream once the service ended its job
+JOB_POLL = 0.5
 # Engine-internal fields, each on a route that takes OpenAI's bodies.
 ENGINE_FIELDS: list[tuple[str, str, dict[str, Any]]] = [
     ("/v1/chat/completions", "id_slot", {"id_slot": 0}),
@@ -137,6 +146,29 @@ def _read_head(sent: Sent, data: bytes) -> None:
     sent.job_id, sent.token = fields.get(JOB_HEADER, ""), fields.get(TOKEN_HEADER, "")
 
 
+def _socket() -> socket.socket:
+    """A client socket that, once it stops reading, holds up the router's write soon: a tiny receive buffer,
+    and a small segment size, from which the kernel sizes the server's send buffer on loopback (with the
+    default, the 64 KiB MTU's, it takes a few MB first: most of an answer)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, SEGMENT)
+    sock.setblocking(False)
+    return sock
+
+
+def _chatty(max_tokens: int) -> dict[str, Any]:
+    """A long streamed chat whose log probabilities make each piece about 2 KB: it outgrows every buffer on
+    the way to a client that does not read."""
+    return {
+        **openai_chat(max_tokens),
+        "messages": STORY,
+        "stream": True,
+        "logprobs": True,
+        "top_logprobs": 20,
+    }
+
+
 async def slow_reader(
     base_url: str, headers: dict[str, str], hold: float, read_timeout: float, max_tokens: int = SLOW_TOKENS
 ) -> list[Sent]:
@@ -145,19 +177,9 @@ async def slow_reader(
     hold, goes away without reading (a paused tab closed)."""
     leaves = hold <= BRIEF_PAUSE
     sent = Sent("slow_leaver" if leaves else "slow_reader")
-    # Log probabilities make each piece about 1 KiB: the answer outgrows every buffer on the way.
-    body = {
-        **openai_chat(max_tokens),
-        "messages": STORY,
-        "stream": True,
-        "logprobs": True,
-        "top_logprobs": 20,
-    }
-    host, port, request = _request_bytes(base_url, headers, body)
+    host, port, request = _request_bytes(base_url, headers, _chatty(max_tokens))
     loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
-    sock.setblocking(False)
+    sock = _socket()
     data, closed = b"", False
     try:
         await asyncio.wait_for(loop.sock_connect(sock, (host, port)), 10)
@@ -176,13 +198,72 @@ async def slow_reader(
         sock.close()
     _read_head(sent, data)
     if sent.outcome is None:
-        _read_body(sent, data)
-        if sent.outcome is None:
-            # Read to its end: whole. Cut short by the service (its stall limit): dropped, as it should be.
-            sent.outcome = "completed" if sent.ends else "dropped" if closed and data else "lost"
-        if sent.outcome == "lost":
-            sent.detail = sent.detail or f"neither ended nor dropped within {read_timeout:.0f}s"
+        _judge(sent, data, closed, f"neither ended nor dropped within {read_timeout:.0f}s")
     return [sent]
+
+
+async def non_reader(
+    http: httpx.AsyncClient,
+    base_url: str,
+    headers: dict[str, str],
+    read_timeout: float,
+    max_tokens: int = SLOW_TOKENS,
+) -> list[Sent]:
+    """A streamed chat from a socket with a tiny receive buffer that reads the head and then nothing, and
+    does not go away: a tab paused for good. Only the service can end it: the router's stall limit drops it
+    (`dropped`), keep-alive comments or not. Once the job has ended (read through the mix's own client) it
+    reads what is left, so a job that ended another way (an answer that fit the buffers: `completed`, a
+    worker's failure: `error`) is judged by its stream. A job still unfinished after `read_timeout` (less
+    the time to read the rest) is `lost`: the service kept a client that reads nothing."""
+    sent = Sent("non_reader")
+    host, port, request = _request_bytes(base_url, headers, _chatty(max_tokens))
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + read_timeout - DRAIN
+    sock = _socket()
+    data, closed, ended = b"", False, False
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, (host, port)), 10)
+        await loop.sock_sendall(sock, request)
+        data = await asyncio.wait_for(loop.sock_recv(sock, RECEIVE_BUFFER), read_timeout)  # the head
+        _read_head(sent, data)
+        ended = await _job_ended(http, sent, deadline)
+        if ended:
+            rest, closed = await _drain(loop, sock, DRAIN)
+            data += rest
+    except (OSError, TimeoutError) as error:
+        sent.detail = repr(error)[:200]
+    finally:
+        sock.close()
+    if sent.job_id and not ended:
+        sent.outcome = "lost"
+        sent.detail = sent.detail or f"read nothing for {read_timeout - DRAIN:.0f}s and was never dropped"
+    else:
+        _judge(sent, data, closed, f"its job ended, but its stream did not within {DRAIN:.0f}s")
+    return [sent]
+
+
+async def _job_ended(http: httpx.AsyncClient, sent: Sent, deadline: float) -> bool:
+    """Whether the job (none: a refusal, nothing to wait for) ends before `deadline`."""
+    while sent.job_id and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            response = await http.get(f"/v1/jobs/{sent.job_id}", headers=job_headers(sent), timeout=10)
+            if response.status_code == 200 and response.json().get("state") not in UNFINISHED_JOB_STATES:
+                return True
+        await asyncio.sleep(JOB_POLL)
+    return not sent.job_id
+
+
+def _judge(sent: Sent, data: bytes, closed: bool, lost: str) -> None:
+    """A raw stream's outcome: a refusal or an error event says why; read to its end: whole; cut short by
+    the service (its stall limit): dropped, as it should be; neither: lost."""
+    if sent.status >= 400:
+        error_of(sent, sent.status, data.split(b"\r\n\r\n", 1)[-1])
+        return
+    _read_body(sent, data)
+    if sent.outcome is None:
+        sent.outcome = "completed" if sent.ends else "dropped" if closed and data else "lost"
+    if sent.outcome == "lost":
+        sent.detail = sent.detail or lost
 
 
 def _read_body(sent: Sent, data: bytes) -> None:

@@ -106,12 +106,13 @@ class ServiceClient:
     def __init__(
         self, base_url: str, api_key: str = "", deadline: float = CLIENT_DEADLINE, admin: str = ""
     ) -> None:
-        """`admin`: the control API's token (default: $FAILSOFT_ADMIN_TOKEN or this user's data folder's)."""
+        """`admin`: the control API's token (default: the one found on this machine, sent only to the local
+        service's own address: admin_token.for_url)."""
         self.base_url = base_url.rstrip("/")
         self.deadline = deadline
         headers = {
             "X-Failsoft-Deadline": str(int(deadline)),
-            **admin_token.headers(admin or admin_token.for_client()),
+            **admin_token.headers(admin or admin_token.for_url(self.base_url)),
         }
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"

@@ -119,6 +119,7 @@ def _run_drill(
                 api_key=cfg.server.api_key,
                 stand_in_enabled=cfg.library.stand_in == "auto",
                 max_loaded=cfg.library.max_loaded,
+                admin=getattr(args, "admin_token", None) or "",  # elsewhere than here: named by the user
             )
         )
     settings = drill_config(cfg, args.simulate_vram or default_simulated_vram(cfg))

@@ -69,7 +69,10 @@ def run_soak(args: argparse.Namespace, minutes: float, progress: Progress) -> in
     kept: Path | None = None
     if args.url:
         # The configured service, usually: its API key is the config's, its admin token this user's.
-        result = asyncio.run(soak_at(args.url, minutes, api_key=cfg.server.api_key, quiet=args.json))
+        admin = getattr(args, "admin_token", None) or ""  # another address's token is named by the user
+        result = asyncio.run(
+            soak_at(args.url, minutes, api_key=cfg.server.api_key, admin=admin, quiet=args.json)
+        )
         path = write_report(result, reports)
     else:
         settings = drill_config(cfg, args.simulate_vram or default_simulated_vram(cfg))

@@ -35,7 +35,6 @@ _OPENAI_COMMON = frozenset(
 _OPENAI_CHAT = frozenset(
     {
         "messages",
-        "max_completion_tokens",
         "logprobs",
         "top_logprobs",
         "response_format",
@@ -75,6 +74,10 @@ SAMPLING_EXTENSIONS = frozenset(
         "cache_prompt",
     }
 )
+# OpenAI's newer name for `max_tokens` (chat only, but sent to both routes by some clients). llama-server
+# reads it before `max_tokens`, so a body carrying both would generate to the client's figure rather than
+# the budget admission counted: the router folds it into `max_tokens` (fold_budget) and never forwards it.
+BUDGET_ALIAS = "max_completion_tokens"
 FORWARDED: Mapping[Kind, frozenset[str]] = {
     "chat": _OPENAI_COMMON | _OPENAI_CHAT | SAMPLING_EXTENSIONS,
     "completion": _OPENAI_COMMON | _OPENAI_COMPLETION | SAMPLING_EXTENSIONS,
@@ -118,9 +121,24 @@ def engine_internal_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def fold_budget(body: dict[str, Any]) -> None:
+    """`body` with one budget field, in place: its `max_completion_tokens` becomes `max_tokens` (and wins
+    over a `max_tokens` beside it, as in llama-server), so every route, the journal and every resume carry
+    the budget under the one name the router writes."""
+    if BUDGET_ALIAS in body:
+        value = body.pop(BUDGET_ALIAS)
+        if value is not None:
+            body["max_tokens"] = value
+
+
 def forwarded(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    """`body` as a worker may see it: the fields of `kind`'s allow-list only (an unknown kind: unchanged)."""
+    """`body` as a worker may see it: the fields of `kind`'s allow-list only (an unknown kind: unchanged).
+    Never `max_completion_tokens`: a body journaled before the budget was folded at parse time has its
+    figure as `max_tokens` when it has no `max_tokens` of its own (as jobs.resume counts it)."""
     allowed = FORWARDED.get(kind)  # type: ignore[call-overload]
     if allowed is None:
         return dict(body)
-    return {name: value for name, value in body.items() if name in allowed}
+    out = {name: value for name, value in body.items() if name in allowed}
+    if out.get("max_tokens") is None and body.get(BUDGET_ALIAS) is not None:
+        out["max_tokens"] = body[BUDGET_ALIAS]
+    return out

@@ -131,6 +131,8 @@ class GpuSide:
         if isinstance(event, WorkerUnhealthy) and event.kind == "oom_load":
             # Before its restart is weighed (published before the restart is scheduled).
             self.starts.load_ran_short(event.role, event.failed_bytes, event.reached_bytes)
+        elif isinstance(event, WorkerStateChanged) and event.new == "ready" and event.role.startswith("gpu"):
+            self.starts.load_succeeded(event.role)
         elif isinstance(event, DeviceChanged):
             if self.watch.plan_is_stale():
                 self.host.replan()
@@ -158,10 +160,12 @@ class GpuSide:
     def read_now(self) -> DeviceSnapshot | None:
         return self.watch.read_now()
 
-    def gate(self, profile: WorkerProfile) -> WorkerProfile | str:
-        """The supervisors' start gate (gpu_start), then the path's state again."""
+    async def gate(self, profile: WorkerProfile) -> WorkerProfile | str:
+        """The supervisors' start gate (gpu_start), weighed on a reading taken now (awaited: a driver's
+        reading never holds the event loop), then the path's state again."""
+        snapshot = await self.watch.read_now_async() if on_gpu_side(profile) else None
         before = dict(self.starts.held_back)
-        gated = self.starts.gate(profile)
+        gated = self.starts.gate_on(profile, snapshot)
         if self.starts.held_back != before:
             self.path_changed()
         return gated

@@ -5,6 +5,7 @@ stays stopped with a reason that names the programs holding the memory."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -140,6 +141,25 @@ def weigh(
     return Weighed(decision, None, 0)
 
 
+# What failed loads teach is bounded: at most this share of the device is held back for one worker...
+LEARNED_CAP_FRACTION = 0.25
+# ...and a lesson that no new failure renewed for this long is forgotten (the device's other users moved on).
+LEARNED_FOR_SECONDS = 30 * 60.0
+
+
+@dataclass
+class Shortfall:
+    """What one worker's failed loads taught, in two parts that end differently."""
+
+    estimate: int = 0  # reached beyond the need its start was weighed with: the estimate's error here
+    others: int = 0  # failed allocations without such an excess: memory someone else took meanwhile
+    at: float = 0.0  # monotonic time of the last failure
+
+    @property
+    def total(self) -> int:
+        return self.estimate + self.others
+
+
 class GpuStarts:
     """The supervisors' start gate, and what each GPU start was weighed to need (its share on the device)."""
 
@@ -148,34 +168,67 @@ class GpuStarts:
         plans: StartPlans,
         read_now: Callable[[], DeviceSnapshot | None],
         path: Callable[[], gpu_policy.GpuPath],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._plans = plans
         self._read_now = read_now
         self._path = path
+        self._clock = clock
         self._need: dict[str, int] = {}  # role -> bytes its current start was weighed with
         self.held_back: dict[str, str] = {}  # role -> why its last start was not made
         self.notes: dict[str, str] = {}  # role -> why it started with a smaller plan
-        # role -> bytes its loads lacked (load_ran_short), held back at its next starts. Learned against one
+        # role -> what its loads lacked (load_ran_short), held back at its next starts. Learned against one
         # plan set: a new one (the device changed) starts from the estimate again.
-        self._learned: dict[str, int] = {}
+        self._learned: dict[str, Shortfall] = {}
         self._learned_on: PlanSet | None = None
+
+    def _cap(self) -> int:
+        return int(self._plans.plan_set.device.total_bytes * LEARNED_CAP_FRACTION)
 
     def load_ran_short(self, role: str, failed_bytes: int, reached_bytes: int) -> None:
         """`role`'s load ran out of device memory allocating `failed_bytes`, having reached `reached_bytes`
         with it: its next start holds back what that was beyond what the start was weighed to need (the
         estimate's shortfall), or the allocation itself where that says nothing (another program took the
-        memory meanwhile, or the driver did). Again after each such failure, so repeated failures end in a
-        plan that loads, or in none."""
+        memory meanwhile, or the driver did). Again after each such failure, up to LEARNED_CAP_FRACTION of
+        the device: repeated failures end in a plan that loads, or in none, and a few transient ones cannot
+        take more than that share of the card."""
         if failed_bytes <= 0 or not role.startswith("gpu"):
             return
         if self._learned_on is not self._plans.plan_set:
             self._learned, self._learned_on = {}, self._plans.plan_set
+        # What was learned before counts unless it was forgotten (its time ran out).
+        shortfall = self._learned[role] if self.learned(role) else Shortfall()
         beyond = reached_bytes - self._need.get(role, reached_bytes)
-        self._learned[role] = self._learned.get(role, 0) + (beyond if beyond > 0 else failed_bytes)
+        if beyond > 0:
+            shortfall.estimate += beyond
+        else:
+            shortfall.others += failed_bytes
+        cap = self._cap()
+        shortfall.estimate = min(shortfall.estimate, cap)
+        shortfall.others = min(shortfall.others, cap - shortfall.estimate)
+        shortfall.at = self._clock()
+        self._learned[role] = shortfall
+
+    def load_succeeded(self, role: str) -> None:
+        """`role`'s worker loaded: what its failures learned of others' memory (taken between a reading and
+        the load: a passing spike, not this device's state) is forgotten; the estimate's own shortfall stays,
+        as the start that just loaded held it back."""
+        shortfall = self._learned.get(role)
+        if shortfall is None:
+            return
+        shortfall.others = 0
+        if shortfall.total == 0:
+            del self._learned[role]
 
     def learned(self, role: str) -> int:
-        """What `role`'s start holds back now for its earlier loads' shortfall (0 once the plans changed)."""
-        return self._learned.get(role, 0) if self._learned_on is self._plans.plan_set else 0
+        """What `role`'s start holds back now for its earlier loads' shortfall: 0 once the plans changed or
+        LEARNED_FOR_SECONDS after its last failure; never more than LEARNED_CAP_FRACTION of the device."""
+        shortfall = self._learned.get(role)
+        if shortfall is None or self._learned_on is not self._plans.plan_set:
+            return 0
+        if self._clock() - shortfall.at > LEARNED_FOR_SECONDS:
+            return 0
+        return min(shortfall.total, self._cap())
 
     def learned_all(self) -> dict[str, int]:
         """role -> what its starts hold back now (roles with nothing learned left out)."""
@@ -183,9 +236,12 @@ class GpuStarts:
 
     def gate(self, profile: WorkerProfile) -> WorkerProfile | str:
         """The profile to start `profile`'s worker with, or why it is not started (jobs.gpu_policy)."""
+        return self.gate_on(profile, self._read_now() if on_gpu_side(profile) else None)
+
+    def gate_on(self, profile: WorkerProfile, snapshot: DeviceSnapshot | None) -> WorkerProfile | str:
+        """`gate` on a reading taken by the caller (off the event loop: GpuSide.gate)."""
         if not on_gpu_side(profile):
             return profile
-        snapshot = self._read_now()
         if snapshot is None:
             return profile  # nothing is watched here: the plan made at start is all there is
         weighed = weigh(self._plans, profile, snapshot, self._path(), self.learned(profile.role))

@@ -5,6 +5,8 @@ way on the simulated device as through NVML."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
@@ -23,6 +25,8 @@ from tray_app.device.snapshot import DeviceSnapshot
 from tray_app.device.sources import pick_source
 from tray_app.device.watcher import DEFAULT_THRESHOLD_BYTES, DeviceWatcher
 from tray_app.sizes import parse_size
+
+FRESH_READ_AWAIT_SECONDS = 2.0  # a start waits this long for the driver's reading, the loop not at all
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +119,21 @@ class GpuWatch:
         return self.watcher.latest or self.watcher.poll_once()
 
     def read_now(self) -> DeviceSnapshot | None:
-        """A fresh reading, recorded (and told) as a poll would be: a GPU start is weighed on it."""
-        return self.watcher.poll_once() if self.watcher is not None else None
+        """A fresh reading, recorded (and told) as a poll would be: a GPU start is weighed on it. The start
+        gate is called without an await, so a driver's reading (NVML) is taken on the watcher's thread and
+        waited for briefly, never on the event loop itself (DeviceWatcher.read_fresh)."""
+        return self.watcher.read_fresh() if self.watcher is not None else None
+
+    async def read_now_async(self) -> DeviceSnapshot | None:
+        """A fresh reading, awaited (on the watcher's thread for a driver's source): what a GPU start is
+        weighed on. A driver that does not answer in FRESH_READ_AWAIT_SECONDS leaves the latest reading to
+        stand in; the late one is recorded when it comes."""
+        watcher = self.watcher
+        if watcher is None:
+            return None
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(watcher.poll()), FRESH_READ_AWAIT_SECONDS)
+        return watcher.latest
 
     def plan_is_stale(self) -> bool:
         """Whether others' memory, the size or the state moved by the watcher's threshold since the plan

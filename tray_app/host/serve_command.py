@@ -7,6 +7,7 @@ import faulthandler
 import ipaddress
 import logging
 import sys
+from urllib.parse import urlsplit
 
 import uvicorn
 
@@ -14,6 +15,7 @@ from tray_app import paths
 from tray_app.budget.plan_set import PlanSet
 from tray_app.cli import load_config
 from tray_app.config import Config, ConfigError
+from tray_app.device.ledger import Ledger, LedgerBusy
 from tray_app.host import event_loop
 from tray_app.host.bind import listening_socket
 from tray_app.host.crash_record import begin_run, enable_crash_stacks
@@ -21,7 +23,7 @@ from tray_app.host.service import Service
 from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
 from tray_app.jobs.journal_owner import JournalInUse
 from tray_app.server.routes import create_app
-from tray_app.sizes import format_size
+from tray_app.sizes import format_size, parse_size
 
 
 def is_loopback(host: str) -> bool:
@@ -34,12 +36,27 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(cfg: Config) -> None:
-    """Nothing listens beyond loopback unless the user asked for it and set an API key."""
+    """Nothing is reachable beyond loopback unless the user asked for it and set an API key: neither a bind
+    beyond loopback, nor a `public_url` beyond it (a reverse proxy forwards whoever reaches it here)."""
     if not is_loopback(cfg.server.host) and not cfg.server.api_key:
         raise ConfigError(
             f"{cfg.source}: refusing to listen on {cfg.server.host} without server.api_key; "
             "set an API key in the config, or bind 127.0.0.1"
         )
+    public_host = _url_host(cfg.server.public_url)
+    if cfg.server.public_url and not is_loopback(public_host) and not cfg.server.api_key:
+        raise ConfigError(
+            f"{cfg.source}: refusing to serve server.public_url {cfg.server.public_url} without "
+            "server.api_key: whoever reaches that address could use the service; set an API key in the "
+            "config, or remove public_url"
+        )
+
+
+def _url_host(url: str) -> str:
+    try:
+        return (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return ""
 
 
 def devices_line(plan: PlanSet, model: str, cpu_enabled: bool) -> str:
@@ -106,8 +123,12 @@ def _serve(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe otherwise
         try:
+            if cfg.device.simulate_vram:
+                # Claimed here, not first in the service's start-up, where a refusal ends in a traceback.
+                Ledger().create(parse_size(cfg.device.simulate_vram))
             service = Service(cfg, enable_faults=bool(getattr(args, "enable_faults", False)))
-        except JournalInUse as error:
+        except (JournalInUse, LedgerBusy) as error:
+            Ledger().remove()  # this run's claim, if it made one; never another process's
             print(f"failsoft serve: {error}", file=sys.stderr)
             return 1
         # The data folder is this run's now (the journal's lock): the marker found is the previous run's.

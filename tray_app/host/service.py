@@ -102,8 +102,15 @@ class Service:
         self.started_at = time.time()
         # This run as its status tells it; `failsoft serve` replaces it with one that knows the last crash.
         self.run = RunRecord(None, Path(), started_at=self.started_at)
+        self.relay = Relay()
+        self.path_timings = PathTimings()  # the router's own time on each stream's way to its first token
+        self.journal = Journal(
+            paths.data_dir() / JOURNAL_FILE,
+            on_failure=lambda reason: self.bus.publish(JournalFailed(reason=reason)),  # the writer's thread
+        )
         # The tokenizer, chat template and grammar parser run in a helper process: no native inference code
-        # in this one (tray_app.tokenizer). Started first, it loads the model's vocabulary meanwhile.
+        # in this one (tray_app.tokenizer). Started once the journal is this run's (a second service on the
+        # same data folder starts nothing), it loads the vocabulary while the workers start.
         self.tokenizer = TokenizerProcess(
             paths.log_dir() / TOKENIZER_LOG,
             preload=[(self.model_path, cfg.model.chat_format)],
@@ -112,12 +119,6 @@ class Service:
         self.tokenizer.start()
         self.tokens = ModelTokens(self.tokenizer, self.model_path, cfg.model.chat_format)
         self._file_tokens: dict[str, ModelTokens] = {}
-        self.relay = Relay()
-        self.path_timings = PathTimings()  # the router's own time on each stream's way to its first token
-        self.journal = Journal(
-            paths.data_dir() / JOURNAL_FILE,
-            on_failure=lambda reason: self.bus.publish(JournalFailed(reason=reason)),  # the writer's thread
-        )
         self.registry = JobRegistry(self.journal, self.bus)
         self.library = Library(
             self.catalog,

@@ -27,11 +27,11 @@ from typing import IO
 
 import httpx
 
+from tray_app.host.crash_record import PREVIOUS_EXIT_ENV, RESTARTED_BY_ENV
+
 log = logging.getLogger(__name__)
 
-PREVIOUS_EXIT_ENV = "FAILSOFT_PREVIOUS_EXIT"  # the last run's Popen.returncode: -11 is SIGSEGV, 2 an exit
-RESTARTED_BY_ENV = "FAILSOFT_RESTARTED_BY"
-RESTARTED_BY = "tray"
+RESTARTED_BY = "tray"  # told to the next run in RESTARTED_BY_ENV, with the last run's returncode
 
 STOP_GRACE_S = 10.0  # after SIGTERM: the service drains its requests and stops its workers
 READY_POLL_S = 0.1

@@ -35,7 +35,9 @@ class Assembler:
         self.id = self.id or str(obj.get("id", ""))
         self.created = self.created or int(obj.get("created") or time.time())
         self.model = self.model or str(obj.get("model", ""))
-        if obj.get("usage"):
+        if obj.get("usage") and not self._resumed:
+            # A resumed attempt's counts are its own request's (a prompt holding the answer so far, the
+            # rest of the answer): the whole answer's are counted here instead (_usage).
             self.usage = obj["usage"]
         for choice in obj.get("choices") or []:
             if choice.get("finish_reason"):
@@ -75,6 +77,8 @@ class Assembler:
         continues the answer so far, so its prompt is not the request's."""
         self._attempt_start = self.tokens
         self._resumed = resumed
+        if resumed:
+            self.usage = None  # an earlier attempt's counts, of an answer it did not finish
 
     def _add_tool_call(self, call: dict[str, Any]) -> None:
         index = int(call.get("index", 0))

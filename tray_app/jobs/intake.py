@@ -199,8 +199,7 @@ class Jobs:
         max_tokens = requested_tokens(prompt_tokens, request.max_tokens, n_ctx)
         if request.fit_budget:
             max_tokens = self._fitted_budget(entry, prompt_tokens, max_tokens)
-        if max_tokens != request.max_tokens:
-            body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
+        body["max_tokens"] = max_tokens  # the budget admission counted is the one the worker gets
         stream = request.stream and not background
         key = request.idempotency_key
         job = Job(

@@ -85,9 +85,12 @@ def common_prefix(a: array[int], b: array[int]) -> int:
 
 @dataclass
 class _Target:
-    """What one job's replay would send, as the CPU worker should hold it."""
+    """What one job's replay would send, as the CPU worker should hold it. Once the job is final it is kept
+    (among the KEPT newest) only for its tokens, the conversation's next turn: `job` and `exact` (a body as
+    large as the request) are let go (`let_go`), so the kept targets hold token arrays, not requests."""
 
-    job: Job
+    key: str  # the job's id
+    job: Job | None  # None once the job is final
     role: str  # the CPU worker
     tokens: array[int]  # the replay's prompt, as token ids
     prompt_tokens: int  # of `tokens`, the request's prompt (the rest is answer)
@@ -101,6 +104,11 @@ class _Target:
     def behind(self) -> int:
         exact = 1 if self.exact is not None and not self.exact_done else 0
         return max(len(self.tokens) - self.done, 0) + exact
+
+    def let_go(self) -> None:
+        """Its job is final: no replay will send its request, and its body and result are not ours to keep."""
+        self.job = None
+        self.exact = None
 
 
 def mirror_settings(cpu: CpuConfig) -> MirrorSettings:
@@ -117,9 +125,10 @@ def mirror_settings(cpu: CpuConfig) -> MirrorSettings:
 class Following:
     """One GPU attempt of a mirrored job: hands the mirror its answer as it grows (a stream's), and whole."""
 
-    def __init__(self, mirror: Mirror, target: _Target, prompts: Prompts, extend: bool) -> None:
+    def __init__(self, mirror: Mirror, target: _Target, job: Job, prompts: Prompts, extend: bool) -> None:
         self._mirror = mirror
         self._target = target
+        self._job = job  # the attempt's own: the target lets go of it once the job is final
         self._prompts = prompts
         self._extend = extend  # a stream that a resume could continue: its answer so far is worth reading
         self._new = 0
@@ -138,9 +147,9 @@ class Following:
         if not policy.extend_due(self._new, now - self._since, settings.every_tokens, settings.every_seconds):
             return
         self._new, self._since = 0, now
-        job = self._target.job
+        job = self._job
         self._mirror.extend(
-            self._target, self._prompts, progress.delivered_reasoning, progress.delivered_text,
+            self._target, job, self._prompts, progress.delivered_reasoning, progress.delivered_text,
             continues_chat(job, progress),
         )  # fmt: skip
 
@@ -148,8 +157,8 @@ class Following:
         """The answer is complete: a conversation's next turn starts with it (a plain text answer; a
         template renders reasoning and tool calls of earlier turns its own way)."""
         plain = assembler.text and not assembler.reasoning and not assembler.has_tool_calls
-        if self._target.job.kind == "chat" and plain:
-            self._mirror.answered(self._target, self._prompts, assembler.text)
+        if self._job.kind == "chat" and plain:
+            self._mirror.answered(self._target, self._job, self._prompts, assembler.text)
 
 
 class Mirror:
@@ -210,7 +219,7 @@ class Mirror:
             if target is None:
                 return None
         resumable = streaming and (job.kind != "chat" or not constrained_output(job.body))
-        return Following(self, target, prompts, resumable)
+        return Following(self, target, job, prompts, resumable)
 
     def _new_target(self, job: Job, role: str, prompts: Prompts) -> _Target | None:
         exact: tuple[str, bytes] | None = None
@@ -220,7 +229,7 @@ class Mirror:
             return None  # a prompt of token ids: nothing the mirror can render
         # Its tokens come from the tokenizer helper: the target is read, and takes its answer, once they
         # are known.
-        target = _Target(job, role, array("i"), 0, exact)
+        target = _Target(job.id, job, role, array("i"), 0, exact)
         self._first[job.id] = target
         self._tokenize(self._prompt_tokens(job, prompts), functools.partial(self._first_tokens, target))
         return target
@@ -242,14 +251,14 @@ class Mirror:
 
     def _first_tokens(self, target: _Target, task: asyncio.Task[array[int] | None]) -> None:
         self._tokenizing.discard(task)
-        if self._first.get(target.job.id) is not target:
+        if self._first.get(target.key) is not target:
             return  # the job went to the CPU meanwhile: that reads its prompt itself
-        del self._first[target.job.id]
+        del self._first[target.key]
         if task.cancelled():
             return
         error = task.exception()
         if error is not None:
-            log.info("job %s not mirrored: its prompt did not tokenize (%r)", target.job.id, error)
+            log.info("job %s not mirrored: its prompt did not tokenize (%r)", target.key, error)
             return
         tokens = task.result()
         if tokens is None:
@@ -259,27 +268,26 @@ class Mirror:
         self._put(target)
 
     def extend(
-        self, target: _Target, prompts: Prompts, reasoning: str, text: str, continued_chat: bool
+        self, target: _Target, job: Job, prompts: Prompts, reasoning: str, text: str, continued_chat: bool
     ) -> None:
         """The job's answer so far (`reasoning`, `text`) goes to the mirror: a replay now would resume it."""
-        if target.job.id not in self._targets:
+        if self._targets.get(target.key) is not target:
             return  # given up, or the job went to the CPU
         if continued_chat:
             # A thinking model's answer continues as a chat that the worker renders: that request itself.
-            path, body = continued_chat_request(target.job, reasoning, text, 1)
+            path, body = continued_chat_request(job, reasoning, text, 1)
             target.version += 1
             target.exact, target.exact_done = (path, self._one_token(body)), False
             target.updated_at = time.monotonic()
             self._put(target)
             return
-        self._retokenize(target, prompts, _joined(completion_prompt(target.job, prompts), text))
+        self._retokenize(target, prompts, _joined(completion_prompt(job, prompts), text))
 
-    def answered(self, target: _Target, prompts: Prompts, text: str) -> None:
+    def answered(self, target: _Target, job: Job, prompts: Prompts, text: str) -> None:
         """The job's whole answer: the conversation as its next turn renders it, the answer as an assistant
         message of its own (the template closes it as it will then)."""
-        if target.job.id not in self._targets:
+        if self._targets.get(target.key) is not target:
             return
-        job = target.job
         turn = [*job.body["messages"], {"role": "assistant", "content": text}]
         self._retokenize(target, prompts, _prompt_of(prompts.chat_prompt(turn, job.body.get("tools"))))
 
@@ -300,15 +308,15 @@ class Mirror:
             return
         error = task.exception()
         if error is not None:
-            log.info("mirror of job %s given up: its answer did not tokenize (%r)", target.job.id, error)
-            self._give_up(target.job.id, target)
+            log.info("mirror of job %s given up: its answer did not tokenize (%r)", target.key, error)
+            self._give_up(target.key, target)
             return
         tokens = task.result()
         if tokens is not None:
             self._retokenized(target, version, tokens)
 
     def _retokenized(self, target: _Target, version: int, tokens: array[int]) -> None:
-        if version != target.version or self._targets.get(target.job.id) is not target:
+        if version != target.version or self._targets.get(target.key) is not target:
             return  # a newer text came meanwhile, or the mirror is done with the job
         target.tokens = tokens
         target.exact = None
@@ -316,15 +324,23 @@ class Mirror:
         self._put(target)
 
     def _put(self, target: _Target) -> None:
-        self._targets.pop(target.job.id, None)
-        self._targets[target.job.id] = target  # newest last
+        self._targets.pop(target.key, None)
+        self._targets[target.key] = target  # newest last
         target.done = self._held_of(target)
+        self._let_go_of_final_jobs()
         while len(self._targets) > KEPT:
             oldest = next(iter(self._targets))
             if oldest in self._reading:
                 break
             del self._targets[oldest]
         self._wake.set()
+
+    def _let_go_of_final_jobs(self) -> None:
+        """Targets whose jobs are final keep only their tokens (_Target.let_go): looked at whenever a target
+        comes or changes and at each of the owner's turns (WAKE_SECONDS at most)."""
+        for target in self._targets.values():
+            if target.job is not None and target.job.final:
+                target.let_go()
 
     async def settle(self, job: Job) -> None:
         """The job is about to be replayed on its CPU worker: a read of it in progress finishes the piece it
@@ -405,6 +421,7 @@ class Mirror:
                 task.cancel()
             self._targets.clear()
             return
+        self._let_go_of_final_jobs()
         waiting = [
             policy.MirrorWork(key, target.behind, target.updated_at)
             for key, target in self._targets.items()
@@ -439,7 +456,7 @@ class Mirror:
                 self.preempted += 1
 
     async def _read(self, target: _Target, worker: Worker, slot: float) -> None:
-        key = target.job.id
+        key = target.key
         try:
             while self._targets.get(key) is target:
                 target.done = self._held_of(target)
@@ -490,7 +507,9 @@ class Mirror:
     # ------------------------------------------------------------------------------ status
     def status(self) -> MirrorStatus:
         settings = self.settings()
-        live = [target for target in self._targets.values() if not target.job.final]
+        live = [
+            target for target in self._targets.values() if target.job is not None and not target.job.final
+        ]
         covered = sum(1 for target in live if min(target.done, target.prompt_tokens) >= target.prompt_tokens)
         return {
             "enabled": settings.enabled,

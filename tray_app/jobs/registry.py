@@ -400,17 +400,25 @@ class JobRegistry:
             job.id, estimated_seconds=job.estimated_seconds, fallback_reason=job.fallback_reason
         )
         self.set_state(job, "awaiting_approval", reason)
-        preview = self.summary_preview(job)
         event_estimate = estimated_seconds if known else -1.0
+        # The event says which model, how large and why; the prompt's opening stays off the wire (the
+        # admin routes show it) and goes only to the notification channels that opted in.
         self.bus.publish(
             ApprovalNeeded(
-                job_id=job.id, estimated_seconds=event_estimate, preview=preview, stand_in=stand_in_offer
+                job_id=job.id,
+                estimated_seconds=event_estimate,
+                model=job.model,
+                prompt_tokens=job.prompt_tokens,
+                reason=job.fallback_reason or reason,
+                stand_in=stand_in_offer,
+                prompt_preview=self.summary_preview(job),
             )
         )
         return True
 
     @staticmethod
     def summary_preview(job: Job) -> str:
+        """The prompt's opening, as the admin routes show it (summary's `preview`)."""
         return str(job.summary()["preview"])
 
     def complete(self, job: Job, result: dict[str, Any]) -> bool:

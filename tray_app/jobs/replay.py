@@ -65,8 +65,10 @@ async def resume_request(
         body = {name: job.body[name] for name in SAMPLING_FIELDS if name in job.body}
         body.update(prompt=prompt + text, max_tokens=remaining, stop=stops)
         return COMPLETION_PATH, body
-    body = dict(job.body)
-    prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
+    # The allow-list, as the first attempt had it: no field the worker was not sent then, and no
+    # `max_completion_tokens`, which llama-server would read before `max_tokens` = remaining.
+    body = worker_fields(job.kind, job.body)
+    prompt = job.body["prompt"] if isinstance(job.body["prompt"], str) else job.body["prompt"][0]
     body.update(prompt=prompt + text, max_tokens=remaining)
     return COMPLETION_PATH, body
 

@@ -1,9 +1,12 @@
-"""Signed, expiring, single-use capabilities: an Approve or Reject link for one job, and the status page's
-login cookie. The phone holding a link needs no API key; the link says which job and which decision, and
+"""Signed, expiring, single-use capabilities: an Approve or Reject link for one job; and the status page's
+login sessions. The phone holding a link needs no API key; the link says which job and which decision, and
 an HMAC over them (with a key only the service reads) means it cannot be changed into another.
 
 A link: `<job id>.<decision>.<expiry>.<nonce>.<signature>`, all URL-safe. Its nonce is remembered once used
-(in a file of the data folder, so a restart does not make it usable again) until the link has expired."""
+(in a file of the data folder, so a restart does not make it usable again) until the link has expired.
+
+A session is a random id the service keeps (sessions.Sessions), not a signed value: logging out ends it
+here, and a new admin token ends every session made under the old one."""
 
 from __future__ import annotations
 
@@ -21,12 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tray_app import admin_token
+from tray_app.reach.sessions import Sessions
+
 KEY_FILE = "action-key"
 USED_FILE = "actions-used.json"
 DECISIONS = ("approve", "reject")
 Decision = Literal["approve", "reject"]
 LINK_TTL = 6 * 3600.0  # a job waiting longer is still on the status page; the link has stopped working
-SESSION_TTL = 7 * 24 * 3600.0
+SESSIONS_FILE = "sessions.json"
 MAX_USED = 10_000  # used nonces kept (each until its link expires): bounded against a flood of presses
 
 
@@ -80,22 +86,36 @@ class Refused(Exception):
 
 
 def _sign(key: bytes, purpose: str, payload: str) -> str:
-    digest = hmac.new(key, f"{purpose}\n{payload}".encode(), hashlib.sha256).digest()
+    # surrogatepass: a path's text may hold anything; one string, one byte string, never an error.
+    message = f"{purpose}\n{payload}".encode("utf-8", "surrogatepass")
+    digest = hmac.new(key, message, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
+def _same(sent: str, expected: str) -> bool:
+    """Constant-time, as bytes: text with non-ASCII characters is a mismatch, not a TypeError."""
+    return hmac.compare_digest(sent.encode("utf-8", "surrogatepass"), expected.encode("ascii"))
+
+
 class Signer:
-    """Makes and checks the links and the login cookie with one key; remembers used links."""
+    """Makes and checks the links with one key, and remembers used links; keeps the status page's sessions,
+    bound to `owner` (the admin token they were opened with)."""
 
     def __init__(
-        self, key: bytes, used_file: Path | None = None, now: Callable[[], float] = time.time
+        self,
+        key: bytes,
+        used_file: Path | None = None,
+        now: Callable[[], float] = time.time,
+        sessions_file: Path | None = None,
+        owner: str = "",
     ) -> None:
         self._key = key
         self._now = now
-        self.session_ttl = SESSION_TTL
         self._used_file = used_file
         self._lock = threading.Lock()
         self._used: dict[str, float] = self._load_used()
+        self.sessions = Sessions(_sign(key, "session-owner", owner), sessions_file, now)
+        self.session_ttl = self.sessions.ttl  # the cookie's Max-Age: the browser drops it when it ends here
 
     # -------------------------------------------------------------------------------------- links
     def link_token(self, job_id: str, decision: Decision, ttl: float = LINK_TTL) -> str:
@@ -111,7 +131,7 @@ class Signer:
         if len(parts) != 5:
             raise Refused("this link is not a Failsoft action link")
         job_id, decision, expiry, nonce, signature = parts
-        if not hmac.compare_digest(signature, _sign(self._key, "action", ".".join(parts[:4]))):
+        if not _same(signature, _sign(self._key, "action", ".".join(parts[:4]))):
             raise Refused("this link was not made by this Failsoft service, or it has been changed")
         if decision not in DECISIONS or not expiry.isdigit():
             raise Refused("this link is not a Failsoft action link")
@@ -134,17 +154,15 @@ class Signer:
         return action
 
     # ------------------------------------------------------------------------------------ session
-    def session_cookie(self) -> str:
-        payload = f"{int(self._now() + self.session_ttl)}.{secrets.token_urlsafe(9)}"
-        return f"{payload}.{_sign(self._key, 'session', payload)}"
+    def start_session(self) -> str:
+        """A new session (after the admin token was checked): the id the cookie carries."""
+        return self.sessions.start()
 
     def session_valid(self, cookie: str) -> bool:
-        expiry, _, rest = cookie.partition(".")
-        nonce, _, signature = rest.partition(".")
-        if not (expiry.isdigit() and nonce and signature):
-            return False
-        good = hmac.compare_digest(signature, _sign(self._key, "session", f"{expiry}.{nonce}"))
-        return good and int(expiry) >= self._now()
+        return self.sessions.valid(cookie)
+
+    def end_session(self, cookie: str) -> None:
+        self.sessions.end(cookie)
 
     # -------------------------------------------------------------------------------------- files
     def _load_used(self) -> dict[str, float]:
@@ -167,4 +185,9 @@ class Signer:
 
 
 def signer_for(data_dir: Path) -> Signer:
-    return Signer(ensure_key(data_dir), data_dir / USED_FILE)
+    """The service's signer: its key, used links and sessions in `data_dir`; sessions bound to the admin token
+    there (the one the service checks: `admin_token.ensure` on the same folder reads the same file)."""
+    owner = admin_token.ensure(data_dir)
+    return Signer(
+        ensure_key(data_dir), data_dir / USED_FILE, sessions_file=data_dir / SESSIONS_FILE, owner=owner
+    )

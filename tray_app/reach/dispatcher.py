@@ -1,7 +1,10 @@
 """From the service's events to the user's channels: each `[[notify]]` channel gathers the events it is
 told about for `coalesce_seconds` (a burst gives one message), holds them through its quiet hours, and
 sends on its own task. A failing or slow channel never blocks or fails a job: publishing an event only
-queues it, and a channel's errors are counted in /failsoft/status and written to the log."""
+queues it, and a channel's errors are counted in /failsoft/status and written to the log.
+
+A channel is sent the events' wire form (`Event.to_dict()`), which holds no prompt text; an approval's
+prompt opening (`ApprovalNeeded.prompt_preview`) goes only to a channel with `preview = true`."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tray_app.contract.events import Event, EventBus
+from tray_app.contract.events import ApprovalNeeded, Event, EventBus
 from tray_app.notify_settings import NotifyConfig, destination
 from tray_app.reach import quiet
 from tray_app.reach.build import build
@@ -42,6 +45,7 @@ class ChannelState:
     cfg: NotifyConfig
     channel: Channel | None  # None: it could not be built (the error says why)
     pending: list[dict[str, Any]] = field(default_factory=list)
+    previews: dict[str, str] = field(default_factory=dict)  # by job id, of pending approvals (preview = true)
     timer: asyncio.TimerHandle | None = None
     sent: int = 0
     failed: int = 0
@@ -57,6 +61,7 @@ class ChannelState:
             "where": destination(self.cfg),  # its host, never its topic, path or token
             "events": list(self.cfg.events),
             "quiet_hours": self.cfg.quiet_hours,
+            "preview": self.cfg.preview,  # whether its approvals quote the prompt
             "sent": self.sent,
             "failed": self.failed,
             "dropped": self.dropped,
@@ -122,18 +127,25 @@ class Dispatcher:
         # the publisher's path.
         if loop is None or loop.is_closed() or (event.type not in EVENT_NAMES and event.type != "gpu_path"):
             return
+        preview = event.prompt_preview if isinstance(event, ApprovalNeeded) else ""
         with contextlib.suppress(RuntimeError):  # the loop closed in between
-            loop.call_soon_threadsafe(self.take, event.to_dict())
+            loop.call_soon_threadsafe(self.take, event.to_dict(), preview)
 
-    def take(self, event: dict[str, Any]) -> None:
-        """On the loop: queue `event` for each channel that is told about it, and start its gather."""
+    def take(self, event: dict[str, Any], preview: str = "") -> None:
+        """On the loop: queue `event` for each channel that is told about it, and start its gather;
+        `preview` (an approval's prompt opening) only for the channels with `preview = true`."""
         name = name_of(event)
+        job = str(event.get("job_id") or "")
         for state in self._sync():
             if name not in state.cfg.events:
                 continue
             state.pending.append(event)
+            if preview and job and state.cfg.preview:
+                state.previews[job] = preview
             if len(state.pending) > HELD_MAX:
-                del state.pending[0]
+                dropped = state.pending.pop(0)
+                if dropped.get("type") == "approval_needed":
+                    state.previews.pop(str(dropped.get("job_id") or ""), None)
                 state.dropped += 1
             if state.timer is None:
                 self._schedule(state, state.cfg.coalesce_seconds)
@@ -173,7 +185,8 @@ class Dispatcher:
             self._schedule(state, held + QUIET_MARGIN)  # one message when quiet hours end
             return
         events, state.pending = state.pending, []
-        message = compose(events, self._links, self._page())
+        previews, state.previews = state.previews, {}
+        message = compose(events, self._links, self._page(), previews)
         if message is None:
             return
         task = asyncio.get_running_loop().create_task(self._send(state, message))

@@ -1,10 +1,14 @@
 """One message for a batch of events (one event, or a burst gathered by the dispatcher), in words a person
-reads on a phone: a title, a body, a level, and the actions it offers. Pure: the links come from outside."""
+reads on a phone: a title, a body, a level, and the actions it offers. Pure: the links come from outside.
+
+An approval says the model, the prompt's size and the reason, never what the prompt says: a channel may be a
+third party's server (ntfy.sh, a chat service through Apprise). The prompt's opening is added only when the
+dispatcher passes it (`previews`: for a channel with `preview = true`)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +17,7 @@ from tray_app.view.reasons import GPU_PATH_TITLES, reason_text
 from tray_app.view.state import format_duration
 
 SET_PUBLIC_URL = "Set server.public_url in Failsoft's config to approve from here."
+PREVIEW_CHARS = 120  # of the prompt's opening, for a channel with preview = true
 
 
 @dataclass(frozen=True)
@@ -35,14 +40,30 @@ class Message:
 Links = Callable[[str], dict[str, str] | None]
 
 
-def _approval(event: dict[str, Any], links: Links, page: str | None) -> Message:
+def _what(event: dict[str, Any]) -> str:
+    """The job in the words that may leave the machine: its model, its prompt's size, the reason."""
+    parts = []
+    if event.get("model"):
+        parts.append(f"Model {event['model']}")
+    tokens = event.get("prompt_tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0:
+        parts.append(f"prompt {tokens:,} tokens")
+    if event.get("reason"):
+        parts.append(reason_text(str(event["reason"])))
+    return " · ".join(parts)
+
+
+def _approval(event: dict[str, Any], links: Links, page: str | None, preview: str = "") -> Message:
     job = str(event.get("job_id") or "")
     body = f"{job} needs about {format_duration(float(event.get('estimated_seconds') or 0))} on the CPU."
     if event.get("stand_in"):
         body += f" Or {event['stand_in']} can answer on the GPU now (status page)."
-    preview = str(event.get("preview") or "").strip()
+    what = _what(event)
+    if what:
+        body += f"\n{what}"
+    preview = " ".join(preview.split())
     if preview:
-        body += f"\n“{preview[:120]}”"
+        body += f"\n“{preview[:PREVIEW_CHARS]}”"
     urls = links(job)
     if urls is None:
         return Message("Approval needed", f"{body}\n{SET_PUBLIC_URL}", "warning", (), (event,))
@@ -52,12 +73,12 @@ def _approval(event: dict[str, Any], links: Links, page: str | None) -> Message:
     return Message("Approval needed", body, "warning", tuple(actions), (event,))
 
 
-def _single(event: dict[str, Any], links: Links, page: str | None) -> Message:
+def _single(event: dict[str, Any], links: Links, page: str | None, preview: str = "") -> Message:
     kind = event.get("type")
     job = str(event.get("job_id") or "")
     reason = reason_text(str(event.get("reason") or ""))
     if kind == "approval_needed":
-        return _approval(event, links, page)
+        return _approval(event, links, page, preview)
     if kind == "fallback_started":
         return Message("Moved to the CPU", f"{job} continues on the CPU: {reason}.", "warning", (), (event,))
     if kind == "fallback_refused":
@@ -87,14 +108,21 @@ def _plural(count: int, one: str, many: str) -> str:
 LEVELS = ("info", "warning", "critical")
 
 
-def compose(events: list[dict[str, Any]], links: Links, page: str | None = None) -> Message | None:
+def compose(
+    events: list[dict[str, Any]],
+    links: Links,
+    page: str | None = None,
+    previews: Mapping[str, str] | None = None,
+) -> Message | None:
     """The message for `events` (oldest first); None when none is worth a message. A single approval
-    carries its Approve and Reject actions; several approvals in a burst point at the status page."""
+    carries its Approve and Reject actions (and its prompt's opening when `previews`, by job id, has it);
+    several approvals in a burst point at the status page."""
     events = [event for event in events if name_of(event) is not None]
     if not events:
         return None
     if len(events) == 1:
-        return _single(events[0], links, page)
+        preview = (previews or {}).get(str(events[0].get("job_id") or ""), "")
+        return _single(events[0], links, page, preview)
     singles = [_single(event, lambda _job: None, None) for event in events]
     counts = Counter(str(event["type"]) for event in events)
     lines = []

@@ -1,5 +1,5 @@
 """A generic JSON webhook (Home Assistant, n8n, a script of one's own): the message, its actions as links,
-and the events it was made of, in one POST."""
+and the events it was made of (as /failsoft/events sends them: no prompt text), in one POST."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tray_app import config
+from tray_app import admin_token, config
 from tray_app.contract.events import Event
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.engine.faults import FAULT_KINDS
@@ -26,11 +26,16 @@ from tray_app.library.errors import LoadRefused
 from tray_app.server.errors import ApiError
 from tray_app.server.origin_guard import CONTROL_MAX_BODY
 from tray_app.server.ports import ServiceView
+from tray_app.server.status_page import session
 from tray_app.sizes import parse_size
 
 KEEPALIVE_SECONDS = 15.0
 # /failsoft/events: at most this many streams at once (the tray needs one; more is a leak or abuse): 503.
 MAX_EVENT_SUBSCRIBERS = 16
+# Of those, kept for the owner (the admin token: the tray, the commands; a status page session): API
+# clients, which need no admin token to read events, share the rest (429 beyond), so they cannot lock the
+# tray and the page out.
+OWNER_EVENT_STREAMS = 4
 # Events waiting for one slow subscriber; past this it is dropped (its stream ends; the tray reconnects and
 # can catch up with ?history=1), so a reader that stopped reading cannot grow the service's memory.
 SUBSCRIBER_QUEUE = 1000
@@ -38,11 +43,21 @@ ROLES = (*CHAT_ROLES, *EMBED_ROLES.values())
 # Config sections a running service can take over without restarting its workers.
 
 
-def _error(status: int, message: str, code: str, param: str | None = None) -> Response:
+def _error(
+    status: int,
+    message: str,
+    code: str,
+    param: str | None = None,
+    *,
+    retry_after: int | None = None,
+    kind: str = "invalid_request_error",
+) -> Response:
+    error = ApiError(status, message, type=kind, code=code, param=param)
     return Response(
-        ApiError(status, message, code=code, param=param).body_bytes(),
+        error.body_bytes(),
         status_code=status,
         media_type="application/json",
+        headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
     )
 
 
@@ -73,6 +88,7 @@ class Control:
     def __init__(self, service: ServiceView) -> None:
         self.svc = service
         self.subscribers = 0  # open /failsoft/events streams
+        self.client_subscribers = 0  # of those, opened without the admin token or a page session
 
     def routes(self) -> list[Route]:
         routes = [
@@ -139,19 +155,28 @@ class Control:
     async def events(self, request: Request) -> Response:
         """Server-sent events from the bus; `?history=1` first replays the recent ones.
 
-        At most MAX_EVENT_SUBSCRIBERS streams at once (503 beyond); a subscriber that falls
-        SUBSCRIBER_QUEUE events behind is dropped (its stream ends)."""
+        At most MAX_EVENT_SUBSCRIBERS streams at once (503 beyond), of which API clients hold at most all
+        but OWNER_EVENT_STREAMS (429 beyond); a subscriber that falls SUBSCRIBER_QUEUE events behind is
+        dropped (its stream ends)."""
+        owner = self._from_owner(request)
+        client_share = MAX_EVENT_SUBSCRIBERS - OWNER_EVENT_STREAMS
+        if not owner and self.client_subscribers >= client_share:
+            return _error(
+                429,
+                f"API clients may hold at most {client_share} event streams at once, and hold them all; "
+                f"{OWNER_EVENT_STREAMS} more are kept for the tray and the status page (the admin token or "
+                "a status page login); close one and retry",
+                "too_many_event_streams",
+                retry_after=5,
+                kind="rate_limit_error",
+            )
         if self.subscribers >= MAX_EVENT_SUBSCRIBERS:
-            return Response(
-                ApiError(
-                    503,
-                    f"too many event streams open ({MAX_EVENT_SUBSCRIBERS}); close one and retry",
-                    type="service_unavailable",
-                    code="too_many_subscribers",
-                ).body_bytes(),
-                status_code=503,
-                media_type="application/json",
-                headers={"Retry-After": "5"},
+            return _error(
+                503,
+                f"too many event streams open ({MAX_EVENT_SUBSCRIBERS}); close one and retry",
+                "too_many_subscribers",
+                retry_after=5,
+                kind="service_unavailable",
             )
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
@@ -174,6 +199,7 @@ class Control:
 
         remove = self.svc.bus.add_listener(listener)
         self.subscribers += 1
+        self.client_subscribers += 0 if owner else 1
         released = False
 
         def release() -> None:
@@ -182,6 +208,7 @@ class Control:
                 released = True
                 remove()
                 self.subscribers -= 1
+                self.client_subscribers -= 0 if owner else 1
 
         async def frames() -> AsyncIterator[bytes]:
             try:
@@ -208,6 +235,15 @@ class Control:
             headers={"Cache-Control": "no-cache"},
             background=BackgroundTask(release),  # also when the stream never started
         )
+
+    def _from_owner(self, request: Request) -> bool:
+        """The request carries the admin token (the tray, the commands) or a valid status page session:
+        what the outer layer (server.http) takes for the owner on the admin routes."""
+        header = admin_token.HEADER.lower().encode("ascii")
+        sent = next((value for name, value in request.scope.get("headers", []) if name == header), None)
+        if admin_token.matches(sent, self.svc.admin_token):
+            return True
+        return session.has_session(request.scope, self.svc.cfg.server, self.svc.signer.session_valid)
 
     async def worker_action(self, request: Request) -> Response:
         role, action = request.path_params["role"], request.path_params["action"]

@@ -7,7 +7,9 @@ that wait in the writer and go out in one write after the status line. A client 
 A stream that says nothing for `keepalive` seconds (a job awaiting approval, a long prompt being read) gets
 a comment line, which every event-stream reader skips, so that nothing between it and its client drops it.
 A client that stops reading blocks the job's write; after `stall` seconds of that it is dropped (`on_stall`),
-so a paused tab or a dead phone link cannot hold a job and its worker slot.
+so a paused tab or a dead phone link cannot hold a job and its worker slot. The stall is measured on the
+output's own write: a comment never restamps it, and none is sent while a write is under way (a client that
+reads nothing gets nothing more queued).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ class Writer:
         self._ended = False  # the last piece went out as the end of the response
         self._abandoned = False  # the client was dropped: nothing more goes to it, not even the end
         self.writes = 0  # the job's writes so far: the keep-alive looks whether any happened meanwhile
-        # When the write in progress began (the loop's clock), None between writes: a client that stops
-        # reading leaves it set (see StallWatch). Two stores per write, no timer of its own.
+        # When the write of output in progress began (the loop's clock), None between writes: a client that
+        # stops reading leaves it set (see StallWatch). Two stores per write, no timer of its own. Output
+        # only: a keep-alive comment neither sets it nor goes out while it is set.
         self.blocked_since: float | None = None
-        self._blocked: asyncio.Task[object] | None = None  # the task whose write that is
+        self._writing: asyncio.Task[object] | None = None  # the task whose output write that is
+        self._commenting: asyncio.Task[object] | None = None  # the task sending a keep-alive comment
         # Called once when what waits goes out with the status line (see `when_pending_sent`).
         self._on_pending_sent: Callable[[], None] | None = None
 
@@ -66,19 +70,33 @@ class Writer:
             callback()
 
     async def _body(self, send: Send, data: bytes, *, more: bool) -> None:
-        """Every write to the client goes through here, stamped while it waits for the client to read."""
+        """Every write of output (the job's, or the response's own first or last) goes through here, stamped
+        while it waits for the client to read."""
         self.blocked_since = asyncio.get_running_loop().time()
-        self._blocked = asyncio.current_task()
+        self._writing = asyncio.current_task()
         try:
             await send({"type": "http.response.body", "body": data, "more_body": more})
         finally:
-            self.blocked_since = self._blocked = None
+            self.blocked_since = self._writing = None
+
+    @property
+    def busy(self) -> bool:
+        """Something is on its way to the client: a write of output or a comment, either maybe blocked by a
+        client that stopped reading."""
+        return self._writing is not None or self._commenting is not None
 
     async def comment(self) -> None:
-        """A keep-alive comment, if the response has started and not ended."""
+        """A keep-alive comment, if the response has started and not ended and nothing else is on its way. A
+        write in progress says more than a comment; a blocked one means the client reads nothing, so nothing
+        more is queued for it, and the stall stays measured on that write (a comment is not stamped)."""
         send = self._send
-        if send is not None:
-            await self._body(send, KEEPALIVE, more=True)
+        if send is None or self.busy:
+            return
+        self._commenting = asyncio.current_task()
+        try:
+            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+        finally:
+            self._commenting = None
 
     def close(self) -> None:
         self._closed.set()
@@ -89,8 +107,11 @@ class Writer:
         self._abandoned = True
         self._send = None
         self._closed.set()
-        if self._blocked is not None:
-            self._blocked.cancel()  # the job's write, or the response's own (its first or last)
+        for task in (self._writing, self._commenting):
+            # The output's write (the job's, or the response's own first or last), and a comment that got
+            # in before it: neither would return while the client reads nothing.
+            if task is not None:
+                task.cancel()
 
     @property
     def abandoned(self) -> bool:
@@ -121,27 +142,30 @@ class Writer:
 
 
 class KeepAlive:
-    """Every `seconds` in which the writer wrote nothing, a comment. A timer, not a task: a stream's way
-    to its first token gets one timer more, nothing else."""
+    """Every `seconds` in which the writer wrote nothing and has nothing on its way, a comment (see
+    `Writer.comment`). A timer, not a task: a stream's way to its first token gets one timer more, and a
+    task only for the comment itself, one at a time."""
 
     def __init__(self, writer: Writer, seconds: float) -> None:
         self.writer = writer
         self.seconds = seconds
         self.loop = asyncio.get_running_loop()
         self.seen = writer.writes
-        self.sending: set[asyncio.Task[None]] = set()
+        self.sending: asyncio.Task[None] | None = None
         self.timer = self.loop.call_later(seconds, self._tick)
 
     def _tick(self) -> None:
-        if self.writer.writes == self.seen:
-            task = self.loop.create_task(self.writer.comment())
-            self.sending.add(task)
-            task.add_done_callback(self.sending.discard)
+        if self.writer.writes == self.seen and not self.writer.busy:
+            self.sending = self.loop.create_task(self.writer.comment())
         self.seen = self.writer.writes
         self.timer = self.loop.call_later(self.seconds, self._tick)
 
     def stop(self) -> None:
+        """The response is over: no more comments, and one still on its way (a client that stopped
+        reading) is given up."""
         self.timer.cancel()
+        if self.sending is not None:
+            self.sending.cancel()
 
 
 class StallWatch:

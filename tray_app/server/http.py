@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -72,6 +73,10 @@ class AuthAndErrors:
             fixed = ServerConfig(api_key=api_key)
             server = lambda: fixed  # noqa: E731
         self.guard = OriginGuard(server, api_key)
+        if isinstance(app, Starlette):
+            # An ApiError a route lets out (e.g. read_body's 413) is that answer, in the caller's API's shape,
+            # never a 500.
+            app.add_exception_handler(ApiError, self._api_error)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -88,7 +93,8 @@ class AuthAndErrors:
             return
         if verdict.cors_headers:
             send = _with_headers(send, verdict.cors_headers)
-        # The status page's login stands for the owner: the API key and the admin token both.
+        # The status page's login stands for the owner: the API key and the admin token both (on what the
+        # request may ride on it for: session.has_session).
         logged_in = self.session_valid is not None and session.has_session(
             scope, self.guard.server(), self.session_valid
         )
@@ -135,11 +141,19 @@ class AuthAndErrors:
                 await response(scope, receive, tracking_send)
             else:
                 await self.app(scope, receive, tracking_send)
+        except ApiError as error:
+            if started:
+                raise
+            await error_response(error, api=api)(scope, receive, send)
         except Exception:
             log.exception("unhandled error on %s", scope.get("path"))
             if started:
                 raise
             await error_response(INTERNAL_ERROR, api=api)(scope, receive, send)
+
+    async def _api_error(self, request: Request, exc: Exception) -> Response:
+        error = exc if isinstance(exc, ApiError) else INTERNAL_ERROR
+        return error_response(error, api=dialect_for(request.url.path, self.dialects))
 
     def _admin(self, scope: Scope) -> bool:
         header = admin_token.HEADER.lower().encode("ascii")

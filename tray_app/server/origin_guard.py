@@ -99,8 +99,10 @@ class OriginGuard:
         if "*" in cfg.allowed_hosts and self.api_key:
             return True
         public = public_origin(cfg)
-        if public is not None and public[1] == name:
-            return True  # the address the user gave for links (server.public_url): a reverse proxy's name
+        if public is not None and public[1] == name and self.api_key:
+            # The address the user gave for links (server.public_url): a reverse proxy's name. Never without
+            # an API key: `failsoft serve` refuses that at start, and a config reload does not open it.
+            return True
         for entry in cfg.allowed_hosts:
             allowed = split_host(entry)
             if allowed is not None and allowed[0] == name and allowed[1] in (None, port):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
-from tray_app.engine.request_fields import engine_internal_field
+from tray_app.engine.request_fields import BUDGET_ALIAS, engine_internal_field, fold_budget
 from tray_app.library.catalog import resolve_name
 from tray_app.library.keep_alive import parse_keep_alive
 from tray_app.server.errors import ApiError, bad_request
@@ -126,14 +126,13 @@ def _check_common(body: dict[str, Any]) -> int | None:
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
     ):
         raise bad_request("'stop' must be a string or an array of strings", "stop")
-    max_tokens: int | None = None
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", BUDGET_ALIAS):
         value = body.get(name)
-        if value is None:
-            continue
-        if not _is_int(value) or value < 1:
+        if value is not None and (not _is_int(value) or value < 1):
             raise bad_request(f"'{name}' must be an integer >= 1", name)
-        max_tokens = value
+    # One budget field from here on (every route, the journal, each resume): the one admission counts.
+    fold_budget(body)
+    max_tokens: int | None = body.get("max_tokens")
     grammar = body.get("grammar")
     if grammar is not None and not isinstance(grammar, str):
         raise bad_request("'grammar' must be a string (GBNF)", "grammar")

@@ -23,7 +23,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -55,7 +55,7 @@ STATES = WORKER_STATES
 
 # Weighs each start before its process is spawned (the host's GPU gate): the profile to start with, or
 # why it is not started (the worker then stays stopped with that reason).
-StartGate = Callable[[WorkerProfile], "WorkerProfile | str"]
+StartGate = Callable[[WorkerProfile], Awaitable["WorkerProfile | str"]]
 
 STARTUP_POLL_SECONDS = 0.1  # /health polling while a worker loads: load takes well under a second
 DEATH_GRACE_SECONDS = 0.5  # how long a reported failure waits for a dying process to be reaped
@@ -448,7 +448,7 @@ class WorkerSupervisor:
         port = free_port()
         profile = self._profile
         if self._start_gate is not None:
-            gated = self._start_gate(profile)
+            gated = await self._start_gate(profile)
             if isinstance(gated, str):
                 self._attempt = None
                 self._set_state("stopped", gated)

@@ -12,6 +12,7 @@ from typing import Any
 from tray_app.engine.llama_log import capture_llama_log
 from tray_app.engine.tools import workers_template
 from tray_app.tokenizer import grammar
+from tray_app.tokenizer.chat_parts import chat_extras, message_text
 from tray_app.tokenizer.count_cache import CountCache, text_bytes
 
 DEFAULT_CHAT_TEMPLATE_STOP = "<|im_end|>"
@@ -105,9 +106,9 @@ class TokenCounter:
         """The prompt the worker's template makes of these messages (and `tools`, where the template
         renders them), ready for the answer, and its stops."""
         if self._formatter is None:
-            text = "".join(f"<|im_start|>{m.get('role')}\n{_text(m)}<|im_end|>\n" for m in messages)
+            text = "".join(f"<|im_start|>{m.get('role')}\n{message_text(m)}<|im_end|>\n" for m in messages)
             return text + "<|im_start|>assistant\n", [DEFAULT_CHAT_TEMPLATE_STOP]
-        plain: Any = [{**m, "content": _text(m)} for m in messages]
+        plain: Any = [{**m, "content": message_text(m)} for m in messages]
         result = self._formatter(messages=plain, tools=tools or None)
         stops = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
         return result.prompt, stops
@@ -117,17 +118,25 @@ class TokenCounter:
         tokens. Counting the pieces (cached) instead of the rendered whole keeps admission well under a
         millisecond; a merge across a piece boundary can make it differ from the exact count by a token."""
         messages = body["messages"]
-        tools = body.get("tools")
-        total = self._framing(tuple(str(m.get("role")) for m in messages), tools if self._formatter else None)
-        total += sum(self._content_tokens(_text(m)) for m in messages)
-        # What the template does not render: the tools without a template here, a forced tool choice (its
-        # call's opening, see engine.tools), old-style functions. Their JSON size is a fair token estimate.
-        # A response format becomes a grammar, not prompt text.
+        total = self.framing_tokens(tuple(str(m.get("role")) for m in messages), chat_extras(body))
+        return total + sum(self.content_tokens(message_text(m)) for m in messages)
+
+    def framing_tokens(self, roles: tuple[str, ...], extras: dict[str, Any]) -> int:
+        """What a chat's prompt holds beside its messages' texts: the template's framing for these roles and
+        the tools it renders, plus what the template does not render (the tools without a template here, a
+        forced tool choice: its call's opening, see engine.tools; old-style functions), whose JSON size is
+        a fair token estimate. A response format becomes a grammar, not prompt text."""
+        tools = extras.get("tools")
+        total = self._framing(roles, tools if self._formatter else None)
         rendered = ("tools",) if self._formatter else ()
-        for name in ("tools", "functions", "tool_choice"):
-            if body.get(name) is not None and name not in rendered:
-                total += self._content_tokens(json.dumps(body[name]))
+        for name, value in extras.items():
+            if name not in rendered:
+                total += self._content_tokens(json.dumps(value))
         return total
+
+    def content_tokens(self, text: str) -> int:
+        """One message's text's tokens, as count_chat counts them (cached)."""
+        return self._content_tokens(text)
 
     @property
     def cached_bytes(self) -> int:
@@ -142,12 +151,3 @@ class TokenCounter:
 def _framing_bytes(key: tuple[tuple[str, ...], str]) -> int:
     roles, tools = key
     return sys.getsizeof(roles) + sum(sys.getsizeof(role) for role in roles) + sys.getsizeof(tools)
-
-
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    if content is None and message.get("tool_calls"):
-        return json.dumps(message["tool_calls"])
-    return content or ""

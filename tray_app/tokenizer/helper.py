@@ -75,6 +75,10 @@ def perform(counter: Any, op: str, args: dict[str, Any]) -> Any:
         body = args["body"]
         tokens = counter.count_chat(body) if args["kind"] == "chat" else counter.count_completion(body)
         return {"tokens": tokens, "grammar_error": None}
+    if op == "count_parts":
+        extras = args.get("extras")
+        framing = None if extras is None else counter.framing_tokens(tuple(args["roles"]), extras)
+        return {"framing": framing, "texts": [counter.content_tokens(text) for text in args["texts"]]}
     if op == "count_text":
         return counter.count_text(args["text"], special=args["special"], add_bos=args["add_bos"])
     if op == "count_texts":

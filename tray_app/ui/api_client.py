@@ -145,14 +145,20 @@ class ServiceClient(QObject):
         # The service is on loopback or the LAN: a desktop proxy setting must not reroute it.
         self.manager.setProxy(QNetworkProxy(QNetworkProxy.ProxyType.NoProxy))
 
-    def request(self, path: str, timeout_ms: int = CONTROL_TIMEOUT_MS) -> QNetworkRequest:
+    def request(
+        self, path: str, timeout_ms: int = CONTROL_TIMEOUT_MS, *, as_owner: bool = False
+    ) -> QNetworkRequest:
+        """`as_owner`: send the admin token on a read-only view too (the event stream: streams are kept
+        for the owner that API clients cannot take)."""
         request = QNetworkRequest(QUrl(self.base_url + path))
         request.setTransferTimeout(timeout_ms)
         if self.api_key:
             request.setRawHeader(b"Authorization", f"Bearer {self.api_key}".encode())
-        if admin_token.sent_by_owner(path.partition("?")[0]):
-            # Read late: an in-process service writes the file as it starts, after this client exists.
-            self._admin = self._admin or admin_token.for_client()
+        if as_owner or admin_token.sent_by_owner(path.partition("?")[0]):
+            # Read late: an in-process service writes the file as it starts, after this client exists. A
+            # token found on this machine goes to the local service's own address only (--attach elsewhere
+            # sends one only when named: --admin-token).
+            self._admin = self._admin or admin_token.for_url(self.base_url)
             if self._admin:
                 request.setRawHeader(admin_token.HEADER.encode(), self._admin.encode())
         return request
@@ -277,7 +283,7 @@ class EventStream(QObject):
     def _open(self) -> None:
         if self._stopped:
             return
-        request = self._client.request("/failsoft/events", timeout_ms=0)
+        request = self._client.request("/failsoft/events", timeout_ms=0, as_owner=True)
         request.setRawHeader(b"Accept", b"text/event-stream")
         request.setAttribute(
             QNetworkRequest.Attribute.CacheLoadControlAttribute,

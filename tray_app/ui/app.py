@@ -99,8 +99,8 @@ def _tray_for(
 ) -> int:
     """The tray for `url`: attached to the service there (`--attach`, or one already running), else on a
     service of its own."""
-    if args.attach:
-        return _run_tray(app, url, cfg, None, instance)
+    if args.attach:  # a token found on this machine goes to its own service only: elsewhere, --admin-token
+        return _run_tray(app, url, cfg, None, instance, admin=(args.admin_token or "").strip())
     probe = probe_service(url, cfg.server.api_key)
     if probe.found == "failsoft":
         # E.g. `failsoft serve` as a systemd unit and the tray started at login: the tray shows that one.
@@ -136,7 +136,12 @@ def _tray_for(
 
 
 def _run_tray(
-    app: Any, base_url: str, cfg: config.Config, child: ServiceChild | None, instance: TrayInstance
+    app: Any,
+    base_url: str,
+    cfg: config.Config,
+    child: ServiceChild | None,
+    instance: TrayInstance,
+    admin: str = "",
 ) -> int:
     """The tray at once; the service child (if any) starts meanwhile, and again after a crash. Another
     start of the tray (`instance`) opens the chat window."""
@@ -151,6 +156,7 @@ def _run_tray(
         config_path=_config_path(cfg),
         attached=child is None,
         state_file=Path(automation) / "ui-state.json" if automation else None,
+        admin=admin,
     )
     tray_app.quit_requested.connect(app.quit)
     instance.activated.connect(tray_app.show_chat)

@@ -67,10 +67,11 @@ def _single(event: dict[str, Any]) -> Notice:
         return Notice("Failsoft cannot store jobs", body, "critical", False)
     if kind == "approval_needed":
         seconds = float(event.get("estimated_seconds") or 0)
-        preview = str(event.get("preview") or "").strip()
+        # The event carries no prompt text (any API client may read events): its model and size instead.
+        model, tokens = str(event.get("model") or ""), int(event.get("prompt_tokens") or 0)
         body = f"Job {job} needs about {seconds:.0f} s on the CPU. Click to review."
-        if preview:
-            body += f"\n“{preview[:80]}”"
+        if model or tokens:
+            body += f"\n{model}" + (f", a prompt of {tokens:,} tokens" if tokens else "")
         return Notice("Approval needed", body, "information", True)
     if kind == "fallback_refused":
         body = f"Job {job} was not moved to the CPU: {reason_text(str(event.get('reason') or ''))}."

@@ -1,5 +1,6 @@
-"""The status page's routes: its files (`/ui/`), the login that turns the admin token into a cookie, and
-`/failsoft/view`, everything the page shows in one answer (an admin route: the cookie or the token)."""
+"""The status page's routes: its files (`/ui/`), the login that turns the admin token into a session (its id
+in a cookie), the logout that ends it, and `/failsoft/view`, everything the page shows in one answer (an
+admin route: the cookie or the token)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from tray_app.contract.events import ApprovalNeeded, FallbackCompleted, FallbackRefused, FallbackStarted
-from tray_app.server.http import read_body
+from tray_app.server.errors import ApiError
+from tray_app.server.http import error_response, read_body
 from tray_app.server.ports import ServiceView
 from tray_app.server.status_page import session
 from tray_app.server.status_page.actions import Actions
@@ -69,33 +71,46 @@ class StatusPage:
         return Response(_file(name), media_type=FILES[name], headers=SECURITY_HEADERS)
 
     async def login(self, request: Request) -> Response:
-        """`{"token": "<admin token>"}` -> the session cookie (HttpOnly: the page's script never holds it;
-        SameSite=Strict: no other site's request carries it; Secure over HTTPS)."""
+        """`{"token": "<admin token>"}` -> a new session, its id in the cookie: HttpOnly (the page's script
+        never holds it), SameSite=Strict (no other site's request carries it), and over HTTPS a `__Host-`
+        cookie (Secure: never sent over plain HTTP, to this service's port or another's)."""
         try:
-            body = json.loads(await read_body(request, LOGIN_MAX_BODY) or b"{}")
+            raw = await read_body(request, LOGIN_MAX_BODY)
+        except ApiError as error:  # 413: a token is a few dozen characters
+            return error_response(error)
+        try:
+            body = json.loads(raw or b"{}")
         except ValueError:
             body = {}
         token = body.get("token") if isinstance(body, dict) else None
         expected = self.svc.admin_token
-        if not isinstance(token, str) or not expected or not hmac.compare_digest(token.strip(), expected):
+        if not isinstance(token, str) or not expected or not _same(token.strip(), expected):
             return JSONResponse(
                 {"error": {"message": "that is not this service's admin token", "code": "bad_token"}}, 401
             )
+        for old in session.cookie_values(request.scope):
+            self.svc.signer.end_session(old)  # a login in a browser already logged in replaces its session
         response = JSONResponse({"logged_in": True})
+        secure = session.over_https(request.scope, self.svc.cfg.server)
         response.set_cookie(
-            session.COOKIE,
-            self.svc.signer.session_cookie(),
+            session.SECURE_COOKIE if secure else session.COOKIE,
+            self.svc.signer.start_session(),
             max_age=int(self.svc.signer.session_ttl),
             path="/",
             httponly=True,
             samesite="strict",
-            secure=_over_https(request),
+            secure=secure,
         )
         return response
 
     async def logout(self, request: Request) -> Response:
+        """Ends the session here (its cookie is worth nothing from now on, wherever a copy of it is), and
+        asks the browser to drop the cookie."""
+        for cookie in session.cookie_values(request.scope):
+            self.svc.signer.end_session(cookie)
         response = JSONResponse({"logged_in": False})
         response.delete_cookie(session.COOKIE, path="/", httponly=True, samesite="strict")
+        response.delete_cookie(session.SECURE_COOKIE, path="/", secure=True, httponly=True, samesite="strict")
         return response
 
     async def view(self, request: Request) -> Response:
@@ -145,6 +160,7 @@ def _summary(job: Any) -> dict[str, Any]:
     return {key: value for key, value in job.summary().items() if key != "result"}
 
 
-def _over_https(request: Request) -> bool:
-    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
-    return request.url.scheme == "https" or forwarded == "https"
+def _same(sent: str, expected: str) -> bool:
+    """Constant-time, as bytes: a token with non-ASCII characters (or a lone surrogate from a JSON escape) is
+    a wrong token, not a TypeError."""
+    return hmac.compare_digest(sent.encode("utf-8", "surrogatepass"), expected.encode("utf-8"))
