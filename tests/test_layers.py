@@ -2,14 +2,17 @@
 circle between packages or between modules, no module over 600 lines, Qt only in the tray's own package.
 
 Every import counts, at the top of a module, inside a function or under TYPE_CHECKING: a circle closed by a
-lazy import is still a circle.
+lazy import is still a circle. So does an import by name: `importlib.import_module("tray_app.x")` and the
+dispatcher's "tray_app.module:function" strings (cli.HANDLERS) are edges like any `import`.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Iterator
+import re
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -48,25 +51,50 @@ FORBIDDEN = {
 }
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 @functools.cache
-def modules() -> dict[str, Path]:
-    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    """Every module of the package at `package` (tray_app, or a copy of it with a violation planted)."""
+    return {module_name(path, package): path for path in sorted(package.rglob("*.py"))}
 
 
 def package_of(module: str) -> str:
-    """`tray_app.jobs.intake` -> "jobs"; a top-level module is its own (`tray_app.config` -> "config")."""
+    """`tray_app.jobs.intake` -> "jobs"; a top-level module is its own (`tray_app.cli` -> "cli")."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
 
-def imported_names(module: str) -> Iterator[tuple[str, int]]:
-    """Every module name an import statement of `module` names, with its line (relative imports resolved)."""
-    path = modules()[module]
+# "tray_app.host.serve_command:run": a module named with the function to call in it (the dispatcher's table).
+HANDLER_STRING = re.compile(r"tray_app(?:\.\w+)+:\w+")
+IMPORT_BY_NAME = ("import_module", "__import__")
+
+
+def imported_by_name(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """The modules a module imports by a string: `importlib.import_module("tray_app....")` (or `__import__`)
+    and every "tray_app.module:function" string, which the dispatcher resolves with import_module."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            function = node.func
+            called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+            first = node.args[0]
+            if called in IMPORT_BY_NAME and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                yield first.value, node.lineno
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and HANDLER_STRING.fullmatch(node.value)
+        ):
+            yield node.value.partition(":")[0], node.lineno
+
+
+def imported_names(module: str, package: Path = PACKAGE) -> Iterator[tuple[str, int]]:
+    """Every module name `module` imports, by a statement or by a string, with its line (relative imports
+    resolved)."""
+    path = modules(package)[module]
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -81,27 +109,28 @@ def imported_names(module: str) -> Iterator[tuple[str, int]]:
                 source = node.module or ""
             for alias in node.names:  # `from tray_app.budget import planner` names the module planner
                 submodule = f"{source}.{alias.name}"
-                yield submodule if submodule in modules() else source, node.lineno
+                yield submodule if submodule in modules(package) else source, node.lineno
+    yield from imported_by_name(tree)
 
 
-def resolve(name: str) -> str | None:
+def resolve(name: str, package: Path = PACKAGE) -> str | None:
     """The tray_app module an imported name lives in (its longest known prefix), or None outside tray_app."""
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
         candidate = ".".join(parts[:end])
-        if candidate in modules():
+        if candidate in modules(package):
             return candidate
     return None
 
 
 @functools.cache
-def module_graph() -> dict[str, dict[str, int]]:
+def module_graph(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
     """module -> {imported tray_app module: a line importing it}."""
     graph: dict[str, dict[str, int]] = {}
-    for module in modules():
+    for module in modules(package):
         edges: dict[str, int] = {}
-        for name, line in imported_names(module):
-            target = resolve(name)
+        for name, line in imported_names(module, package):
+            target = resolve(name, package)
             # `tray_app` itself (the version) is the ground every module may stand on.
             if target is not None and target not in (module, "tray_app"):
                 edges.setdefault(target, line)
@@ -109,15 +138,68 @@ def module_graph() -> dict[str, dict[str, int]]:
     return graph
 
 
-def package_graph() -> dict[str, dict[str, str]]:
+def package_graph(package: Path = PACKAGE) -> dict[str, dict[str, str]]:
     """package -> {imported package: "module:line" of one import}."""
     graph: dict[str, dict[str, str]] = {}
-    for module, edges in module_graph().items():
+    for module, edges in module_graph(package).items():
         for target, line in edges.items():
             source_package, target_package = package_of(module), package_of(target)
             if source_package != target_package and target != "tray_app":
                 graph.setdefault(source_package, {}).setdefault(target_package, f"{module}:{line}")
     return graph
+
+
+def forbidden_imports(graph: Mapping[str, Mapping[str, str]], package: str) -> dict[str, str]:
+    """The packages `package` imports though FORBIDDEN says it must not, with where."""
+    return {target: where for target, where in graph.get(package, {}).items() if target in FORBIDDEN[package]}
+
+
+def unknown_packages(forbidden: Mapping[str, Iterable[str]], package: Path = PACKAGE) -> list[str]:
+    """The names in the rules that are neither a folder nor a module of the package: a renamed package
+    must not leave its rule silently true."""
+    named = set(forbidden) | {name for names in forbidden.values() for name in names}
+    return sorted(
+        name for name in named if not (package / name).is_dir() and not (package / f"{name}.py").is_file()
+    )
+
+
+# The front door starts the tray: `failsoft` alone runs tray_app.ui.app (a string in cli.HANDLERS).
+TRAY_DOORS = {"tray_app.__main__", "tray_app.cli"}
+
+
+def qt_paths(
+    graph: Mapping[str, Iterable[str]], qt_modules: set[str], doors: set[str] = TRAY_DOORS
+) -> dict[str, list[str]]:
+    """module outside ui/ -> the import path by which it reaches a ui/ module or a module importing Qt."""
+    found: dict[str, list[str]] = {}
+    for start in sorted(graph):
+        if package_of(start) == "ui" or start in doors:
+            continue
+        previous: dict[str, str] = {}
+        queue, seen = [start], {start}
+        while queue:
+            node = queue.pop(0)
+            if node != start and (package_of(node) == "ui" or node in qt_modules):
+                path = [node]
+                while path[-1] != start:
+                    path.append(previous[path[-1]])
+                found[start] = path[::-1]
+                break
+            for target in sorted(graph.get(node, ())):
+                if target not in seen:
+                    seen.add(target)
+                    previous[target] = node
+                    queue.append(target)
+    return found
+
+
+def direct_qt_importers(package: Path = PACKAGE) -> set[str]:
+    return {
+        module
+        for module in modules(package)
+        for name, _ in imported_names(module, package)
+        if name.split(".")[0] in QT
+    }
 
 
 def circles(graph: dict[str, dict[str, object]]) -> list[list[str]]:
@@ -166,8 +248,7 @@ def circles(graph: dict[str, dict[str, object]]) -> list[list[str]]:
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_a_package_imports_nothing_from_the_layers_it_must_not_see(package: str) -> None:
-    edges = package_graph().get(package, {})
-    broken = {target: where for target, where in edges.items() if target in FORBIDDEN[package]}
+    broken = forbidden_imports(package_graph(), package)
     assert not broken, f"{package}/ imports {', '.join(f'{t}/ ({w})' for t, w in sorted(broken.items()))}"
 
 
@@ -218,6 +299,30 @@ def test_only_the_tray_imports_qt() -> None:
     assert not found, found
 
 
+def test_nothing_outside_the_tray_reaches_qt_through_other_modules() -> None:
+    """No service module imports, through any chain of imports, a ui/ module or a module that imports Qt;
+    only the front door (`failsoft` without a subcommand starts the tray) leads there."""
+    found = qt_paths(module_graph(), direct_qt_importers())
+    assert not found, {module: " -> ".join(path) for module, path in found.items()}
+
+
+def test_every_package_the_rules_name_exists() -> None:
+    assert unknown_packages(FORBIDDEN) == []
+
+
+def test_only_main_imports_the_dispatcher() -> None:
+    """The commands read their config from tray_app.config, not from cli.py: the dispatcher names them, so a
+    command importing it back would close a circle through the dispatcher's strings."""
+    importers = {module for module, edges in module_graph().items() if "tray_app.cli" in edges}
+    assert importers == {"tray_app.__main__"}
+
+
+def test_the_dispatcher_strings_are_edges() -> None:
+    """cli.HANDLERS' "module:function" strings count as imports: the front door reaches every command."""
+    edges = module_graph()["tray_app.cli"]
+    assert {"tray_app.ui.app", "tray_app.host.serve_command", "tray_app.config.command"} <= set(edges)
+
+
 # The only modules that load llama.cpp's binding: the tokenizer helper's native side (and the log capture it
 # uses), and the doctor, which runs in a process of its own. The service never loads it (issue 46):
 # tests/server/test_crash_isolation.py reads its process's memory map to prove it.
@@ -244,3 +349,67 @@ def test_the_rules_see_real_imports() -> None:
     """The graph is not empty by mistake: the composition root reaches the HTTP layer and the jobs."""
     assert {"server", "jobs", "supervisor"} <= set(package_graph()["host"])
     assert circles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
+
+
+# The rules fire: each planted violation, in a copy of tray_app or in a graph made up for the purpose.
+
+
+@pytest.fixture
+def copy_of_the_package(tmp_path: Path) -> Path:
+    """The source of tray_app (its .py files) in a folder of its own, to plant a violation in."""
+    copy = tmp_path / "tray_app"
+    for path in PACKAGE.rglob("*.py"):
+        target = copy / path.relative_to(PACKAGE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return copy
+
+
+def plant(copy: Path, module: str, code: str) -> None:
+    path = copy / module
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n" + code, encoding="utf-8")
+    module_graph.cache_clear()  # the copy's graph, read again with the violation
+
+
+def test_an_import_by_name_is_caught(copy_of_the_package: Path) -> None:
+    assert forbidden_imports(package_graph(copy_of_the_package), "server") == {}
+    plant(
+        copy_of_the_package,
+        "server/openai.py",
+        "def _service():\n    import importlib\n    return importlib.import_module('tray_app.host.service')",
+    )
+    assert set(forbidden_imports(package_graph(copy_of_the_package), "server")) == {"host"}
+
+
+def test_a_dispatcher_string_closing_a_circle_is_caught(copy_of_the_package: Path) -> None:
+    """A command that imports the dispatcher back closes a circle only the strings show."""
+    assert circles(module_graph(copy_of_the_package)) == []  # type: ignore[arg-type]
+    plant(copy_of_the_package, "doctor/command.py", "def _door():\n    from tray_app import cli\n")
+    found = circles(module_graph(copy_of_the_package))  # type: ignore[arg-type]
+    assert any({"tray_app.cli", "tray_app.doctor.command"} <= set(circle) for circle in found), found
+
+
+def test_a_package_that_no_longer_exists_is_caught(copy_of_the_package: Path) -> None:
+    assert unknown_packages(FORBIDDEN, copy_of_the_package) == []
+    (copy_of_the_package / "reach").rename(copy_of_the_package / "outreach")
+    assert unknown_packages(FORBIDDEN, copy_of_the_package) == ["reach"]
+    assert unknown_packages({"jobs": {"sever"}}) == ["sever"]
+
+
+def test_qt_reached_through_other_modules_is_caught(copy_of_the_package: Path) -> None:
+    graph = {
+        "tray_app.host.a": {"tray_app.view.b": 1},
+        "tray_app.view.b": {"tray_app.view.chart": 1},
+        "tray_app.view.chart": {},
+        "tray_app.console.c": {"tray_app.ui.window": 1},
+        "tray_app.ui.window": {"tray_app.view.b": 1},
+        "tray_app.cli": {"tray_app.ui.window": 1},
+    }
+    assert qt_paths(graph, {"tray_app.view.chart"}) == {
+        "tray_app.host.a": ["tray_app.host.a", "tray_app.view.b", "tray_app.view.chart"],
+        "tray_app.view.b": ["tray_app.view.b", "tray_app.view.chart"],
+        "tray_app.console.c": ["tray_app.console.c", "tray_app.ui.window"],
+    }
+    plant(copy_of_the_package, "console/command.py", "def _tray():\n    from tray_app.ui import app\n")
+    found = qt_paths(module_graph(copy_of_the_package), direct_qt_importers(copy_of_the_package))
+    assert found["tray_app.console.command"][-1] == "tray_app.ui.app"

@@ -1,11 +1,12 @@
-"""The `failsoft` command. Each subcommand lives in its own module, imported only when it runs, so
-`failsoft plan` never loads Qt and `failsoft serve` never needs a display."""
+"""The `failsoft` command: the arguments and the dispatcher, nothing else. Each subcommand lives in its own
+module, imported only when it runs, so `failsoft plan` never loads Qt and `failsoft serve` never needs a
+display; a command reads its config with `tray_app.config.load_config`, never through this module (which
+only `__main__` imports: tests/test_layers.py reads HANDLERS' strings as imports)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from tray_app import __version__, config
 HANDLERS = {
     None: "tray_app.ui.app:run",
     "plan": "tray_app.budget.plan_command:run",
-    "config": "tray_app.cli:show_config",
+    "config": "tray_app.config.command:show_config",
     "serve": "tray_app.host.serve_command:run",
     "drill": "tray_app.drill.command:run",
     "bench": "tray_app.bench.command:run",
@@ -234,32 +235,6 @@ def _add_console_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     command("resume", "take the GPU back after `failsoft yield` (as soon as the plan fits)")
 
 
-def load_config(args: argparse.Namespace) -> config.Config:
-    """The config file with the command line's overrides applied (overrides are validated the same way)."""
-    overrides: dict[str, object] = {}
-    if getattr(args, "model", None):
-        overrides["model.path"] = str(args.model)
-    if getattr(args, "simulate_vram", None):
-        overrides["device.simulate_vram"] = args.simulate_vram
-    if getattr(args, "host", None):
-        overrides["server.host"] = args.host
-    if getattr(args, "port", None):
-        overrides["server.port"] = args.port
-    return config.apply_overrides(config.load(args.config), overrides)
-
-
-def show_config(args: argparse.Namespace) -> int:
-    cfg = load_config(args)
-    if args.json:
-        print(json.dumps({"source": cfg.source, **cfg.to_dict()}, indent=2))
-    else:
-        import tomli_w
-
-        print(f"# effective config; file: {cfg.source}")
-        print(tomli_w.dumps(cfg.to_dict()), end="")
-    return 0
-
-
 def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
     module_name, function_name = target.split(":")
     handler: Callable[[argparse.Namespace], int] = getattr(
@@ -274,7 +249,7 @@ def _first_run_advice(args: argparse.Namespace) -> str:
     from tray_app.library import first_run
 
     try:
-        return first_run.message(load_config(args))
+        return first_run.message(config.load_config(args))
     except config.ConfigError:
         if args.command is None:
             return ""

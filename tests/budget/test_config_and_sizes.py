@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tray_app import config, paths
-from tray_app.sizes import format_size, parse_size
+from tray_app.contract.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any, get_type_hints
 import pytest
 
 from tray_app import config
-from tray_app.notify_settings import NotifyConfig
+from tray_app.config.notify import NotifyConfig
 
 
 def float_settings() -> list[tuple[str, str]]:

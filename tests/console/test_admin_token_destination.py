@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.http_server import serving
 from tests.support.service import write_config
-from tray_app import admin_token
+from tray_app.reach import admin_token
 
 FILE_TOKEN = "token-in-the-data-folder"
 ENV_TOKEN = "token-in-the-environment"

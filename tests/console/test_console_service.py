@@ -15,7 +15,7 @@ import pytest
 from tests.support.helpers import CHAT, base_settings, client_for, job_state, wait_until
 from tests.support.helpers import run_failsoft as failsoft
 from tests.support.service import ServiceHandle, running_service, write_config
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 
 pytestmark = pytest.mark.integration
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from tests.support.status_samples import MiB, make_library_status, make_status
+from tray_app.config.notify import NotifyConfig
 from tray_app.console.status_text import render_pending, render_status
+from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ServiceStatus
-from tray_app.notify_settings import NotifyConfig
 from tray_app.reach.dispatcher import ChannelState
-from tray_app.sizes import format_size
 from tray_app.view.pending import PendingJob
 
 URL = "http://127.0.0.1:8750"

@@ -14,6 +14,7 @@ import pytest
 from tests.support.service import running_service
 from tests.support.waits import wait_until
 from tray_app.bench import report
+from tray_app.engine.argv import amx_in_a_virtual_machine
 from tray_app.engine.binary import bundled_server
 from tray_app.host.launch import free_port, stop_process_tree
 
@@ -119,6 +120,8 @@ def test_bench_against_another_server_measures_both_sides(tmp_path: Path, model_
     assert binary is not None
     port = free_port()
     argv = [str(binary), "--model", str(model_path), "--host", "127.0.0.1", "--port", str(port)]
+    if amx_in_a_virtual_machine():
+        argv.append("--no-repack")  # as the service's own workers start here (engine.argv)
     other = subprocess.Popen(
         [*argv, "--ctx-size", "2048", "--parallel", "2", "--no-webui"],
         stdout=subprocess.DEVNULL,

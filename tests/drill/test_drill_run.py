@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tray_app.sizes import parse_size
+from tray_app.contract.sizes import parse_size
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from tests.support.helpers import arm, base_settings, client_for, failsoft_of
 from tests.support.hog import hog
 from tests.support.service import ServiceHandle, running_service
 from tray_app.console.status_text import render_status
+from tray_app.contract.sizes import format_size
 from tray_app.device.ledger import LEDGER_FILE, Ledger
-from tray_app.sizes import format_size
 from tray_app.view.budget_split import status_segments
 
 GIB = 1024**3

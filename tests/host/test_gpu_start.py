@@ -13,12 +13,12 @@ from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan_set import PlanSet, plan_from_config
 from tray_app.config import Config, from_dict
 from tray_app.contract.events import EventBus, WorkerStateChanged, WorkerUnhealthy
+from tray_app.contract.sizes import format_size
 from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot
 from tray_app.engine.profile import WorkerProfile
 from tray_app.host import gpu_start
 from tray_app.host.gpu_side import GpuSide
 from tray_app.host.gpu_start import GpuStarts, weigh
-from tray_app.sizes import format_size
 from tray_app.supervisor.profile import profiles_from_plans
 
 MIB = 1024**2

@@ -27,8 +27,8 @@ from tests.support.helpers import (
 )
 from tests.support.models import gemma_path
 from tests.support.service import ServiceHandle, running_service
-from tray_app import admin_token
 from tray_app.budget.plan import PLAN_PARTS
+from tray_app.reach import admin_token
 
 pytestmark = pytest.mark.integration
 

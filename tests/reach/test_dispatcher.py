@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from tray_app.config.notify import NotifyConfig
 from tray_app.contract.events import ApprovalNeeded, EventBus, FallbackStarted, JobStateChanged
-from tray_app.notify_settings import NotifyConfig
 from tray_app.reach import dispatcher as dispatcher_module
 from tray_app.reach import webhook
 from tray_app.reach.capability import Signer

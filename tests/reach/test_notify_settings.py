@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tray_app import config, notify_settings
-from tray_app.notify_settings import NotifyConfig
+from tray_app import config
+from tray_app.config import notify as notify_settings
+from tray_app.config.notify import NotifyConfig
 
 
 def test_channels_are_read_with_their_defaults() -> None:

@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.support.in_process_prompts import FixedPrompts
-from tray_app import admin_token, config, paths
+from tray_app import config, paths
 from tray_app.contract.events import EventBus
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
@@ -22,6 +22,7 @@ from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
 from tray_app.library.catalog import Catalog, ModelEntry
+from tray_app.reach import admin_token
 from tray_app.reach.capability import Signer
 from tray_app.server.routes import create_app
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tray_app import admin_token
+from tray_app.reach import admin_token
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 
 from tests.security.conftest import ADMIN_TOKEN, StandInService
 from tests.security.test_status_page import page_client
-from tray_app import admin_token
 from tray_app.contract.events import QueueChanged
+from tray_app.reach import admin_token
 from tray_app.server import control
 from tray_app.server.origin_guard import CONTROL_MAX_BODY
 

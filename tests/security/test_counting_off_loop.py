@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.security.conftest import ADMIN_TOKEN, BASE_URL, StandInService
-from tray_app import admin_token
+from tray_app.reach import admin_token
 from tray_app.server.routes import create_app
 from tray_app.tokenizer.model_tokens import ModelTokens
 from tray_app.tokenizer.process import TokenizerProcess

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from tests.security.conftest import StandInService, client_for
 from tray_app import config
-from tray_app.origins import normalize_origin, split_host
+from tray_app.config.origins import normalize_origin, split_host
 from tray_app.server.http import AuthAndErrors
 from tray_app.server.origin_guard import HOST_VERDICTS, PASS, OriginGuard
 from tray_app.server.routes import create_app

@@ -15,8 +15,8 @@ import pytest
 
 from tests.support.helpers import base_settings
 from tests.support.service import ServiceHandle, running_service
-from tray_app import admin_token
 from tray_app.paths import private_dir
+from tray_app.reach import admin_token
 from tray_app.server.status_page.session import COOKIE, SECURE_COOKIE
 
 pytestmark = pytest.mark.integration

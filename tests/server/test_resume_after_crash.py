@@ -24,9 +24,9 @@ import pytest
 from tests.support.helpers import COUNTING, base_settings
 from tests.support.service import ServiceHandle, free_port, stop_process_tree, write_config
 from tests.support.waits import wait_until
-from tray_app import admin_token
 from tray_app.engine import WORKER_KEY_ENV
 from tray_app.paths import private_dir
+from tray_app.reach import admin_token
 from tray_app.server.http import JOB_TOKEN_HEADER
 from tray_app.supervisor.process import die_with_parent
 

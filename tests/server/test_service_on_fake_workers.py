@@ -23,7 +23,8 @@ from tests.support.helpers import (
     wait_replaced,
 )
 from tests.support.service import ServiceHandle, running_service
-from tray_app import admin_token, config
+from tray_app import config
+from tray_app.reach import admin_token
 
 CHAT: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6}
 

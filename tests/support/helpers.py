@@ -19,7 +19,7 @@ import openai
 
 from tests.support.service import ServiceHandle, at_port, write_config
 from tests.support.waits import wait_until
-from tray_app import admin_token
+from tray_app.reach import admin_token
 
 CHAT = [{"role": "user", "content": "Write one short sentence about the sea."}]
 # A completion that runs to max_tokens (counting, end-of-text tokens 0 and 2 banned): for tests that need a

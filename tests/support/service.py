@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import tomli_w
 
-from tray_app import admin_token
 from tray_app.host.launch import free_port, spawn_serve, stop_process_tree
+from tray_app.reach import admin_token
 
 __all__ = ["ServiceHandle", "at_port", "free_port", "running_service", "stop_process_tree", "write_config"]
 
@@ -43,7 +43,7 @@ class ServiceHandle:
     api_key: str = ""
     output_path: Path = field(default_factory=Path)
     worker_key: str = ""  # what its workers take: lets a test ask a worker directly
-    admin_token: str = ""  # what its control API takes (tray_app.admin_token)
+    admin_token: str = ""  # what its control API takes (tray_app.reach.admin_token)
     runtime_dir: Path = field(default_factory=Path)  # its own: its simulated GPU's ledger is there
 
     def hog_env(self) -> dict[str, str]:

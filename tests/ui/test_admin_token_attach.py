@@ -10,7 +10,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from tests.support.service import write_config
-from tray_app import admin_token
+from tray_app.reach import admin_token
 from tray_app.ui.api_client import ServiceClient
 
 FOUND = "token-found-on-this-machine"

@@ -9,7 +9,7 @@ from pytestqt.qtbot import QtBot
 
 from tests.support.status_samples import MiB, make_library_status, make_status
 from tray_app.budget.plan import PLAN_PARTS
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 from tray_app.ui.budget_bar import BudgetBar
 from tray_app.view.budget_split import MODEL_COLORS, SEGMENTS, plan_segments, status_segments
 

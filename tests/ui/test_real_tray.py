@@ -26,7 +26,7 @@ import pytest
 from tests.support.display import start_xvfb
 from tests.support.service import free_port, running_service, stop_process_tree, write_config
 from tests.support.waits import wait_until
-from tray_app import admin_token
+from tray_app.reach import admin_token
 
 pytestmark = pytest.mark.gui
 

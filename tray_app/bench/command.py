@@ -27,8 +27,7 @@ from tray_app.bench.split import split_profile, split_worker
 from tray_app.bench.start_time import start_figures, start_lines
 from tray_app.bench.throughput import LEVELS as THROUGHPUT_LEVELS
 from tray_app.bench.throughput import throughput_figures
-from tray_app.cli import load_config
-from tray_app.config import Config
+from tray_app.config import Config, load_config
 from tray_app.contract.status import ServiceStatus
 from tray_app.device.cost import watcher_cost_figures
 from tray_app.drill.client import DrillError, ServiceClient

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tray_app.contract.sizes import format_size
 from tray_app.device.cost import watcher_cost_lines
-from tray_app.sizes import format_size
 
 ROUTER_ROWS = (
     ("ttft_p50_ms", "streamed time to first token p50"),

@@ -12,9 +12,9 @@ from typing import Any, Literal, Protocol
 import psutil
 
 from tray_app.config import DeviceConfig
+from tray_app.contract.sizes import format_size, parse_size
 from tray_app.device.ledger import Ledger, NoSimulatedDevice
 from tray_app.device.snapshot import DeviceSnapshot
-from tray_app.sizes import format_size, parse_size
 
 DeviceKind = Literal["nvidia", "simulated", "none", "ram"]
 

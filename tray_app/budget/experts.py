@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from tray_app.budget.model_info import ModelInfo
+from tray_app.contract.sizes import format_size
 from tray_app.engine.argv import expert_split_args
-from tray_app.sizes import format_size
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from tray_app.budget.plan import Plan
 from tray_app.budget.plan_set import PlanSet, cpu_request, cpu_slots, gpu_request
 from tray_app.budget.planner import plan_cpu, plan_gpu
 from tray_app.config import Config
+from tray_app.contract.sizes import format_size
 from tray_app.library.catalog import ModelEntry
-from tray_app.sizes import format_size
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tray_app.budget.experts import expert_kind
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 
 Kind = Literal["layers", "experts"]
 LABELS: dict[str, str] = {"layers": "layer split", "experts": "expert split"}

@@ -6,14 +6,14 @@ import argparse
 import json
 import sys
 
-from tray_app import cli, config
+from tray_app import config
 from tray_app.budget import speed
 from tray_app.budget.experts import expert_split_words, single_tensors_words, split_flag_words
 from tray_app.budget.library_plan import ModelPlans, library_share, plan_library_model
 from tray_app.budget.plan import Plan, PlanError
 from tray_app.budget.plan_set import PlanSet, plan_from_config
+from tray_app.contract.sizes import BAR_WIDTH, format_size, parse_size, text_bar
 from tray_app.library.catalog import catalog_from_config
-from tray_app.sizes import BAR_WIDTH, format_size, parse_size, text_bar
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -29,7 +29,7 @@ def _check_options(args: argparse.Namespace) -> None:
 def _apply_overrides(args: argparse.Namespace) -> tuple[config.Config, list[str]]:
     """The effective config with this command's options applied; notes say what was adjusted and why."""
     _check_options(args)
-    cfg = cli.load_config(args)
+    cfg = config.load_config(args)
     notes: list[str] = []
     options = {
         "budget.n_ctx": args.ctx,

@@ -16,9 +16,9 @@ from tray_app.budget.planner import plan_cpu, plan_gpu
 from tray_app.budget.ram_check import RamCheck, both_workers
 from tray_app.budget.target import PlanTarget, plan_target
 from tray_app.config import Config
+from tray_app.contract.sizes import format_size, parse_size
 from tray_app.engine import binary
 from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
-from tray_app.sizes import format_size, parse_size
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from tray_app.budget.footprint import CTX_PAD, padded_context, prompt_cache_byte
 from tray_app.budget.model_info import ModelInfo
 from tray_app.budget.placement import Candidate
 from tray_app.budget.plan import MeasuredCompute, Plan, PlanRequest
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 
 
 def _where(budget: Budget) -> str:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tray_app.budget.plan import Plan
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from typing import Any
 
 import httpx
 
-from tray_app import admin_token, cli
+from tray_app import config
 from tray_app.host.service_probe import local_url
+from tray_app.reach import admin_token
 
 API_KEY_VARIABLE = "FAILSOFT_API_KEY"  # a key on the command line would show in every `ps`
 TIMEOUT_S = 15.0
@@ -35,7 +36,7 @@ class ServiceClient:
         """The service at `--url`, else at the config's address; the key from $FAILSOFT_API_KEY, else the
         config's `[server] api_key`; the admin token from --admin-token, else the one found on this machine
         for the config's own address only."""
-        cfg = cli.load_config(args)
+        cfg = config.load_config(args)
         url = (args.url or local_url(cfg.server.host, cfg.server.port)).rstrip("/")
         return cls(
             url,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tray_app.config.notify import EVENT_NAMES
+from tray_app.contract.sizes import format_size, text_bar
 from tray_app.contract.status import ServiceStatus
-from tray_app.notify_settings import EVENT_NAMES
-from tray_app.sizes import format_size, text_bar
 from tray_app.view.budget_split import caps_text, status_segments
 from tray_app.view.device_now import device_lines
 from tray_app.view.pending import PendingJob

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tray_app.contract.sizes import format_size
 from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot
-from tray_app.sizes import format_size
 
 
 @dataclass(frozen=True)

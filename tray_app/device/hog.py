@@ -15,8 +15,8 @@ import threading
 import time
 from types import FrameType
 
+from tray_app.contract.sizes import format_size, parse_size
 from tray_app.device.ledger import Ledger, NoSimulatedDevice
-from tray_app.sizes import format_size, parse_size
 
 
 def _fail(message: str) -> int:

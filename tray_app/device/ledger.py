@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 from tray_app import paths
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 
 LEDGER_FILE = "simulated-gpu.json"
 FORMAT = 1

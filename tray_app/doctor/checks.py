@@ -15,6 +15,7 @@ from typing import Any, Literal
 from tray_app import paths
 from tray_app.budget.device import nvml_memory
 from tray_app.config import Config
+from tray_app.contract.sizes import format_size
 from tray_app.doctor import tray_host
 from tray_app.engine import binary
 from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
@@ -23,7 +24,6 @@ from tray_app.host.bind import listening_socket
 from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
 from tray_app.library import first_run
 from tray_app.library.discovery import discover
-from tray_app.sizes import format_size
 
 Level = Literal["ok", "info", "warn", "blocking"]
 

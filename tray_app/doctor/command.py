@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tray_app import cli
+from tray_app import config
 from tray_app.doctor.checks import Check, run_checks
 
 _MARK = {"ok": "ok", "info": "--", "warn": "!!", "blocking": "XX"}
@@ -27,7 +27,7 @@ def render(checks: list[Check]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = run_checks(cli.load_config(args))
+    checks = run_checks(config.load_config(args))
     blocked = any(check.level == "blocking" for check in checks)
     if args.json:
         body = {"ok": not blocked, "checks": [check.to_dict() for check in checks]}

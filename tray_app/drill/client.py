@@ -14,10 +14,10 @@ from typing import Any, cast
 
 import httpx
 
-from tray_app import admin_token
 from tray_app.contract.status import ServiceStatus
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.host.launch import workers_ready
+from tray_app.reach import admin_token
 
 REQUEST_TIMEOUT = 600.0
 # The drill is a patient client: it tells the service (X-Failsoft-Deadline) that it will wait this long, so a

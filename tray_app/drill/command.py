@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from tray_app import paths
-from tray_app.cli import load_config
+from tray_app.config import load_config
+from tray_app.contract.sizes import parse_size
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import DrillError, EventLog, ServiceClient
 from tray_app.drill.context import DrillContext
@@ -25,7 +26,6 @@ from tray_app.drill.registry import LONG_SLOT_SCENARIOS, SCENARIOS
 from tray_app.drill.report import DrillReport, text, write
 from tray_app.drill.service_check import Progress, checked_status, default_simulated_vram, service_summary
 from tray_app.drill.soak import soak_minutes
-from tray_app.sizes import parse_size
 
 SPEED_WAIT = 90.0  # the service measures the CPU worker's speed once it is ready; the policy needs it
 

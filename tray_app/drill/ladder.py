@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from tray_app.contract.sizes import format_size
 from tray_app.drill.bodies import ask
 from tray_app.drill.context import DrillContext, finish
 from tray_app.drill.expected import EXPECTED, TITLES
@@ -23,7 +24,6 @@ from tray_app.drill.ladder_plan import (
     share_target,
 )
 from tray_app.drill.records import ScenarioRecord
-from tray_app.sizes import format_size
 
 LABEL = "drill-ladder"
 REFUSE_STAND_IN = {"X-Failsoft-Stand-In": "no"}

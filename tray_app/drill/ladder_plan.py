@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ModelStatus, ServiceStatus, WorkerStatus
 from tray_app.drill.client import DrillError
 from tray_app.drill.expected import WHILE_BUSY_OWN_CPU, WHILE_BUSY_STAND_IN
 from tray_app.drill.records import Expectation, answerer
-from tray_app.sizes import format_size
 
 
 @dataclass(frozen=True)

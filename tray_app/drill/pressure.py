@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 from tray_app.budget.device import nvml_memory
+from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.bodies import BASE, SEA
 from tray_app.drill.client import DrillError, ServiceClient
-from tray_app.sizes import format_size
 
 LABEL = "drill-pressure"
 TORCH_HINT = "pip install 'failsoft[drill]'"

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tray_app.contract.sizes import format_size
 from tray_app.drill.records import ScenarioRecord, verdict
-from tray_app.sizes import format_size
 
 
 @dataclass

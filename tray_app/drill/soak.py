@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 
+from tray_app.contract.sizes import format_size
 from tray_app.drill.chaos import MixPlan, run_mix
 from tray_app.drill.chaos_observe import observe
 from tray_app.drill.chaos_summary import Figures
 from tray_app.drill.client import DrillError, ServiceClient
 from tray_app.drill.invariants import InvariantReport, check
 from tray_app.drill.soak_memory import MemoryWatch, Sample
-from tray_app.sizes import format_size
 
 # One round: a couple of minutes of the mix on two cores, then the service is checked at rest.
 ROUND = MixPlan(requests=120, clients=6, seconds=240.0, request_timeout=240.0)

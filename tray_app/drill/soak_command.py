@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tray_app import paths
-from tray_app.cli import load_config
+from tray_app.config import load_config
 from tray_app.drill.client import ServiceClient
 from tray_app.drill.launcher import drill_config, launched_service
 from tray_app.drill.service_check import Progress, checked_status, default_simulated_vram

@@ -11,7 +11,7 @@ from typing import Any
 
 import psutil
 
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 
 SAMPLE_EVERY = 5.0
 

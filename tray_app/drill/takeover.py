@@ -19,12 +19,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.bodies import BASE, SEA, STORY
 from tray_app.drill.context import DrillContext, count_answer
 from tray_app.drill.expected import TITLES
 from tray_app.drill.records import ScenarioRecord, answerer
-from tray_app.sizes import format_size
 
 HOG_NAME = "drill-hog"
 TORCH_HOG = (

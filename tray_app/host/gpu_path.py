@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from tray_app.contract.events import EventBus, GpuPathChanged
+from tray_app.contract.sizes import format_size
 from tray_app.device.snapshot import DeviceSnapshot
 from tray_app.jobs import gpu_policy
-from tray_app.sizes import format_size
 
 # What Failsoft does on each path, in words (the notification and the status say it).
 ACTIONS: dict[gpu_policy.GpuPath, str] = {

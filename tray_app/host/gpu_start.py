@@ -18,10 +18,10 @@ from tray_app.budget.plan_set import PlanSet, gpu_request
 from tray_app.budget.planner import plan_gpu
 from tray_app.config import Config
 from tray_app.contract.roles import EMBED_ROLES
+from tray_app.contract.sizes import parse_size
 from tray_app.device.snapshot import DeviceSnapshot
 from tray_app.engine.profile import WorkerProfile
 from tray_app.jobs import gpu_policy
-from tray_app.sizes import parse_size
 from tray_app.supervisor.profile import gpu_profile
 
 

@@ -20,11 +20,11 @@ from tray_app.budget.device import (
 )
 from tray_app.config import DeviceConfig
 from tray_app.contract.events import Event, EventBus, WorkerStateChanged
+from tray_app.contract.sizes import parse_size
 from tray_app.device.ledger import NoSimulatedDevice
 from tray_app.device.snapshot import DeviceSnapshot
 from tray_app.device.sources import pick_source
 from tray_app.device.watcher import DEFAULT_THRESHOLD_BYTES, DeviceWatcher
-from tray_app.sizes import parse_size
 
 FRESH_READ_AWAIT_SECONDS = 2.0  # a start waits this long for the driver's reading, the loop not at all
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import psutil
 
-from tray_app import admin_token
 from tray_app.contract.roles import CHAT_ROLES
 from tray_app.contract.status import ServiceStatus
 from tray_app.engine import WORKER_KEY_ENV
 from tray_app.paths import private_dir
+from tray_app.reach import admin_token
 from tray_app.supervisor.ports import free_port
 from tray_app.supervisor.process import die_with_parent
 
@@ -37,7 +37,7 @@ class ServeProcess:
     worker_key: str = (
         ""  # the key its workers take (FAILSOFT_WORKER_KEY), for a harness that asks them directly
     )
-    admin_token: str = ""  # its control API's token (tray_app.admin_token), for a harness that drives it
+    admin_token: str = ""  # its control API's token (reach/admin_token.py), for a harness that drives it
     runtime_dir: Path | None = None  # where its simulated GPU's ledger is: a hog run with it takes from it
 
     @property

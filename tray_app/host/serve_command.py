@@ -13,8 +13,8 @@ import uvicorn
 
 from tray_app import paths
 from tray_app.budget.plan_set import PlanSet
-from tray_app.cli import load_config
-from tray_app.config import Config, ConfigError
+from tray_app.config import Config, ConfigError, load_config
+from tray_app.contract.sizes import format_size, parse_size
 from tray_app.device.ledger import Ledger, LedgerBusy
 from tray_app.host import event_loop
 from tray_app.host.bind import listening_socket
@@ -23,7 +23,6 @@ from tray_app.host.service import Service
 from tray_app.host.service_probe import TAKEN_PORT_WAIT_S, local_url, probe_service
 from tray_app.jobs.journal_owner import JournalInUse
 from tray_app.server.routes import create_app
-from tray_app.sizes import format_size, parse_size
 
 
 def is_loopback(host: str) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tray_app import __version__, admin_token, paths
+from tray_app import __version__, paths
 from tray_app import config as config_module
 from tray_app.budget.device import SimulatedDevice
 from tray_app.budget.library_plan import ModelPlans
@@ -47,6 +47,7 @@ from tray_app.jobs.registry import JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.jobs.worker_port import CpuSpeed, ExecutorSettings, Worker
 from tray_app.library.catalog import ModelEntry, catalog_from_config
+from tray_app.reach import admin_token
 from tray_app.reach.capability import signer_for
 from tray_app.reach.dispatcher import Dispatcher
 from tray_app.supervisor.profile import library_profiles
@@ -90,7 +91,7 @@ class Service:
         self.model_id = self.catalog.main.name  # model.name, else its file's name
         # Every name a request may use: the main model's, and the library's models' and aliases.
         self.model_names = {name for entry in self.catalog.entries for name in entry.names()}
-        self.admin_token = admin_token.ensure()  # the control API's credential (tray_app.admin_token)
+        self.admin_token = admin_token.ensure()  # the control API's credential (tray_app.reach.admin_token)
         # The phone's signed Approve/Reject links and the status page's login; the [[notify]] channels.
         self.signer = signer_for(paths.data_dir())
         self.notify = Dispatcher(

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import tomli_w
 
-from tray_app import admin_token, config, paths
+from tray_app import config, paths
+from tray_app.reach import admin_token
 
 USER = "failsoft"
 GPU_GROUPS = ("video", "render")

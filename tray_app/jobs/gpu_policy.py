@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 
 GpuPath = Literal["normal", "squeezed", "yielded", "lost"]
 GPU_PATHS: tuple[GpuPath, ...] = ("normal", "squeezed", "yielded", "lost")

@@ -220,8 +220,11 @@ def stored_summary(stored: StoredJob, attempts: list[dict[str, Any]]) -> dict[st
 class JobRegistry:
     """The live jobs, their journal rows and their events; the only place a job's state changes.
 
-    Every change goes through `_allowed` (TRANSITIONS): an illegal one changes nothing and returns False
-    (0 from `start_attempt`), so two transitions racing for a job cannot both win."""
+    Every change of a job's state goes through `_allowed` (TRANSITIONS): an illegal one changes nothing and
+    returns False (0 from `start_attempt`), so two transitions racing for a job cannot both win. The notes on
+    a live job that move no state (`set_route`, `substitute`, `name_fallback`, `refine_fallback`,
+    `extend_deadline`, `client_stopped_waiting`, `note_effects_delivered`, `note_cpu_cache`,
+    `set_prompt_tokens`) are written here too, without a transition to check."""
 
     def __init__(self, journal: Journal, bus: EventBus) -> None:
         self.journal = journal

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from tray_app import config, paths
+from tray_app.contract.sizes import format_size
 from tray_app.library.catalog import catalog_from_config
 from tray_app.library.discovery import SOURCES, FoundModel, discover, is_gguf
-from tray_app.sizes import format_size
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tray_app.notify_settings import NotifyConfig
+from tray_app.config.notify import NotifyConfig
 from tray_app.reach.apprise_channel import AppriseChannel
 from tray_app.reach.channels import Channel
 from tray_app.reach.ntfy import NtfyChannel

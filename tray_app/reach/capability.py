@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tray_app import admin_token
+from tray_app.reach import admin_token
 from tray_app.reach.sessions import Sessions
 
 KEY_FILE = "action-key"

@@ -20,8 +20,8 @@ from urllib.parse import quote
 
 import httpx
 
+from tray_app.config.notify import NotifyConfig, destination
 from tray_app.contract.events import ApprovalNeeded, Event, EventBus
-from tray_app.notify_settings import NotifyConfig, destination
 from tray_app.reach import quiet
 from tray_app.reach.build import build
 from tray_app.reach.capability import Signer

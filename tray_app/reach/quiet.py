@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from tray_app.notify_settings import quiet_window
+from tray_app.config.notify import quiet_window
 
 
 def is_quiet(window: str, now: datetime) -> bool:

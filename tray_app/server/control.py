@@ -17,17 +17,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tray_app import admin_token, config
+from tray_app import config
 from tray_app.contract.events import Event
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
+from tray_app.contract.sizes import parse_size
 from tray_app.engine.faults import FAULT_KINDS
 from tray_app.jobs.registry import STATES
 from tray_app.library.errors import LoadRefused
+from tray_app.reach import admin_token
 from tray_app.server.errors import ApiError
 from tray_app.server.origin_guard import CONTROL_MAX_BODY
 from tray_app.server.ports import ServiceView
 from tray_app.server.status_page import session
-from tray_app.sizes import parse_size
 
 KEEPALIVE_SECONDS = 15.0
 # /failsoft/events: at most this many streams at once (the tray needs one; more is a leak or abuse): 503.

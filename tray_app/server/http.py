@@ -16,9 +16,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tray_app import admin_token
 from tray_app.config import ServerConfig
 from tray_app.jobs.registry import Job
+from tray_app.reach import admin_token
 from tray_app.server.dialect import OPENAI, Dialect, dialect_for
 from tray_app.server.errors import ApiError
 from tray_app.server.health import HEALTH_PATHS
@@ -66,7 +66,7 @@ class AuthAndErrors:
         self.app = app
         self.session_valid = session_valid  # the status page's login cookie (reach.capability.Signer)
         self.api_key = api_key
-        self.admin = admin  # the control API's token (tray_app.admin_token); "" refuses every admin route
+        self.admin = admin  # the control API's token (reach/admin_token.py); "" refuses every admin route
         self.dialects = dialects  # refusals come in the caller's API's error shape
         self.direct = direct or {}
         if server is None:

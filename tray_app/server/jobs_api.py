@@ -12,8 +12,8 @@ import hmac
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tray_app import admin_token
 from tray_app.jobs.intake import BACKGROUND_DEADLINE, Jobs, Refused
+from tray_app.reach import admin_token
 from tray_app.server.errors import ApiError, from_job_error
 from tray_app.server.http import JOB_TOKEN_HEADER, error_response, job_headers, read_body
 from tray_app.server.openai import Router, job_request

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp
 
 from tray_app.contract.roles import CHAT_ROLES
+from tray_app.contract.sizes import parse_size
 from tray_app.contract.vocabulary import Reason
 from tray_app.jobs.embeddings import InputTokens
 from tray_app.jobs.ids import new_request_id
@@ -49,7 +50,6 @@ from tray_app.server.requests import (
 )
 from tray_app.server.rewrite import NamedAsAsked
 from tray_app.server.streaming import include_usage, outcome_bytes, result_to_stream
-from tray_app.sizes import parse_size
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 from starlette.types import Scope
 
 from tray_app.config import ServerConfig
-from tray_app.origins import DEFAULT_PORTS, normalize_origin, split_host
+from tray_app.config.origins import DEFAULT_PORTS, normalize_origin, split_host
+from tray_app.contract.sizes import parse_size
 from tray_app.server.errors import ApiError
-from tray_app.sizes import parse_size
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # Control request bodies are a few small JSON fields; nothing needs more.

@@ -20,7 +20,7 @@ from urllib.parse import quote
 from PySide6.QtCore import QByteArray, QObject, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkProxy, QNetworkReply, QNetworkRequest
 
-from tray_app import admin_token
+from tray_app.reach import admin_token
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tray_app import config, paths
-from tray_app.cli import load_config
+from tray_app.config import load_config
 from tray_app.host.service_probe import local_url, probe_service
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPaintEvent, QPen
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QLayout, QSizePolicy, QVBoxLayout, QWidget
 
+from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ServiceStatus
-from tray_app.sizes import format_size
 from tray_app.view.budget_split import (
     SEGMENTS,
     Segment,

@@ -17,7 +17,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QApplication, QLabel, QVBoxLayout, QWidget
 
-from tray_app.sizes import format_size
+from tray_app.contract.sizes import format_size
 from tray_app.ui.api_client import ServiceClient
 from tray_app.view.timeline import Timeline, stacked, timeline
 

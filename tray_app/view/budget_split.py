@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tray_app.budget.experts import single_tensors_words
+from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ServiceStatus
-from tray_app.sizes import format_size
 from tray_app.view.device_now import device_now, others_bytes, others_detail
 from tray_app.view.state import gpu_guests, worker_state
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ServiceStatus
-from tray_app.sizes import format_size
 
 PATH_WORDS = {
     "normal": "normal",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ModelStatus, ServiceStatus, WorkerStatus
-from tray_app.sizes import format_size
 
 SERVING = "serving"
 DEGRADED = "degraded"

@@ -14,12 +14,12 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from tray_app.contract.events import ApprovalNeeded, FallbackCompleted, FallbackRefused, FallbackStarted
+from tray_app.contract.sizes import format_size
 from tray_app.server.errors import ApiError
 from tray_app.server.http import error_response, read_body
 from tray_app.server.ports import ServiceView
 from tray_app.server.status_page import session
 from tray_app.server.status_page.actions import Actions
-from tray_app.sizes import format_size
 from tray_app.view.budget_split import caps_text, status_segments
 
 FILES = {"index.html": "text/html", "app.css": "text/css", "app.js": "text/javascript"}

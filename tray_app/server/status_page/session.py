@@ -17,7 +17,7 @@ from collections.abc import Callable
 from starlette.types import Scope
 
 from tray_app.config import ServerConfig
-from tray_app.origins import DEFAULT_PORTS, normalize_origin, split_host
+from tray_app.config.origins import DEFAULT_PORTS, normalize_origin, split_host
 from tray_app.server.origin_guard import public_origin
 
 PREFIX = "/ui/"

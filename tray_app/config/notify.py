@@ -1,7 +1,7 @@
 """The `[[notify]]` tables of the config: where Failsoft sends a message when something needs a person
 (a phone through ntfy, a webhook, anything Apprise reaches), which events, when not, and how often.
 
-Kept apart from config.py, which only calls `channels_from_config` and shows `public_view`."""
+Kept apart from the sections (schema.py): validation.py calls `channels_from_config`, view.py `redacted`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,16 @@
+"""The config as the control API shows it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tray_app.config import notify
+from tray_app.config.schema import Config
+
+
+def public_view(config: Config) -> dict[str, Any]:
+    """The config as the control API shows it: the API key is not repeated, only whether one is set."""
+    data = config.to_dict()
+    data["server"]["api_key"] = "(set)" if config.server.api_key else ""
+    data["notify"] = notify.redacted(config.notify)
+    return data
