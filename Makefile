@@ -98,11 +98,14 @@ engine: $(STAMP)
 dist: $(STAMP)
 	$(BIN)/python -m build --no-isolation --outdir dist .
 
-# The check on a real NVIDIA GPU (README, "Checking a real GPU"): `gpu-check-pack` prepares, where the network
-# is, everything it needs in .gpu-check/carry/; `gpu-check` needs no network (nor this venv) and stops with
-# exit status 2 where there is no GPU. Report: $OUT/gpu-check.json when OUT is set, else gpu-check.json.
+# The check on a real NVIDIA GPU (docs/gpu-check.md): `gpu-check-pack` prepares, where the network is,
+# everything it needs in .gpu-check/carry/, the CUDA engine built here for CUDA_ARCH (90: H100/H200; a long
+# compile the first time, then kept in .gpu-check/pack/; CUDA_ARCH= builds none); `gpu-check` needs no network
+# (nor this venv) and stops with exit status 2 where there is no GPU. Report and logs: $OUT (at most 8 files)
+# when OUT is set, else gpu-check.json.
+CUDA_ARCH ?= 90
 gpu-check-pack: $(STAMP)
-	$(BIN)/python packaging/gpu_check.py pack
+	nice -n 19 $(BIN)/python packaging/gpu_check.py pack --cuda-arch '$(CUDA_ARCH)'
 
 gpu-check:
 	$(PYTHON) packaging/gpu_check.py run

@@ -35,7 +35,7 @@ def judge_moe(results: list[dict[str, Any]]) -> list[str]:
 
 
 def phase_moe(report: Report, state: Path) -> None:
-    with report.phase("moe", 60) as entry:
+    with report.phase("moe") as entry:
         from tray_app.engine import binary
 
         server = binary.find("").path

@@ -15,13 +15,17 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
-import build_engine  # the packaging folder's own module
+import build_engine  # the packaging folder's own module (it puts the checkout on sys.path)
+import gpu_check_engine
 from check_report import PhaseStop, Report, tail
 from gpu_check_carry import ARCHIVE_NAME, MANIFEST_NAME, SKELETON_NAME, WHEELS_NAME, check_requirements
 from gpu_check_model import rebuild_model
+
+from tray_app.engine_build import build as builder  # standard library only
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGING = ROOT / "packaging"
@@ -96,21 +100,47 @@ def carried_files(carry: Path) -> dict[str, Any]:
         "wheels": {"count": len(wheels), "bytes": sum(w.stat().st_size for w in wheels)},
         "model_skeleton": {"bytes": skeleton.stat().st_size} if skeleton.exists() else None,
         "model_manifest": manifest.exists(),
+        "engine": gpu_check_engine.carried_manifest(carry),
     }
+    if found["engine"] is not None:
+        keys = ("arch", "nvcc", "wheel", "bytes", "unpacked_bytes")
+        found["engine"] = {key: found["engine"].get(key) for key in keys}
     found["bytes"] = (
         sum(path.stat().st_size for path in carry.rglob("*") if path.is_file()) if carry.exists() else 0
     )
     return found
 
 
-def phase_host(report: Report, carry: Path) -> dict[str, Any]:
-    with report.phase("host", 150) as entry:
+def machine_identity(state: Path) -> dict[str, Any]:
+    """This machine's boot id, and whether an earlier run of the check left its state here (the GPU machine
+    is given back 30 s after a call: the next call usually gets a new one, with nothing built)."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    marker = state / "machine.json"
+    earlier: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        earlier = json.loads(marker.read_text(encoding="utf-8"))
+    state.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"boot_id": boot_id, "at": time.time()}), encoding="utf-8")
+    return {
+        "boot_id": boot_id,
+        "earlier_run_here": bool(earlier),
+        "same_boot_as_earlier_run": bool(earlier) and earlier.get("boot_id") == boot_id,
+    }
+
+
+def phase_host(report: Report, carry: Path, state: Path | None = None) -> dict[str, Any]:
+    with report.phase("host") as entry:
         entry["python"] = {"version": platform.python_version(), "executable": sys.executable}
         entry["machine"] = {
             "arch": platform.machine(),
             "cores": os.cpu_count(),
             "system": platform.platform(),
         }
+        if state is not None:
+            entry["machine"].update(machine_identity(state))
         entry["tools"] = tool_versions()
         entry["carried"] = carried_files(carry)
         entry["torch"] = torch_probe(sys.executable)
@@ -121,10 +151,11 @@ def phase_host(report: Report, carry: Path) -> dict[str, Any]:
         ]
         if missing:
             entry["missing_tools"] = missing
-        if entry["carried"]["archive"] is None:
+        if entry["carried"]["archive"] is None and entry["carried"]["engine"] is None:
             entry["not_prepared"] = (
-                f"no trimmed llama.cpp source at {carry / ARCHIVE_NAME}: run `python3 packaging/gpu_check.py "
-                "pack` on a machine with the network first (`make gpu-check-pack`)"
+                f"no carried engine ({carry / gpu_check_engine.ENGINE_NAME}) and no trimmed llama.cpp source "
+                f"({carry / ARCHIVE_NAME}): run `python3 packaging/gpu_check.py pack` on a machine with the "
+                "network first (`make gpu-check-pack`)"
             )
         return entry
 
@@ -149,7 +180,7 @@ def nvml_count() -> tuple[int | None, str]:
 
 
 def phase_gpu(report: Report) -> dict[str, Any]:
-    with report.phase("gpu", 30) as entry:
+    with report.phase("gpu") as entry:
         gpus: list[dict[str, str]] = []
         if shutil.which("nvidia-smi"):
             fields = "index,name,memory.total,memory.free,driver_version,compute_cap"
@@ -187,13 +218,13 @@ def layered_venv(venv: Path) -> Path:
 
 def phase_python_env(report: Report, carry: Path, venv: Path) -> Path:
     """A venv on the machine's own packages (torch, NumPy, pip, ...) plus the carried wheels, no index."""
-    with report.phase("python_env", 120) as entry:
+    with report.phase("python_env") as entry:
         python = layered_venv(venv)
         entry["venv"] = str(venv)
         requirements = check_requirements()
         command = [str(python), "-m", "pip", "install", "--no-index", "--disable-pip-version-check"]
         command += ["--find-links", str(carry / WHEELS_NAME), *requirements]
-        code, output = run_text(command, timeout=report.remaining() - 30)
+        code, output = run_text(command, timeout=entry["budget_seconds"] - 20)
         installed = re.findall(r"Successfully installed (.*)", output)
         entry["installed"] = installed[-1].split() if installed else []
         entry["requirements"] = requirements
@@ -240,50 +271,131 @@ def run_logged(command: list[str], log_path: Path, timeout: float, env: dict[str
             return None
 
 
-# What the phases after the build need at least (seconds): model, service, planner, pressure, teardown.
-AFTER_BUILD_SECONDS = 170
+def ninja_steps_done(build_dir: Path) -> int:
+    """Build steps an earlier, interrupted build finished (ninja's log of this folder): ninja skips them."""
+    log = build_dir / ".ninja_log"
+    if not log.exists():
+        return 0
+    return sum(
+        1 for line in log.read_text(errors="replace").splitlines() if line and not line.startswith("#")
+    )
+
+
+def install_carried(
+    entry: dict[str, Any], carry: Path, manifest: dict[str, Any], venv: Path, log_dir: Path
+) -> None:
+    """The engine built where the network is, for this card's architecture: installed, no compiler run (once:
+    a second run on the same machine finds it installed)."""
+    wheel = carry / gpu_check_engine.ENGINE_NAME / str(manifest["wheel"])
+    variant = f"carried-cuda-sm{manifest['arch']}-{manifest['key']}"
+    entry["source"] = "carried"
+    entry["carried"] = {key: manifest.get(key) for key in ("arch", "key", "nvcc", "wheel", "bytes", "build")}
+    marker = builder.installed_marker(venv)
+    if marker.exists() and marker.read_text().strip() == variant and builder.installed_server(venv):
+        entry["installed"] = "already"
+        return
+    command = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-deps"]
+    command += ["--force-reinstall", "--disable-pip-version-check", str(wheel)]
+    code = run_logged(command, log_dir / "engine-install.log", entry["budget_seconds"] - 20, dict(os.environ))
+    if code != 0:
+        output = (log_dir / "engine-install.log").read_text(errors="replace")
+        raise PhaseStop("failed", f"the carried engine did not install (exit {code}):\n{tail(output, 15)}")
+    marker.write_text(variant + "\n")
+    entry["installed"] = "now"
+
+
+def build_on_device(
+    entry: dict[str, Any], carry: Path, venv: Path, state: Path, log_dir: Path, arch: str, budget: float
+) -> None:
+    """The CUDA build from the carried source on this machine. Its build folder is kept per source and
+    architecture (and the finished wheel in an engine cache beside it), so the same command on the same
+    machine continues where an interrupted build stopped, and a finished one is installed at once. A new
+    machine (the GPU machine is given back 30 s after a call) has neither: it builds from step 1."""
+    archive = carry / ARCHIVE_NAME
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:12]
+    source = unpack_source(archive, state / "src")
+    build_dir = state / "engine-build" / f"{digest}-sm{arch.replace(',', '_') or 'unknown'}"
+    env = dict(
+        os.environ,
+        GPU_BACKEND="cuda",
+        CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
+        FAILSOFT_ENGINE_CACHE=str(state / "engine-cache"),
+    )
+    command = [str(venv / "bin" / "python"), str(PACKAGING / "build_engine.py"), "--venv", str(venv)]
+    command += ["--source", str(source), "--offline", "--build-dir", str(build_dir)]
+    entry["source"] = "built here"
+    entry["command"] = " ".join(command)
+    entry["build_dir"] = str(build_dir)
+    entry["resumed"] = (build_dir / "CMakeCache.txt").exists()
+    entry["steps_done_before"] = ninja_steps_done(build_dir)
+    log_path = log_dir / "engine-build.log"
+    code = run_logged(command, log_path, budget - 20, env)
+    output = log_path.read_text(errors="replace")
+    entry["cached"] = "using the cached cuda build" in output
+    entry["steps"] = gpu_check_engine.build_steps(output)
+    entry["output_tail"] = tail(output, 30)
+    if code is None:
+        raise PhaseStop(
+            "failed",
+            f"the CUDA build needed more than its {budget - 20:.0f} s (reached step {entry['steps']}); its "
+            f"build folder {build_dir} is kept: the same command on this machine, while it is still up "
+            "(it is given back 30 s after a call), continues where it stopped",
+        )
+    if code != 0:
+        raise PhaseStop("failed", f"the CUDA build failed (exit {code}):\n{tail(output, 25)}")
+
+
+def check_server(entry: dict[str, Any], venv: Path, log_dir: Path) -> str:
+    """The installed llama-server: its libraries found (CUDA's put on LD_LIBRARY_PATH if need be) and a CUDA
+    device listed; the problem, or "" when there is none."""
+    server = build_engine.installed_server(venv)
+    if server is None:
+        return "the engine installed no llama-server"
+    entry["llama_server"] = str(server)
+    gpu_check_engine.with_cuda_libraries(gpu_check_engine.engine_files(server), entry)
+    if entry["missing_libraries"]:
+        return f"libraries not found: {entry['missing_libraries']}"
+    code, listing = run_text([str(server), "--list-devices"], timeout=60)
+    entry["list_devices"] = tail(listing, 10)
+    with (log_dir / "engine-check.log").open("a") as log:
+        log.write(json.dumps({key: entry.get(key) for key in ("missing_libraries", "library_dirs")}) + "\n")
+        log.write(f"$ llama-server --list-devices (exit {code})\n{listing}\n")
+    if "CUDA0" not in listing:
+        return f"llama-server lists no CUDA device (exit {code}):\n{tail(listing, 10)}"
+    return ""
 
 
 def phase_engine(report: Report, carry: Path, venv: Path, state: Path, log_dir: Path) -> dict[str, Any]:
-    budget = report.remaining() - AFTER_BUILD_SECONDS
-    with report.phase("engine", budget) as entry:
-        architectures = build_engine.cuda_architectures()
-        entry["cuda_architectures"] = architectures
-        source = unpack_source(carry / ARCHIVE_NAME, state / "src")
-        build_dir = state / f"cmake-build-cuda-{architectures.replace(',', '_') or 'unknown'}"
-        env = dict(os.environ, GPU_BACKEND="cuda", CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
-        command = [str(venv / "bin" / "python"), str(PACKAGING / "build_engine.py"), "--venv", str(venv)]
-        command += ["--source", str(source), "--offline", "--build-dir", str(build_dir)]
-        entry["command"] = " ".join(command)
-        entry["build_dir"] = str(build_dir)
-        entry["resumed"] = (build_dir / "CMakeCache.txt").exists()
-        log_path = log_dir / "engine-build.log"
-        code = run_logged(command, log_path, budget - 20, env)
-        output = log_path.read_text(errors="replace")
-        entry["cached"] = "using the cached cuda build" in output
-        entry["output_tail"] = tail(output, 30)
-        if code is None:
-            raise PhaseStop(
-                "failed",
-                f"the CUDA build needed more than its {budget - 20:.0f} s; CMake's build folder "
-                f"{build_dir} is kept: run the same command again while this machine is still up and "
-                "the build continues where it stopped",
+    """The carried engine when it was built for this card's architecture, else the build here."""
+    with report.phase("engine") as entry:
+        capabilities = build_engine.cuda_architectures()
+        arch = gpu_check_engine.local_arch(capabilities)
+        entry["cuda_architectures"] = capabilities
+        manifest = gpu_check_engine.carried_manifest(carry)
+        if manifest is not None and manifest.get("arch") == arch:
+            install_carried(entry, carry, manifest, venv, log_dir)
+            problem = check_server(entry, venv, log_dir)
+            if not problem:
+                return entry
+            entry["carried_failed"] = problem
+            report.problem(f"engine: the carried engine does not run here: {problem}")
+        else:
+            entry["carried_skipped"] = (
+                "no engine was carried (`pack` builds one for --cuda-arch)"
+                if manifest is None
+                else f"the carried engine is for sm_{manifest.get('arch')}, this card is sm_{arch}"
             )
-        if code != 0:
-            raise PhaseStop("failed", f"the CUDA build failed (exit {code}):\n{tail(output, 25)}")
-        server = build_engine.installed_server(venv)
-        if server is None:
-            raise PhaseStop("failed", "the build installed no llama-server")
-        code, listing = run_text([str(server), "--list-devices"], timeout=60)
-        entry["llama_server"] = str(server)
-        entry["list_devices"] = tail(listing, 10)
-        if "CUDA0" not in listing:
-            raise PhaseStop("failed", f"the CUDA build lists no CUDA device:\n{tail(listing, 10)}")
+        if not (carry / ARCHIVE_NAME).exists():
+            raise PhaseStop("failed", "no carried source to build from (run `pack` first)")
+        build_on_device(entry, carry, venv, state, log_dir, arch, entry["budget_seconds"])
+        problem = check_server(entry, venv, log_dir)
+        if problem:
+            raise PhaseStop("failed", problem)
         return entry
 
 
 def phase_model(report: Report, carry: Path, venv: Path, state: Path) -> Path:
-    with report.phase("model", 60) as entry:
+    with report.phase("model") as entry:
         code, found = run_text(
             [
                 str(venv / "bin" / "python"),

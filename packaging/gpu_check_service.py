@@ -1,6 +1,6 @@
-"""The GPU check's phases that need the project (service, planner, pressure, teardown): a script that
-`packaging/gpu_check.py` runs in the check's own environment once the CUDA engine is built and the model is
-there. It continues the report that run left.
+"""The GPU check's phases that need the project (`SERVICE_PHASES`: smoke, service, planner, watcher, moe,
+pressure, bench, teardown): a script that `packaging/gpu_check.py` runs in the check's own environment once
+the CUDA engine is installed, the model is there and the probe ran. It continues the report that run left.
 
 The functions that judge (buffer comparison, the failover's verdict) are pure and tested on sample numbers.
 """
@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 import tomli_w
 from check_report import MIB, PhaseStop, Report, say, tail
+from gpu_check_bench import phase_bench
 from gpu_check_moe import phase_moe
 from gpu_check_watcher import phase_watcher
 from llama_buffers import KINDS, last_load, per_backend
@@ -175,11 +177,17 @@ def prompt_words(count: int, salt: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the service
+# The GPU worker's context over its slots: 8192 a slot (SmolLM2's trained context) with the default 4 slots,
+# so that one slot holds the bench's 4,000-token prompt (the default, 8192 over 4 slots, holds 2,048).
+GPU_CONTEXT = 32768
+
+
 def service_settings(model: Path) -> dict[str, Any]:
-    """The default config on the real GPU with the given model: CPU worker warm, automatic fallback, quick
-    failure detection, loopback only."""
+    """The default config on the real GPU with the given model but for a larger GPU context (GPU_CONTEXT):
+    CPU worker warm, automatic fallback, quick failure detection, loopback only."""
     data = Config().to_dict()
     data["model"]["path"] = str(model)
+    data["budget"]["max_ctx"] = GPU_CONTEXT
     data["cpu"].update(enabled=True, warm=True)
     data["server"].update(host="127.0.0.1", api_key="")
     data["failover"].update(fallback="auto", deadline=300.0)
@@ -222,47 +230,128 @@ def status_view(status: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def phase_service(report: Report, model: Path, root: Path) -> tuple[ServeProcess, dict[str, Any]]:
-    with report.phase("service", 150) as entry:
+def process_end(process: Any) -> dict[str, Any]:
+    """How a process ended: its exit status, and the signal by name when one killed it."""
+    code = process.poll()
+    signal_name = None
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            signal_name = signal.Signals(-code).name
+    return {"exit": code, "signal": signal_name}
+
+
+SMOKE_QUESTION = "Say hello in one short sentence."
+
+
+async def _smoke_chat(service: ServeProcess) -> dict[str, Any]:
+    client = ServiceClient(service.base_url, admin=service.admin_token)
+    try:
+        body = {
+            "model": "default",
+            "messages": [{"role": "user", "content": SMOKE_QUESTION}],
+            "max_tokens": 16,
+            "temperature": 0,
+            "seed": 1,
+        }
+        answer = await client.chat(body)
+        found: dict[str, Any] = {
+            "http_status": answer.status,
+            "text": answer.text[:200],
+            "seconds": round(answer.ended_at - answer.started_at, 2),
+            "device": (answer.failsoft or {}).get("device"),
+            "client_error": answer.error or answer.transport_error or None,
+        }
+        if answer.job_id:
+            record = await client.wait_job_final(answer.job_id, timeout=60)
+            found.update({key: record.get(key) for key in ("state", "worker", "attempts", "attempt_log")})
+        return found
+    finally:
+        await client.aclose()
+
+
+def phase_smoke(report: Report, model: Path, root: Path) -> ServeProcess:
+    """`failsoft serve` on the real GPU until both workers are ready (PYTHONFAULTHANDLER=1: a native crash
+    prints Python's stacks), then one chat that the GPU worker must answer. The service's output (stdout and
+    stderr) stays in the report, whatever happened."""
+    with report.phase("smoke") as entry:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         config_path = root / "config.toml"
         config_path.write_text(tomli_w.dumps(service_settings(model)), encoding="utf-8")
         entry["config"] = str(config_path)
-        doctor = subprocess.run(
-            [sys.executable, "-m", "tray_app", "doctor", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=service_env(root, config_path),
-        )
-        try:
-            entry["doctor"] = json.loads(doctor.stdout)
-        except ValueError:
-            entry["doctor"] = {"exit": doctor.returncode, "output": tail(doctor.stdout + doctor.stderr, 20)}
-        service = spawn_serve(root, config_path)
+        os.environ["PYTHONFAULTHANDLER"] = "1"  # the service inherits it
+        started = time.monotonic()
+        # Faults enabled (armed only by the bench, to kill the GPU worker mid-stream).
+        service = spawn_serve(root, config_path, args=["--enable-faults"])
         entry["url"] = service.base_url
-        deadline = time.monotonic() + entry["budget_seconds"] - 5
+        entry["serve_log"] = str(service.output_path)
+        deadline = started + entry["budget_seconds"] - 25
         status = None
-        while time.monotonic() < deadline:
-            if service.process.poll() is not None:
+        try:
+            while time.monotonic() < deadline:
+                if service.process.poll() is not None:
+                    entry["ended"] = process_end(service.process)
+                    how = entry["ended"]["signal"] or f"exit {entry['ended']['exit']}"
+                    raise PhaseStop(
+                        "failed",
+                        f"failsoft serve died ({how}) {time.monotonic() - started:.1f} s after its start:\n"
+                        f"{tail(service.output(), 30)}",
+                    )
+                status = service_status(service.base_url)
+                if workers_ready(status):
+                    break
+                time.sleep(0.3)
+            else:
+                raise PhaseStop(
+                    "failed", f"the workers were not ready in time:\n{tail(service.output(), 30)}"
+                )
+            entry["ready_after_seconds"] = round(time.monotonic() - started, 2)
+            entry["chat"] = asyncio.run(asyncio.wait_for(_smoke_chat(service), timeout=20))
+            if entry["chat"].get("worker") != "gpu" and entry["chat"].get("device") != "gpu":
                 raise PhaseStop(
                     "failed",
-                    f"failsoft serve exited with {service.process.returncode}:\n{tail(service.output(), 30)}",
+                    f"the chat was not answered on the GPU: {entry['chat'].get('worker')} "
+                    f"({entry['chat'].get('client_error')})",
                 )
-            status = service_status(service.base_url)
-            if workers_ready(status):
-                break
-            time.sleep(0.3)
+        except BaseException:
+            stop_process_tree(service.process)  # no service to go on with
+            raise
+        finally:
+            entry["serve_output_tail"] = tail(service.output(), 60)
+        return service
+
+
+def phase_service(report: Report, service: ServeProcess, root: Path) -> dict[str, Any]:
+    """The running service: `failsoft doctor --json` beside it, its status, where each worker runs."""
+    with report.phase("service") as entry:
+        config_path = root / "config.toml"
+        try:
+            doctor = subprocess.run(
+                [sys.executable, "-m", "tray_app", "doctor", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=entry["budget_seconds"] - 30,
+                env=service_env(root, config_path),
+            )
+        except subprocess.TimeoutExpired:
+            entry["doctor"] = {"timed_out": entry["budget_seconds"] - 30}
+            report.problem("failsoft doctor --json did not answer in time")
         else:
-            stop_process_tree(service.process)
-            raise PhaseStop("failed", f"the workers were not ready in time:\n{tail(service.output(), 30)}")
+            try:
+                entry["doctor"] = json.loads(doctor.stdout)
+            except ValueError:
+                output = tail(doctor.stdout + doctor.stderr, 20)
+                entry["doctor"] = {"exit": doctor.returncode, "output": output}
+        status = service_status(service.base_url)
+        if not workers_ready(status):
+            raise PhaseStop("failed", f"the workers are not ready:\n{tail(service.output(), 30)}")
         assert status is not None
+        entry["url"] = service.base_url
         entry["failsoft_status"] = status_view(status)
         runs_on = entry["failsoft_status"]["workers"]["gpu"].get("runs_on") or ""
         if "CUDA" not in runs_on:
             report.problem(f"the GPU worker runs on {runs_on!r}, not on a CUDA device")
-        return service, status
+        return status
 
 
 def worker_log(root: Path, role: str) -> str:
@@ -271,7 +360,7 @@ def worker_log(root: Path, role: str) -> str:
 
 
 def phase_planner(report: Report, status: dict[str, Any], root: Path) -> None:
-    with report.phase("planner", 30) as entry:
+    with report.phase("planner") as entry:
         plan = status.get("plan") or {}
         printed = per_backend(last_load(worker_log(root, "gpu")))
         gpu_pid = ((status.get("workers") or {}).get("gpu") or {}).get("pid")
@@ -396,8 +485,8 @@ async def _pressure(report: Report, entry: dict[str, Any], service: ServeProcess
         jobs: list[dict[str, Any]] = []
         try:
             for salt, words in enumerate(job_sizes(cap), start=1):
-                if report.remaining() < 60:
-                    entry["cut_short"] = "the check's time ran low"
+                if time.monotonic() > entry["_deadline"] - 60:
+                    entry["cut_short"] = "the phase's time ran low"
                     break
                 job = await _job(client, words, salt)
                 jobs.append(job)
@@ -412,7 +501,8 @@ async def _pressure(report: Report, entry: dict[str, Any], service: ServeProcess
         for problem in entry["failover"]["problems"]:
             report.problem(f"failover: {problem}")
         try:
-            after = await client.wait_ready(timeout=max(10.0, min(60.0, report.remaining() - 30)))
+            left = entry["_deadline"] - time.monotonic() - 15
+            after = await client.wait_ready(timeout=max(10.0, min(60.0, left)))
             entry["recovered"] = status_view(after)["workers"]
         except Exception as error:  # the report says it; the check goes on to stop the service
             entry["recovered"] = None
@@ -422,41 +512,52 @@ async def _pressure(report: Report, entry: dict[str, Any], service: ServeProcess
 
 
 def phase_pressure(report: Report, service: ServeProcess, root: Path) -> None:
-    with report.phase("pressure", 150) as entry:
-        asyncio.run(
-            asyncio.wait_for(_pressure(report, entry, service, root), timeout=entry["budget_seconds"])
-        )
+    with report.phase("pressure") as entry:
+        entry["_deadline"] = time.monotonic() + entry["budget_seconds"]
+        try:
+            asyncio.run(
+                asyncio.wait_for(_pressure(report, entry, service, root), timeout=entry["budget_seconds"])
+            )
+        finally:
+            entry.pop("_deadline", None)
 
 
-def phase_teardown(report: Report, service: ServeProcess | None, root: Path, log_dir: Path) -> None:
-    with report.phase("teardown", 30) as entry:
+def phase_teardown(report: Report, service: ServeProcess | None, root: Path) -> None:
+    with report.phase("teardown") as entry:
         if service is not None:
+            entry["ended_before_stop"] = process_end(service.process)
             stop_process_tree(service.process)
             entry["gpu_worker_log_tail"] = tail(worker_log(root, "gpu"), 40)
             entry["service_log_tail"] = tail(service.output(), 20)
-        for path in (root / "logs").glob("*.log") if (root / "logs").exists() else ():
-            with contextlib.suppress(OSError):
-                shutil.copy(path, log_dir / path.name)
-        if service is not None:
-            with contextlib.suppress(OSError):
-                shutil.copy(service.output_path, log_dir / "serve.log")
 
 
 def service_phases(report_path: Path, deadline: float, model: Path, state: Path) -> int:
+    """SERVICE_PHASES in order: after `smoke` or `service` fails there is no service to go on with; after
+    any other, the next one runs (each has its own budget), until the total limit is spent."""
     report = Report.load(report_path, deadline)
     root = state / "service"
+    report.add_log_dirs(root, root / "logs", state / "moe" / "logs")
     service: ServeProcess | None = None
     try:
-        service, status = phase_service(report, model, root)
-        phase_planner(report, status, root)
-        phase_watcher(report, service)
-        phase_moe(report, state)
-        phase_pressure(report, service, root)
+        service = phase_smoke(report, model, root)
+        status = phase_service(report, service, root)
+        for phase in (
+            lambda: phase_planner(report, status, root),
+            lambda: phase_watcher(report, service),
+            lambda: phase_moe(report, state),
+            lambda: phase_pressure(report, service, root),
+            lambda: phase_bench(report, service),
+        ):
+            try:
+                phase()
+            except PhaseStop as stop:
+                if stop.status == "out_of_time":
+                    break
     except PhaseStop:
         pass
     finally:
         with contextlib.suppress(PhaseStop):
-            phase_teardown(report, service, root, state / "logs")
+            phase_teardown(report, service, root)
     report.write()
     return 0
 

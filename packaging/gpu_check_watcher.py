@@ -71,7 +71,7 @@ def _wait(probe: Callable[[], Any], timeout: float) -> tuple[float | None, Any]:
 
 
 def phase_watcher(report: Report, service: ServeProcess, python: str = sys.executable) -> None:
-    with report.phase("watcher", 60) as entry:
+    with report.phase("watcher") as entry:
         hog = subprocess.Popen(
             [python, "-c", HOG_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )

@@ -99,7 +99,7 @@ def test_run_without_a_carried_source_says_what_to_do(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 2
-    assert "no carried source (run `pack` first)" in done.stderr
+    assert "nothing carried (run `pack` first)" in done.stderr
     host = json.loads(report_path.read_text())["phases"]["host"]
     assert "gpu_check.py pack" in host["not_prepared"]
 
