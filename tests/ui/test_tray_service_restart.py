@@ -1,6 +1,7 @@
 """The real tray runs the service as its child process: a crash of the service (SIGKILL here, as the kernel
 would end it after a segfault in llama.cpp) leaves the tray running; it starts the service again within
-seconds and says so, and no native inference code is loaded in the tray's own process."""
+seconds and says so, the background jobs the crashed run had accepted complete once each, and no native
+inference code is loaded in the tray's own process."""
 
 from __future__ import annotations
 
@@ -16,15 +17,19 @@ import httpx
 import psutil
 import pytest
 
+from tests.support.helpers import COUNTING
 from tests.support.service import free_port, stop_process_tree, write_config
 from tests.support.waits import wait_until
 from tests.ui import test_real_tray as real_tray
 from tests.ui.test_real_tray import START_TIMEOUT, Desktop, Tray
+from tray_app.server.http import JOB_TOKEN_HEADER
 
 pytestmark = pytest.mark.gui
 
 desktop = real_tray.desktop  # the same Xvfb desktop with trayer as its panel
 RESTART_LIMIT_S = 5.0
+JOBS = 6
+FINAL = {"completed", "failed", "cancelled", "rejected"}
 NATIVE_LIBRARIES = ("libllama", "libggml", "libcuda", "llama_cpp")
 
 
@@ -102,6 +107,17 @@ def test_a_killed_service_is_started_again_by_the_tray_which_says_so(tray: Tray,
     assert old != tray.process.pid
     assert old in {p.pid for p in psutil.Process(tray.process.pid).children()}
     assert os.getpgid(old) == old  # a process group of its own
+    accepted: dict[str, str] = {}  # job id -> its read token
+    for number in range(JOBS):
+        response = httpx.post(
+            f"{tray.base_url}/v1/jobs",
+            json={**COUNTING, "max_tokens": 120},
+            headers={"Idempotency-Key": f"tray-crash-{number}"},
+            timeout=30,
+        )
+        assert response.status_code == 202, response.text
+        accepted[response.json()["id"]] = response.json()["read_token"]
+    time.sleep(1.5)  # some of them run, the others wait for a slot
 
     os.kill(old, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -128,6 +144,24 @@ def test_a_killed_service_is_started_again_by_the_tray_which_says_so(tray: Tray,
     new = service_pid(tray)
     assert new != old and not psutil.pid_exists(old)
     wait_until(lambda: tray.state().get("level") == "serving", START_TIMEOUT, "the new service to serve")
+
+    final: dict[str, dict[str, object]] = {}
+
+    def all_final() -> bool:
+        for job_id, token in accepted.items():
+            if job_id not in final:
+                answer = httpx.get(
+                    f"{tray.base_url}/v1/jobs/{job_id}", headers={JOB_TOKEN_HEADER: token}, timeout=10
+                )
+                if answer.status_code == 200 and answer.json()["state"] in FINAL:
+                    final[job_id] = answer.json()
+        return len(final) == JOBS
+
+    wait_until(all_final, 300, f"the {JOBS} jobs the crashed run accepted to end")
+    for job_id, job in final.items():
+        assert job["state"] == "completed", (job_id, job.get("error"))
+        outcomes = [attempt["outcome"] for attempt in job["attempt_log"]]  # type: ignore[attr-defined]
+        assert outcomes.count("completed") == 1, (job_id, outcomes)  # run to its end once
 
     log = (tmp_path / "logs" / "service.log").read_text(encoding="utf-8", errors="replace")
     assert f"failsoft serve (pid {old}) ended unasked: signal 9 (SIGKILL)" in log
