@@ -7,17 +7,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from tests.support.http_server import http_server
-from tests.support.service import free_port, running_service, write_config
-from tray_app import config
-from tray_app.host.service_probe import probe_service
-from tray_app.host.thread import ServiceThread
+from tests.support.service import free_port, write_config
 from tray_app.ui.app import display_problem
-from tray_app.ui.controller import ServiceStarter
 
 DISPLAY_VARS = ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")
 
@@ -64,22 +57,6 @@ def test_a_port_taken_by_another_program_is_named_with_what_to_do(tmp_path: Path
     assert result.returncode == 1, result.stderr
     assert f"another program answers at http://127.0.0.1:{port} (HTTP 404)" in result.stderr
     assert "[server] port" in result.stderr and "Traceback" not in result.stderr
-
-
-@pytest.mark.integration
-def test_a_service_that_bound_the_port_first_is_shown_instead_of_failing(tmp_path: Path, qtbot: Any) -> None:
-    """The tray found the port free, and a `failsoft serve` started at the same moment bound it first."""
-    with running_service(tmp_path / "service") as svc:
-        port = int(svc.base_url.rsplit(":", 1)[1])
-        cfg = config.from_dict({"server": {"port": port}, "device": {"simulate_vram": "4GiB"}})
-        starter = ServiceStarter(ServiceThread(cfg), probe=lambda: probe_service(svc.base_url))
-        failed: list[str] = []
-        starter.failed.connect(failed.append)
-        with qtbot.waitSignal(starter.found_running, timeout=30_000) as found:
-            starter.start()
-        starter.wait(10)
-    assert failed == []
-    assert found.args is not None and found.args[0].endswith(f" at {svc.base_url}")
 
 
 def _tray(tmp_path: Path, settings: dict[str, object], *args: str) -> subprocess.CompletedProcess[str]:

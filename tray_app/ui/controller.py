@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,6 @@ from PySide6.QtWidgets import (
 )
 
 from tray_app.host.service_child import Change, ChildChange
-from tray_app.host.service_probe import Probe
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.approvals import ApprovalsWindow
 from tray_app.ui.budget_bar import BudgetBar
@@ -40,52 +36,6 @@ from tray_app.view.service_run import Restart, RestartWatch
 log = logging.getLogger(__name__)
 
 TRAY_POLL_MS = 2000
-
-
-class ServiceStarter(QObject):
-    """Starts the in-process service on a plain thread: the tray shows "starting" meanwhile, and the GUI
-    thread never waits for workers to load."""
-
-    failed = Signal(str)
-    started = Signal(str)
-    # The port was taken meanwhile by a Failsoft service (one started at login beside the tray): the tray
-    # shows that one instead. Carries what answered, in words.
-    found_running = Signal(str)
-
-    def __init__(
-        self, service: Any, parent: QObject | None = None, probe: Callable[[], Probe] | None = None
-    ) -> None:
-        super().__init__(parent)
-        self.service = service
-        self._probe = probe  # what answers at the service's address, asked when its port is taken
-        self._thread = threading.Thread(target=self._run, name="failsoft-service-start", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wait(self, timeout: float) -> None:
-        """Let a start in progress finish, so that stopping the service afterwards stops all of it."""
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        try:
-            url = self.service.start()
-        except Exception as error:  # a taken port, a model or config the service refuses, a fault of ours
-            if isinstance(error, OSError) and error.errno == errno.EADDRINUSE and self._probe is not None:
-                probe = self._probe()
-                if probe.found == "failsoft":
-                    self.found_running.emit(probe.detail)
-                    return
-            message = str(error)
-            if not isinstance(error, (OSError, RuntimeError, ValueError)):  # ConfigError is a ValueError
-                log.exception("the service could not start")
-                message = f"{type(error).__name__}: {error}"
-            # Queued to the GUI thread, where the receiver lives. Unreported, the tray would say "starting"
-            # for ever.
-            self.failed.emit(message)
-            return
-        self.started.emit(url)
 
 
 class StatusWindow(QWidget):
