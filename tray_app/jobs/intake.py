@@ -29,7 +29,7 @@ from tray_app.jobs.journal import Journal, StoredJob
 from tray_app.jobs.outcomes import JobError
 from tray_app.jobs.path_timing import FirstTokenPath
 from tray_app.jobs.registry import Job, JobRegistry, new_id, stored_summary
-from tray_app.jobs.routing import Models, Refused, Routing, refused
+from tray_app.jobs.routing import Models, Refused, Routing, journal_unavailable, refused, tokenizer_refusal
 from tray_app.jobs.worker_port import Worker
 from tray_app.library.catalog import ModelEntry
 from tray_app.tokenizer.wire import TokenizerFailed
@@ -222,6 +222,27 @@ class Jobs:
             holds_tool_calls=request.holds_tool_calls,
         )
         self.models.touch(entry.name, request.keep_alive)
+        return job
+
+    def embed(
+        self, body: dict[str, Any], input_tokens: int, deadline: float, request_id: str | None = None
+    ) -> Job:
+        """An embeddings request's job, registered (the embeddings runner then runs it): no Idempotency-Key
+        (an embedding has no effects to protect), its time allowance grown with its input's tokens."""
+        job = Job(
+            id=new_id("job"),
+            request_id=request_id or new_request_id(),
+            kind="embedding",
+            body=body,
+            stream=False,
+            background=False,
+            body_hash="",
+            idempotency_key=None,
+            prompt_tokens=input_tokens,
+            max_tokens=0,
+            deadline=time.monotonic() + deadline,
+        )
+        self.registry.add(job)
         return job
 
     def _fitted_budget(self, entry: ModelEntry, prompt_tokens: int, max_tokens: int) -> int:
@@ -556,21 +577,6 @@ class Jobs:
         if entry is not None and entry.main and role is not None:
             wait = min(max(job.time_left(), 0.0), self.config().supervisor.start_timeout)
             await resume.gpu_started(self.workers(role), wait)
-
-
-def tokenizer_refusal(error: TokenizerFailed) -> Refused:
-    """A request whose prompt the tokenizer helper could not read: the client's fault only when the
-    helper refused the input itself; otherwise the service's, for a moment (the helper was restarted)."""
-    if error.kind == "input":
-        return refused(
-            400, "invalid_prompt", f"the prompt could not be read: {error}", type="invalid_request_error"
-        )
-    return refused(503, "tokenizer_unavailable", f"the prompt could not be counted: {error}", retry_after=1)
-
-
-def journal_unavailable(failure: str | None) -> Refused:
-    reason = failure or "the journal did not confirm the write in time"
-    return refused(503, "journal_unavailable", f"background jobs are not taken: {reason}", retry_after=60)
 
 
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:

@@ -293,3 +293,18 @@ def model_not_found(name: str | None, known: set[str]) -> Refused:
         type="invalid_request_error",
         param="model",
     )
+
+
+def tokenizer_refusal(error: TokenizerFailed) -> Refused:
+    """A request whose prompt the tokenizer helper could not read: the client's fault only when the
+    helper refused the input itself; otherwise the service's, for a moment (the helper was restarted)."""
+    if error.kind == "input":
+        return refused(
+            400, "invalid_prompt", f"the prompt could not be read: {error}", type="invalid_request_error"
+        )
+    return refused(503, "tokenizer_unavailable", f"the prompt could not be counted: {error}", retry_after=1)
+
+
+def journal_unavailable(failure: str | None) -> Refused:
+    reason = failure or "the journal did not confirm the write in time"
+    return refused(503, "journal_unavailable", f"background jobs are not taken: {reason}", retry_after=60)

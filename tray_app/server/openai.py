@@ -21,10 +21,9 @@ from tray_app.contract.roles import CHAT_ROLES
 from tray_app.contract.sizes import parse_size
 from tray_app.contract.vocabulary import Reason
 from tray_app.jobs.embeddings import InputTokens
-from tray_app.jobs.ids import new_request_id
 from tray_app.jobs.intake import BACKGROUND_DEADLINE, Admission, JobRequest, Refused
 from tray_app.jobs.outcomes import JobFailed, Piece
-from tray_app.jobs.registry import Job, new_id
+from tray_app.jobs.registry import Job
 from tray_app.jobs.worker_port import retry_after_seconds
 from tray_app.server.embedding_requests import check_tokens, parse_embedding_request
 from tray_app.server.errors import ApiError, from_job_error
@@ -306,20 +305,7 @@ class Router:
             counts = await self.input_tokens.count(self.svc.cfg.embeddings.model, parsed.inputs)
             tokens = check_tokens(counts, self.svc.cfg)
             deadline = self.deadline_seconds(request)
-            job = Job(
-                id=new_id("job"),
-                request_id=request.headers.get("x-request-id") or new_request_id(),
-                kind="embedding",
-                body=parsed.body,
-                stream=False,
-                background=False,
-                body_hash="",  # compared under an Idempotency-Key only, and an embedding takes none
-                idempotency_key=None,  # nothing to protect: an embedding has no effects
-                prompt_tokens=tokens,  # what the answer's time allowance grows with
-                max_tokens=0,
-                deadline=time.monotonic() + deadline,
-            )
-            self.svc.registry.add(job)
+            job = self.jobs.embed(parsed.body, tokens, deadline, request.headers.get("x-request-id"))
             answer = await self.svc.embeddings.run(job)
         except JobFailed as failed:
             return error_response(from_job_error(failed.error), job_headers(job) if job else None)
