@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -236,18 +235,7 @@ def phase_python_env(report: Report, carry: Path, venv: Path) -> Path:
 
 def unpack_source(archive: Path, target: Path) -> Path:
     """The archive unpacked once into `target` (same path every run: CMake's build folder refers to it)."""
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    stamp = target / ".unpacked"
-    if not (stamp.exists() and stamp.read_text() == digest):
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        with tarfile.open(archive) as source:
-            source.extractall(target, filter="data")
-        stamp.write_text(digest)
-    tops = [path for path in target.iterdir() if path.is_dir()]
-    if len(tops) != 1:
-        raise ValueError(f"{archive.name} should hold one folder, found {[p.name for p in tops]}")
-    return tops[0]
+    return gpu_check_engine.unpack_sdist(archive, target)
 
 
 def run_logged(command: list[str], log_path: Path, timeout: float, env: dict[str, str]) -> int | None:
