@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,13 +19,10 @@ import psutil
 import pytest
 
 from tests.support.helpers import COUNTING, base_settings
-from tests.support.service import ServiceHandle, free_port, stop_process_tree, write_config
+from tests.support.service import ServiceHandle, stop_process_tree, write_config
 from tests.support.waits import wait_until
-from tray_app.engine import WORKER_KEY_ENV
-from tray_app.paths import private_dir
-from tray_app.reach import admin_token
+from tray_app.host.launch import spawn_serve
 from tray_app.server.http import JOB_TOKEN_HEADER
-from tray_app.supervisor.process import die_with_parent
 
 pytestmark = pytest.mark.integration
 
@@ -50,29 +44,15 @@ def serve_in_own_group(root: Path, data_dir: Path, runtime_dir: Path) -> Iterato
     root.mkdir(parents=True, exist_ok=True)
     config_path = root / "config.toml"
     write_config(config_path, SETTINGS)
-    port = free_port()
-    worker_key = secrets.token_urlsafe(24)
-    admin = admin_token.ensure(private_dir(data_dir))
-    env = {
-        **os.environ,
-        WORKER_KEY_ENV: worker_key,
-        "FAILSOFT_CONFIG": str(config_path),
-        "FAILSOFT_DATA_DIR": str(data_dir),
-        "FAILSOFT_LOG_DIR": str(root / "logs"),
-        "FAILSOFT_RUNTIME_DIR": str(runtime_dir),
-        "PYTHONUNBUFFERED": "1",
-    }
-    command = [sys.executable, "-m", "tray_app", "serve", "--port", str(port), "--simulate-vram", "2GiB"]
-    output_path = root / f"serve-{port}.log"
-    with output_path.open("wb") as output:
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+    serve = spawn_serve(
+        root,
+        config_path,
+        data_dir=data_dir,
+        args=["--simulate-vram", "2GiB"],
+        runtime_dir=runtime_dir,
+        own_group=True,
+    )
+    process, port, output_path = serve.process, serve.port, serve.output_path
     handle = ServiceHandle(
         base_url=f"http://127.0.0.1:{port}",
         process=process,
@@ -81,8 +61,8 @@ def serve_in_own_group(root: Path, data_dir: Path, runtime_dir: Path) -> Iterato
         data_dir=data_dir,
         log_dir=root / "logs",
         output_path=output_path,
-        worker_key=worker_key,
-        admin_token=admin,
+        worker_key=serve.worker_key,
+        admin_token=serve.admin_token,
         runtime_dir=runtime_dir,
     )
     try:

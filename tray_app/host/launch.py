@@ -63,14 +63,17 @@ def spawn_serve(
     data_dir: Path | None = None,
     args: Sequence[str] = (),
     port: int | None = None,
+    runtime_dir: Path | None = None,
+    own_group: bool = False,
 ) -> ServeProcess:
     """Start `failsoft serve` on loopback (a free port unless given); its files live under `root`, its
-    runtime folder too, so its simulated GPU is its own and never a running service's."""
+    runtime folder too (unless `runtime_dir`), so its simulated GPU is its own and never a running
+    service's. `own_group`: it leads a process group of its own (a test kills that group and nothing else)."""
     port = port or free_port()
     worker_key = secrets.token_urlsafe(24)
     data_dir = data_dir or root / "data"
     admin = admin_token.ensure(private_dir(data_dir))  # the service finds it there and keeps it
-    runtime_dir = root / "run"
+    runtime_dir = runtime_dir or root / "run"
     env = {
         **os.environ,
         WORKER_KEY_ENV: worker_key,
@@ -86,7 +89,12 @@ def spawn_serve(
     with output_path.open("wb") as output:
         # A bench or drill killed outright (a timeout's SIGKILL) takes its service with it.
         process = subprocess.Popen(
-            command, env=env, stdout=output, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+            command,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+            start_new_session=own_group,
         )
     return ServeProcess(process, port, output_path, worker_key, admin, runtime_dir)
 
