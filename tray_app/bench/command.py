@@ -148,28 +148,7 @@ def bench(
     }
     results["planner_accuracy"] = planner_figures(status)
     gpu_url = worker_url(status, "gpu")
-    # One token first: the router's fixed cost per request, with no generation time around it to add
-    # noise; then a short answer for the per-chunk cost.
-    short = one_token_rounds(rounds)
-    progress(f"router overhead, 1 token ({short} rounds)")
-    results["router_fixed_cost"] = measure_overhead(
-        url, gpu_url, rounds=short, max_tokens=1, headers=headers, router_pid=router_pid, own_time=True
-    )
-    progress(f"a byte-for-byte proxy's overhead, 1 token ({short} rounds): the floor of any extra hop")
-    with byte_proxy(int(gpu_url.rsplit(":", 1)[1])) as proxy_url:
-        results["byte_proxy"] = measure_overhead(
-            proxy_url, gpu_url, rounds=short, max_tokens=1, headers=headers
-        )
-    progress(f"router overhead, {OVERHEAD_TOKENS} tokens ({rounds} rounds)")
-    results["router_overhead"] = measure_overhead(
-        url,
-        gpu_url,
-        rounds=rounds,
-        max_tokens=OVERHEAD_TOKENS,
-        headers=headers,
-        router_pid=router_pid,
-        own_time=True,
-    )
+    results.update(_router_overheads(url, gpu_url, rounds, headers, router_pid, progress))
     levels = ", ".join(str(level) for level in clients)
     progress(f"throughput with {levels} concurrent clients, router vs direct")
     results["throughput"] = asyncio.run(
@@ -185,6 +164,38 @@ def bench(
     results["device_watcher"] = watcher_cost_figures()
     results["seconds"] = round(time.time() - started, 1)
     return results
+
+
+def _router_overheads(
+    url: str,
+    gpu_url: str,
+    rounds: int,
+    headers: dict[str, str] | None,
+    router_pid: int | None,
+    progress: Progress,
+) -> dict[str, Any]:
+    """What the router adds, direct to the GPU worker vs through the router (`url`). One token first: the
+    router's fixed cost per request, with no generation time around it to add noise, beside a byte-for-byte
+    proxy's (the floor of any extra hop); then a short answer for the per-chunk cost."""
+    short = one_token_rounds(rounds)
+    progress(f"router overhead, 1 token ({short} rounds)")
+    fixed_cost = measure_overhead(
+        url, gpu_url, rounds=short, max_tokens=1, headers=headers, router_pid=router_pid, own_time=True
+    )
+    progress(f"a byte-for-byte proxy's overhead, 1 token ({short} rounds): the floor of any extra hop")
+    with byte_proxy(int(gpu_url.rsplit(":", 1)[1])) as proxy_url:
+        proxy = measure_overhead(proxy_url, gpu_url, rounds=short, max_tokens=1, headers=headers)
+    progress(f"router overhead, {OVERHEAD_TOKENS} tokens ({rounds} rounds)")
+    overhead = measure_overhead(
+        url,
+        gpu_url,
+        rounds=rounds,
+        max_tokens=OVERHEAD_TOKENS,
+        headers=headers,
+        router_pid=router_pid,
+        own_time=True,
+    )
+    return {"router_fixed_cost": fixed_cost, "byte_proxy": proxy, "router_overhead": overhead}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tray_app.bench.report import clients_label
+
 
 def _value(value: Any, unit: str = "", digits: int = 0) -> str:
     if value is None:
@@ -32,20 +34,23 @@ def pause_lines(pause: dict[str, Any]) -> list[str]:
 
 
 def throughput_lines(throughput: dict[str, Any]) -> list[str]:
-    lines = [
+    header = (
         f"GPU worker beside the mirror: clients each sending {throughput['requests_per_client']} chats of "
         f"a {throughput['prompt_tokens']}-token prompt (worth mirroring) and {throughput['max_tokens']} "
         f"tokens, through the router, the mirror off and on (median of {throughput['rounds']} interleaved "
         "rounds)"
-    ]
-    for level in throughput["levels"]:
-        lines.append(
-            f"  {level['clients']} client{'' if level['clients'] == 1 else 's':<2}  "
-            f"{_value(level['off_tokens_per_second'], '', 1):>7} -> "
-            f"{_value(level['on_tokens_per_second'], '', 1):>7} tokens/s  x{_value(level['ratio'], '', 3)}  "
-            f"(the mirror read {_value(level['mirror_read_tokens'])} prompt tokens meanwhile)"
-        )
-    return lines
+    )
+    return [header, *(_level_line(level) for level in throughput["levels"])]
+
+
+def _level_line(level: dict[str, Any]) -> str:
+    """One concurrency level: the GPU worker's throughput with the mirror off, then on."""
+    return (
+        f"  {clients_label(level['clients'])}  "
+        f"{_value(level['off_tokens_per_second'], '', 1):>7} -> "
+        f"{_value(level['on_tokens_per_second'], '', 1):>7} tokens/s  x{_value(level['ratio'], '', 3)}  "
+        f"(the mirror read {_value(level['mirror_read_tokens'])} prompt tokens meanwhile)"
+    )
 
 
 def _row(pause: dict[str, Any], case: str, mirror: bool) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from tray_app.contract.status import PathTiming
 from tray_app.jobs.path_timing import summary
 
 PROMPT = [{"role": "user", "content": "Name three colours."}]
+CHAT_PATH = "/v1/chat/completions"
 
 
 @dataclass
@@ -116,38 +117,49 @@ def measure_overhead(
     with `own_time`, the router's own record of its time on the streams' way to their first token."""
     body = {"messages": PROMPT, "max_tokens": max_tokens, "temperature": 0, "seed": 1}
     direct, routed = Samples(), Samples()
-    path = "/v1/chat/completions"
     router_process = psutil.Process(router_pid) if router_pid else None
     router_cpu = 0.0
     # keepalive_expiry: shorter than llama-server's 5 s, so a connection it closed is never reused.
     limits = httpx.Limits(keepalive_expiry=2.0)
     with httpx.Client(timeout=120, trust_env=False, headers=headers or {}, limits=limits) as client:
         for url in (worker_url, router_url):  # warm both paths (connections, caches) before measuring
-            _plain(client, url + path, body, Samples())
-            _streamed(client, url + path, body, Samples())
+            _both_kinds(client, url, body, Samples())
         recorded = router_timing(router_url) if own_time else None
         for _ in range(rounds):
-            _plain(client, worker_url + path, body, direct)
-            _streamed(client, worker_url + path, body, direct)
+            _both_kinds(client, worker_url, body, direct)
             before = _cpu_seconds(router_process)
-            _plain(client, router_url + path, body, routed)
-            _streamed(client, router_url + path, body, routed)
+            _both_kinds(client, router_url, body, routed)
             router_cpu += _cpu_seconds(router_process) - before
     own = own_time_since(router_url, recorded) if recorded is not None else None
-    a, b = _summary(direct), _summary(routed)
-    added = {
-        "p50_ms": _paired(routed.latency, direct.latency),
-        "p99_ms": b["p99_ms"] - a["p99_ms"],
-        "ttft_p50_ms": _paired(routed.first_token, direct.first_token),
-        "stream_total_p50_ms": _paired(routed.stream_total, direct.stream_total),
-        "gap_mean_ms": b["gap_mean_ms"] - a["gap_mean_ms"],
-    }
     return {
         "rounds": rounds,
         "max_tokens": max_tokens,
+        **_compared(direct, routed),
+        "router_cpu_ms_per_request": (router_cpu / (2 * rounds) * 1000.0) if router_process else None,
+        "own_ms": own,
+    }
+
+
+def _both_kinds(client: httpx.Client, base_url: str, body: dict[str, Any], samples: Samples) -> None:
+    """One chat request to `base_url` non-streamed, then the same streamed."""
+    _plain(client, base_url + CHAT_PATH, body, samples)
+    _streamed(client, base_url + CHAT_PATH, body, samples)
+
+
+def _compared(direct: Samples, routed: Samples) -> dict[str, Any]:
+    """Both sides' figures and what the router adds: paired medians (with their intervals) where the rounds
+    pair up, whole distributions for p99 and the chunk gap."""
+    a, b = _summary(direct), _summary(routed)
+    return {
         "direct": a,
         "router": b,
-        "added_ms": added,
+        "added_ms": {
+            "p50_ms": _paired(routed.latency, direct.latency),
+            "p99_ms": b["p99_ms"] - a["p99_ms"],
+            "ttft_p50_ms": _paired(routed.first_token, direct.first_token),
+            "stream_total_p50_ms": _paired(routed.stream_total, direct.stream_total),
+            "gap_mean_ms": b["gap_mean_ms"] - a["gap_mean_ms"],
+        },
         "added_interval_ms": {
             "p50_ms": _paired_interval(routed.latency, direct.latency),
             "ttft_p50_ms": _paired_interval(routed.first_token, direct.first_token),
@@ -155,8 +167,6 @@ def measure_overhead(
         },
         "ratio": {key: (b[key] / a[key] if a[key] else 0.0) for key in a},
         "router_own_ms": _paired(routed.latency, direct.stream_total),
-        "router_cpu_ms_per_request": (router_cpu / (2 * rounds) * 1000.0) if router_process else None,
-        "own_ms": own,
     }
 
 

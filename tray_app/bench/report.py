@@ -31,6 +31,27 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"x{value:.3f}"
 
 
+def _interval(bounds: list[float] | None) -> str:
+    """The added figure's 95 % interval (paired medians only)."""
+    return "" if bounds is None else f"  (95 %: {bounds[0]:+.2f} to {bounds[1]:+.2f} ms)"
+
+
+def _ratio_interval(bounds: list[float] | None) -> str:
+    return "" if bounds is None else f" (95 %: x{bounds[0]:.3f} to x{bounds[1]:.3f})"
+
+
+def _added(value: float | None, bounds: list[float] | None = None) -> str:
+    if value is None:
+        return ""
+    interval = "" if bounds is None else f", 95 %: {bounds[0]:+.2f} to {bounds[1]:+.2f} ms"
+    return f"  (added {value:+.2f} ms{interval}: the median of the rounds' differences)"
+
+
+def clients_label(count: int) -> str:
+    """`1 client ` or `4 clients`: the same width either way, so the figures after it line up."""
+    return f"{count} client{'' if count == 1 else 's':<2}"
+
+
 def router_lines(router: dict[str, Any]) -> list[str]:
     lines = [
         f"router overhead: direct to the GPU worker vs through the router ({router['rounds']} rounds, "
@@ -55,17 +76,17 @@ def router_lines(router: dict[str, Any]) -> list[str]:
         lines.append(f"  {'router process CPU per request':<34} {cpu:.2f} ms")
     own = router.get("own_ms")
     if own and own["requests"]:
-        lines.append(
-            f"  {'router code on the first token':<34} {own['total_ms']:.2f} ms  (its own clock, p50 of "
-            f"{own['requests']} streams: {own['to_worker_ms']:.2f} ms from the request to the worker, "
-            f"{own['to_client_ms']:.2f} ms from the worker's first output to the client)"
-        )
+        lines.append(_own_clock_line(own))
     return lines
 
 
-def _interval(bounds: list[float] | None) -> str:
-    """The added figure's 95 % interval (paired medians only)."""
-    return "" if bounds is None else f"  (95 %: {bounds[0]:+.2f} to {bounds[1]:+.2f} ms)"
+def _own_clock_line(own: dict[str, Any]) -> str:
+    """What the router measured of itself on the first token, split at the worker."""
+    return (
+        f"  {'router code on the first token':<34} {own['total_ms']:.2f} ms  (its own clock, p50 of "
+        f"{own['requests']} streams: {own['to_worker_ms']:.2f} ms from the request to the worker, "
+        f"{own['to_client_ms']:.2f} ms from the worker's first output to the client)"
+    )
 
 
 def floor_lines(proxy: dict[str, Any] | None, router: dict[str, Any]) -> list[str]:
@@ -88,43 +109,30 @@ def throughput_lines(throughput: dict[str, Any]) -> list[str]:
         f"(median of {throughput['rounds']} interleaved rounds; x: the median of the rounds' ratios)"
     ]
     for row in throughput["levels"]:
-        lines.append(
-            f"  {row['clients']} client{'' if row['clients'] == 1 else 's':<2} "
-            f"{row['direct_tokens_per_second']:>8.1f} -> {row['router_tokens_per_second']:>8.1f} tokens/s  "
-            f"{_ratio(row['ratio'])}{_ratio_interval(row.get('ratio_interval'))}   "
-            f"TTFT p50 {_ms(row['direct_ttft_p50_ms'], 2)} -> "
-            f"{_ms(row['router_ttft_p50_ms'], 2)}"
-            f"{_added(row.get('ttft_added_p50_ms'), row.get('ttft_added_interval_ms'))}"
-        )
+        added = _added(row.get("ttft_added_p50_ms"), row.get("ttft_added_interval_ms"))
+        lines.append(_level_line(row, "direct", "router") + added)
     return lines
 
 
 def against_lines(figures: dict[str, Any]) -> list[str]:
-    lines = [
+    header = (
         f"throughput: {figures['against']} (model {figures['model']!r}) -> Failsoft at "
         f"{figures['failsoft']}; concurrent clients, each {figures['requests_per_client']} requests of "
         f"{figures['max_tokens']} tokens (median of {figures['rounds']} interleaved rounds; x: the median of "
         "the rounds' ratios, Failsoft over the other)"
-    ]
-    for row in figures["levels"]:
-        lines.append(
-            f"  {row['clients']} client{'' if row['clients'] == 1 else 's':<2} "
-            f"{row['other_tokens_per_second']:>8.1f} -> {row['failsoft_tokens_per_second']:>8.1f} tokens/s  "
-            f"{_ratio(row['ratio'])}{_ratio_interval(row.get('ratio_interval'))}   "
-            f"TTFT p50 {_ms(row['other_ttft_p50_ms'], 2)} -> {_ms(row['failsoft_ttft_p50_ms'], 2)}"
-        )
-    return lines
+    )
+    return [header, *(_level_line(row, "other", "failsoft") for row in figures["levels"])]
 
 
-def _ratio_interval(bounds: list[float] | None) -> str:
-    return "" if bounds is None else f" (95 %: x{bounds[0]:.3f} to x{bounds[1]:.3f})"
-
-
-def _added(value: float | None, bounds: list[float] | None = None) -> str:
-    if value is None:
-        return ""
-    interval = "" if bounds is None else f", 95 %: {bounds[0]:+.2f} to {bounds[1]:+.2f} ms"
-    return f"  (added {value:+.2f} ms{interval}: the median of the rounds' differences)"
+def _level_line(row: dict[str, Any], before: str, after: str) -> str:
+    """One concurrency level of a throughput comparison; `before` and `after` name its two sides' keys
+    (`direct` and `router`, or `other` and `failsoft`)."""
+    return (
+        f"  {clients_label(row['clients'])} "
+        f"{row[f'{before}_tokens_per_second']:>8.1f} -> {row[f'{after}_tokens_per_second']:>8.1f} tokens/s  "
+        f"{_ratio(row['ratio'])}{_ratio_interval(row.get('ratio_interval'))}   "
+        f"TTFT p50 {_ms(row[f'{before}_ttft_p50_ms'], 2)} -> {_ms(row[f'{after}_ttft_p50_ms'], 2)}"
+    )
 
 
 def failover_lines(failover: dict[str, Any]) -> list[str]:

@@ -68,23 +68,26 @@ def error_of(sent: Sent, status: int, raw: bytes) -> None:
     except ValueError:
         body = None
     error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict) and (error.get("code") or error.get("type")):
-        sent.outcome, sent.code = "error", str(error.get("code") or error.get("type"))
-        sent.detail = str(error.get("message") or "")[:200]
-    elif isinstance(error, str) and error:
-        sent.outcome, sent.code, sent.detail = "error", "ollama_error", error[:200]
-    else:
+    if not _controlled_error(sent, error):
         sent.outcome, sent.detail = "lost", f"HTTP {status} without a reason: {raw[:200]!r}"
 
 
 def _stream_error(sent: Sent, error: Any) -> None:
+    if not _controlled_error(sent, error):
+        sent.outcome, sent.detail = "lost", f"an error event without a reason: {error!r}"
+
+
+def _controlled_error(sent: Sent, error: Any) -> bool:
+    """Record `error` as a controlled one when it gives a reason: a code or type (OpenAI, Anthropic) or a
+    message (Ollama's bare string). False when it gives none; the caller says how it was lost."""
     if isinstance(error, dict) and (error.get("code") or error.get("type")):
         sent.outcome, sent.code = "error", str(error.get("code") or error.get("type"))
         sent.detail = str(error.get("message") or "")[:200]
-    elif isinstance(error, str) and error:
+        return True
+    if isinstance(error, str) and error:
         sent.outcome, sent.code, sent.detail = "error", "ollama_error", error[:200]
-    else:
-        sent.outcome, sent.detail = "lost", f"an error event without a reason: {error!r}"
+        return True
+    return False
 
 
 def read_openai(sent: Sent, line: str) -> None:

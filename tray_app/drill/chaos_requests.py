@@ -109,18 +109,29 @@ async def openai_stream(http: httpx.AsyncClient, tool: bool = False) -> list[Sen
 async def openai_tool(http: httpx.AsyncClient) -> list[Sent]:
     """A whole (non-streamed) forced tool call."""
     sent = Sent("openai_tool")
+    response = await _post_whole(http, sent, "/v1/chat/completions", openai_chat(tool=True))
+    if response is None:
+        return [sent]
+    plain_answer(sent, ((response.json().get("choices") or [{}])[0]).get("message") or {})
+    return [sent]
+
+
+async def _post_whole(
+    http: httpx.AsyncClient, sent: Sent, path: str, body: dict[str, Any]
+) -> httpx.Response | None:
+    """POST a non-streamed request; the successful response, or None once `sent` says why there is none
+    (a transport error or an HTTP error answer)."""
     try:
-        response = await http.post("/v1/chat/completions", json=openai_chat(tool=True))
+        response = await http.post(path, json=body)
     except httpx.HTTPError as error:
         sent.outcome, sent.detail = "lost", repr(error)[:200]
-        return [sent]
+        return None
     sent.status = response.status_code
     sent.headers_seen(response.headers)
     if response.status_code >= 400:
         error_of(sent, response.status_code, response.content)
-        return [sent]
-    plain_answer(sent, ((response.json().get("choices") or [{}])[0]).get("message") or {})
-    return [sent]
+        return None
+    return response
 
 
 async def ollama_stream(http: httpx.AsyncClient) -> list[Sent]:
@@ -206,15 +217,8 @@ async def _poll(http: httpx.AsyncClient, sent: Sent, timeout: float) -> None:
 async def embedding(http: httpx.AsyncClient) -> list[Sent]:
     sent = Sent("embedding")
     texts = ["The sea is blue.", "A violin has four strings."]
-    try:
-        response = await http.post("/v1/embeddings", json={"model": "default", "input": texts})
-    except httpx.HTTPError as error:
-        sent.outcome, sent.detail = "lost", repr(error)[:200]
-        return [sent]
-    sent.status = response.status_code
-    sent.headers_seen(response.headers)
-    if response.status_code >= 400:
-        error_of(sent, response.status_code, response.content)
+    response = await _post_whole(http, sent, "/v1/embeddings", {"model": "default", "input": texts})
+    if response is None:
         return [sent]
     vectors = [item.get("embedding") for item in response.json().get("data") or []]
     sizes = {len(vector) for vector in vectors if isinstance(vector, list)}

@@ -87,7 +87,7 @@ async def _evict(
     # 1. A loaded and idle; a stream on the main model in flight; a request for B: A makes room.
     await ctx.client.model_action(a_name, "load", {"device": "gpu"})
     status = await ctx.client.status()
-    a_pid = (_worker(status, model_named(status, a_name), "gpu") or {}).get("pid")
+    a_pid = _gpu_pid(status, model_named(status, a_name))
     main_pid = (status["workers"].get("gpu") or {}).get("pid")
     main_body = _long_stream("default", int(status["caps"]["n_ctx_per_seq"]))
     first = await _ask_during_stream(
@@ -102,28 +102,44 @@ async def _evict(
     record.failed_checks += overlap_problem("the main model's stream", first.stream, first.asked)
 
     # 2. B busy with a stream; a request for A: B is kept, A goes down the ladder.
+    second, b_kept = await _ask_while_busy(ctx, record, streams, first.status, (a_name, b_name), start)
+
+    _judge(ctx, record, (a_name, b_name), first, second, busy, evicted=not a_gone, kept=b_kept)
     b = model_named(first.status, b_name)
+    record.notes += [
+        f"{a_name}'s GPU worker (pid {a_pid}) {'still there' if a_gone else 'gone'} once {b_name} answered",
+        f"the main model's stream: {_attempts(first.stream_trace)}, GPU worker pid {main_pid} before, "
+        f"{(second.status['workers'].get('gpu') or {}).get('pid')} after; it ended "
+        f"{first.stream.ended_at - first.asked.ended_at:.2f}s after {b_name} answered",
+        f"{b_name}'s stream: {_attempts(second.stream_trace)}, its GPU worker pid "
+        f"{_gpu_pid(first.status, b)} before, {_gpu_pid(second.status, b)} after; it ended "
+        f"{second.stream.ended_at - second.asked.ended_at:.2f}s after {a_name} was answered",
+    ]
+    record.total_seconds = round(time.time() - start, 3)
+
+
+async def _ask_while_busy(
+    ctx: DrillContext,
+    record: ScenarioRecord,
+    streams: list[asyncio.Task[Answer]],
+    status: ServiceStatus,
+    names: tuple[str, str],
+    start: float,
+) -> tuple[Overlap, bool]:
+    """B (`names[1]`) busy with a stream, a request for A: B must keep its worker and its stream, and A must
+    not land on the GPU. The overlap, and whether B was kept."""
+    a_name, b_name = names
+    b = model_named(status, b_name)
     b_role = b["workers"].get("gpu", f"gpu@{b_name}")
-    b_pid = (_worker(first.status, b, "gpu") or {}).get("pid")
-    b_body = _long_stream(b_name, model_context(first.status, b), BUSY_STREAM_CAP)
+    b_pid = _gpu_pid(status, b)
+    b_body = _long_stream(b_name, model_context(status, b), BUSY_STREAM_CAP)
     second = await _ask_during_stream(ctx, record, streams, (b_body, f"{b_name}'s stream"), a_name, start)
     b_kept = kept_problems(b_name, b_pid, _worker(second.status, b, "gpu"), second.stream_trace, b_role)
     record.failed_checks += b_kept
     record.failed_checks += overlap_problem(f"{b_name}'s stream", second.stream, second.asked)
     if "gpu" in model_named(second.status, a_name)["where"].split("+"):
         record.failed_checks.append(f"{a_name} was loaded on the GPU while {b_name} was busy")
-
-    _judge(ctx, record, (a_name, b_name), first, second, busy, evicted=not a_gone, kept=not b_kept)
-    record.notes += [
-        f"{a_name}'s GPU worker (pid {a_pid}) {'still there' if a_gone else 'gone'} once {b_name} answered",
-        f"the main model's stream: {_attempts(first.stream_trace)}, GPU worker pid {main_pid} before, "
-        f"{(second.status['workers'].get('gpu') or {}).get('pid')} after; it ended "
-        f"{first.stream.ended_at - first.asked.ended_at:.2f}s after {b_name} answered",
-        f"{b_name}'s stream: {_attempts(second.stream_trace)}, its GPU worker pid {b_pid} before, "
-        f"{(_worker(second.status, b, 'gpu') or {}).get('pid')} after; it ended "
-        f"{second.stream.ended_at - second.asked.ended_at:.2f}s after {a_name} was answered",
-    ]
-    record.total_seconds = round(time.time() - start, 3)
+    return second, not b_kept
 
 
 async def _ask_during_stream(
@@ -251,6 +267,10 @@ def _worker(status: ServiceStatus, model: ModelStatus, device: str) -> WorkerSta
         return status["workers"].get(device)
     role = model["workers"].get(device) or f"{device}@{model['name']}"
     return status["library_workers"].get(role)
+
+
+def _gpu_pid(status: ServiceStatus, model: ModelStatus) -> int | None:
+    return (_worker(status, model, "gpu") or {}).get("pid")
 
 
 def _attempts(trace: JobTrace | None) -> str:

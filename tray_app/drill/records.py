@@ -202,26 +202,34 @@ def explain(
     route: str, reason: str, *, streamed: bool, resumed: bool, detail: str, caps: dict[str, Any]
 ) -> str:
     """Why the service decided what it did, in words (from the reason code and the service's caps)."""
-    if route == "cpu" and reason == "exceeds_gpu_profile":
+    match route:
+        case "cpu":
+            return _why_on_cpu(reason, streamed=streamed, resumed=resumed, caps=caps)
+        case "gpu":
+            return "fits the GPU profile: served by the GPU worker"
+        case "refused":
+            return f"refused ({reason}){': ' + detail if detail else ''}"
+        case "approval":
+            return f"queued for the user's approval ({reason})"
+    return f"{route} ({reason})"
+
+
+def _why_on_cpu(reason: str, *, streamed: bool, resumed: bool, caps: dict[str, Any]) -> str:
+    """A job the CPU served: too long for the GPU from the start, or taken over after the GPU failed."""
+    if reason == "exceeds_gpu_profile":
         return (
             f"prompt + max_tokens exceed the GPU profile ({caps.get('n_ctx_per_seq')} tokens per sequence) "
             f"but fit the CPU profile ({caps.get('cpu_n_ctx')}): routed to the CPU at admission"
         )
-    if route == "cpu" and reason in WORKER_FAILURE_KINDS:
-        if resumed:
-            return (
-                f"the GPU attempt failed ({reason}) after text reached the client; stream_after_content = "
-                "resume: the CPU continued from the text already sent"
-            )
-        where = "stream" if streamed else "request"
+    if reason not in WORKER_FAILURE_KINDS:
+        return f"cpu ({reason})"
+    if resumed:
         return (
-            f"the GPU attempt failed ({reason}) before anything of the {where} reached the client, the CPU "
-            "worker was ready and its estimated time fit the deadline: replayed on the CPU"
+            f"the GPU attempt failed ({reason}) after text reached the client; stream_after_content = "
+            "resume: the CPU continued from the text already sent"
         )
-    if route == "gpu":
-        return "fits the GPU profile: served by the GPU worker"
-    if route == "refused":
-        return f"refused ({reason}){': ' + detail if detail else ''}"
-    if route == "approval":
-        return f"queued for the user's approval ({reason})"
-    return f"{route} ({reason})"
+    where = "stream" if streamed else "request"
+    return (
+        f"the GPU attempt failed ({reason}) before anything of the {where} reached the client, the CPU "
+        "worker was ready and its estimated time fit the deadline: replayed on the CPU"
+    )

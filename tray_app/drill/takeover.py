@@ -22,6 +22,7 @@ from typing import Any
 from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.bodies import BASE, SEA, STORY
+from tray_app.drill.client import Answer
 from tray_app.drill.context import DrillContext, count_answer
 from tray_app.drill.expected import TITLES
 from tray_app.drill.records import ScenarioRecord, answerer
@@ -102,41 +103,62 @@ async def takeover(ctx: DrillContext) -> ScenarioRecord:
     answers = []
     stream = asyncio.create_task(ctx.client.stream_chat({**BASE, "messages": STORY, "max_tokens": 48}))
     async with _hog(*hog) as process:
-        taken, polls = time.monotonic(), (await ctx.client.status())["device_now"]["polls"]
-        seen = await _until(ctx, lambda s: _named(s, process.pid) is not None, "the hog in the status", 30)
-        delay = time.monotonic() - taken
-        named = _named(seen, process.pid) or {}
-        polled = seen["device_now"]["polls"] - polls
-        path = seen.get("gpu_path") or {}
-        record.notes.append(
-            f"hog {named.get('describe')} took {format_size(size)}: seen and named after {delay:.2f} s "
-            f"({delay / poll:.1f} poll intervals of {poll:g} s; {polled} readings); "
-            f"GPU path {path.get('state')}: {path.get('reason') or '-'}"
-        )
-        if delay > 2 * poll + 0.5:
-            record.failed_checks.append(f"the hog was seen after {delay:.2f} s, more than two poll intervals")
+        await _see_hog(ctx, record, process.pid, size, poll)
         answers.append(await stream)
-        killed = (await ctx.client.arm("kill", 0))["pid"]
-        settled = await _until(
-            ctx,
-            lambda s: (
-                s["workers"]["gpu"]["pid"] != killed and s["workers"]["gpu"]["state"] in ("ready", "stopped")
-            ),
-            "the GPU worker to come back or stay off",
-        )
-        gpu = settled["workers"]["gpu"]
-        failure = gpu.get("last_failure") or {}
-        if gpu["state"] == "ready":
-            record.notes.append(
-                f"GPU worker killed under the hog: back with n_ctx {gpu['profile']['n_ctx']} (was "
-                f"{status['workers']['gpu']['profile']['n_ctx']}); last failure {failure.get('kind')}"
-            )
-        else:
-            record.notes.append(f"GPU worker killed under the hog: stays off the GPU: {gpu.get('reason')}")
-        if failure.get("kind") == "oom_load":
-            record.failed_checks.append("the GPU worker's restart failed its load out of memory")
+        await _kill_under_hog(ctx, record, status)
         answers.append(await ctx.client.chat({**BASE, "messages": SEA, "max_tokens": 16}))
         left = time.monotonic()
+    await _gpu_back(ctx, record, left)
+    answers.append(await ctx.client.chat({**BASE, "messages": SEA, "max_tokens": 16}))
+    await _judge(ctx, record, answers)
+    record.total_seconds = round(time.time() - start, 3)
+    return record
+
+
+async def _see_hog(ctx: DrillContext, record: ScenarioRecord, pid: int, size: int, poll: float) -> None:
+    """How long the service took to see the hog and name it, and what it made of the GPU path; more than two
+    of the device watcher's poll intervals fails the record."""
+    taken, polls = time.monotonic(), (await ctx.client.status())["device_now"]["polls"]
+    seen = await _until(ctx, lambda s: _named(s, pid) is not None, "the hog in the status", 30)
+    delay = time.monotonic() - taken
+    named = _named(seen, pid) or {}
+    polled = seen["device_now"]["polls"] - polls
+    path = seen.get("gpu_path") or {}
+    record.notes.append(
+        f"hog {named.get('describe')} took {format_size(size)}: seen and named after {delay:.2f} s "
+        f"({delay / poll:.1f} poll intervals of {poll:g} s; {polled} readings); "
+        f"GPU path {path.get('state')}: {path.get('reason') or '-'}"
+    )
+    if delay > 2 * poll + 0.5:
+        record.failed_checks.append(f"the hog was seen after {delay:.2f} s, more than two poll intervals")
+
+
+async def _kill_under_hog(ctx: DrillContext, record: ScenarioRecord, before: ServiceStatus) -> None:
+    """Kill the GPU worker while the hog holds the memory: it must come back with a plan that fits (`before`:
+    the status before the hog, for its old context) or stay off the GPU, never fail its load."""
+    killed = (await ctx.client.arm("kill", 0))["pid"]
+    settled = await _until(
+        ctx,
+        lambda s: (
+            s["workers"]["gpu"]["pid"] != killed and s["workers"]["gpu"]["state"] in ("ready", "stopped")
+        ),
+        "the GPU worker to come back or stay off",
+    )
+    gpu = settled["workers"]["gpu"]
+    failure = gpu.get("last_failure") or {}
+    if gpu["state"] == "ready":
+        record.notes.append(
+            f"GPU worker killed under the hog: back with n_ctx {gpu['profile']['n_ctx']} (was "
+            f"{before['workers']['gpu']['profile']['n_ctx']}); last failure {failure.get('kind')}"
+        )
+    else:
+        record.notes.append(f"GPU worker killed under the hog: stays off the GPU: {gpu.get('reason')}")
+    if failure.get("kind") == "oom_load":
+        record.failed_checks.append("the GPU worker's restart failed its load out of memory")
+
+
+async def _gpu_back(ctx: DrillContext, record: ScenarioRecord, left: float) -> None:
+    """The hog has exited (at `left`): the GPU path must come back to normal and the GPU worker be ready."""
     back = await _until(
         ctx,
         lambda s: (
@@ -148,7 +170,10 @@ async def takeover(ctx: DrillContext) -> ScenarioRecord:
         f"hog exited: GPU path normal and the GPU worker ready {time.monotonic() - left:.2f} s later "
         f"(pid {back['workers']['gpu']['pid']})"
     )
-    answers.append(await ctx.client.chat({**BASE, "messages": SEA, "max_tokens": 16}))
+
+
+async def _judge(ctx: DrillContext, record: ScenarioRecord, answers: list[Answer]) -> None:
+    """Every job of the scenario completed once, and no check failed on the way."""
     for answer in answers:
         trace = await count_answer(ctx, record, answer)
         if trace is not None:
@@ -160,5 +185,3 @@ async def takeover(ctx: DrillContext) -> ScenarioRecord:
     record.expected = "every job completed once; the hog seen within two polls; the GPU back after it"
     record.actual = f"{len(answers)} jobs: {', '.join(record.final_states)}"
     record.decision_ok = record.final_states == ["completed"] * len(answers) and not record.failed_checks
-    record.total_seconds = round(time.time() - start, 3)
-    return record

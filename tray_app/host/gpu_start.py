@@ -100,25 +100,9 @@ def weigh(
         others = gpu_policy.holders_text(holders(snapshot, profile.role))
         reason = f"{profile.role} not started on the GPU: no plan of it fits the device now; {others}"
         return Weighed(gpu_policy.StartDecision("refuse", reason), None, 0)
-    reserve = configured_reserve(cfg, snapshot.total_bytes)
-    embeddings = profile.embeddings
-    check = gpu_policy.StartCheck(
-        role=profile.role,
-        need_bytes=plan.used_bytes,
-        free_bytes=free,
-        reserve_bytes=reserve,
-        n_ctx_per_seq=plan.n_ctx_per_seq,
-        n_gpu_layers=plan.n_gpu_layers,
-        # The user's own context cap can plan below gpu.min_ctx (max_ctx 512 over 2 slots): the plan as
-        # configured is always startable; only a smaller plan made for the device now is held to the floor.
-        min_ctx=0 if embeddings else min(cfg.gpu.min_ctx, plan.n_ctx_per_seq),
-        min_layers=cfg.gpu.min_layers,
-        holders=holders(snapshot, profile.role),
-        path=path,
-        learned_bytes=learned_bytes,
-    )
+    check = _start_check(cfg, profile, plan, snapshot, path, learned_bytes)
     smaller: Plan | None = None
-    if profile.role == "gpu" and plan.used_bytes + learned_bytes + reserve > free:
+    if profile.role == "gpu" and plan.used_bytes + learned_bytes + check.reserve_bytes > free:
         smaller = smaller_plan(plans, max(free - learned_bytes, 0))
         if smaller.fits:
             check = replace(
@@ -139,6 +123,32 @@ def weigh(
         )
         return Weighed(decision, started, smaller.used_bytes)
     return Weighed(decision, None, 0)
+
+
+def _start_check(
+    cfg: Config,
+    profile: WorkerProfile,
+    plan: Plan,
+    snapshot: DeviceSnapshot,
+    path: gpu_policy.GpuPath,
+    learned_bytes: int,
+) -> gpu_policy.StartCheck:
+    """What the policy weighs: `profile`'s plan as it stands against the device now."""
+    return gpu_policy.StartCheck(
+        role=profile.role,
+        need_bytes=plan.used_bytes,
+        free_bytes=snapshot.free_bytes,
+        reserve_bytes=configured_reserve(cfg, snapshot.total_bytes),
+        n_ctx_per_seq=plan.n_ctx_per_seq,
+        n_gpu_layers=plan.n_gpu_layers,
+        # The user's own context cap can plan below gpu.min_ctx (max_ctx 512 over 2 slots): the plan as
+        # configured is always startable; only a smaller plan made for the device now is held to the floor.
+        min_ctx=0 if profile.embeddings else min(cfg.gpu.min_ctx, plan.n_ctx_per_seq),
+        min_layers=cfg.gpu.min_layers,
+        holders=holders(snapshot, profile.role),
+        path=path,
+        learned_bytes=learned_bytes,
+    )
 
 
 # What failed loads teach is bounded: at most this share of the device is held back for one worker...

@@ -25,6 +25,8 @@ from tray_app.host.service_probe import local_url, probe_service
 
 if TYPE_CHECKING:
     from tray_app.host.service_child import ServiceChild
+    from tray_app.ui.controller import TrayApp
+    from tray_app.ui.service_child_qt import QtServiceChild
     from tray_app.ui.single_instance import TrayInstance
 
 log = logging.getLogger(__name__)
@@ -147,7 +149,6 @@ def _run_tray(
     start of the tray (`instance`) opens the chat window."""
     from tray_app.host.service_child import Start
     from tray_app.ui.controller import TrayApp
-    from tray_app.ui.service_child_qt import QtServiceChild
 
     automation = os.environ.get(AUTOMATION_ENV)
     tray_app = TrayApp(
@@ -163,20 +164,7 @@ def _run_tray(
     _quit_on_signals(app)
     failure: list[str] = []
     if child is not None:
-        runner = QtServiceChild(child, lambda: probe_service(base_url, cfg.server.api_key), tray_app)
-
-        def start_failed(message: str) -> None:
-            failure.append(f"failsoft: the service could not start on {base_url}: {message}")
-            app.exit(1)
-
-        def found_running(detail: str) -> None:
-            # Started beside the tray (both at login) and bound the port first: the tray shows that one.
-            log.info("%s started meanwhile: the tray shows it (quitting leaves it running)", detail)
-            tray_app.attach()
-
-        runner.failed.connect(start_failed)
-        runner.found_running.connect(found_running)
-        runner.changed.connect(tray_app.service_child_changed)
+        runner = _child_runner(app, tray_app, child, base_url, cfg.server.api_key, failure)
         tray_app.model.starting = True
         if runner.start() is not Start.OK:
             return cannot_start(app, f"failsoft: the service could not start on {base_url} (see the log)", 1)
@@ -186,6 +174,30 @@ def _run_tray(
     finally:
         tray_app.stop()
     return cannot_start(app, failure[0], status) if failure else status
+
+
+def _child_runner(
+    app: Any, tray_app: TrayApp, child: ServiceChild, base_url: str, api_key: str, failure: list[str]
+) -> QtServiceChild:
+    """The service child wired to the tray: a failed start ends the event loop, its reason put in `failure`;
+    a service that took the address meanwhile is the one the tray shows."""
+    from tray_app.ui.service_child_qt import QtServiceChild
+
+    runner = QtServiceChild(child, lambda: probe_service(base_url, api_key), tray_app)
+
+    def start_failed(message: str) -> None:
+        failure.append(f"failsoft: the service could not start on {base_url}: {message}")
+        app.exit(1)
+
+    def found_running(detail: str) -> None:
+        # Started beside the tray (both at login) and bound the port first: the tray shows that one.
+        log.info("%s started meanwhile: the tray shows it (quitting leaves it running)", detail)
+        tray_app.attach()
+
+    runner.failed.connect(start_failed)
+    runner.found_running.connect(found_running)
+    runner.changed.connect(tray_app.service_child_changed)
+    return runner
 
 
 def cannot_start(app: Any, message: str, status: int) -> int:

@@ -46,19 +46,29 @@ class ChatWindow(QWidget):
         self.setWindowTitle("Failsoft — Chat")
         self.setWindowIcon(app_icon())
         self.resize(640, 620)
+        self._build_transcript()
+        self._build_input()
+        self._lay_out()
+        for signal in (bridge.approval_needed, bridge.fallback_started, bridge.job_state):
+            signal.connect(self._on_event)
+        self._show_context()
 
+    def _build_transcript(self) -> None:
+        """The bubbles, in a scroll area that never scrolls sideways (bubbles wrap to its width instead)."""
         self.transcript = QWidget()
         self.transcript.setObjectName("transcript")
         self.transcript_layout = QVBoxLayout(self.transcript)
         self.transcript_layout.setContentsMargins(14, 14, 14, 14)
         self.transcript_layout.setSpacing(10)
-        self.transcript_layout.addStretch(1)
+        self.transcript_layout.addStretch(1)  # under the bubbles: they stay at the top
         self.transcript_scroll = QScrollArea()
         self.transcript_scroll.setWidgetResizable(True)
         self.transcript_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.transcript_scroll.setWidget(self.transcript)
         self.transcript_scroll.setStyleSheet("QScrollArea, #transcript { background: #f8f9fa; }")
 
+    def _build_input(self) -> None:
+        """The question box, the answer's token limit, the buttons and the line on the conversation's size."""
         self.input = QPlainTextEdit()
         self.input.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
         self.input.setMaximumHeight(90)
@@ -81,26 +91,24 @@ class ChatWindow(QWidget):
         self.max_tokens.valueChanged.connect(lambda _value: self._show_context())
         QShortcut(QKeySequence("Ctrl+Return"), self, self.send)
 
+    def _lay_out(self) -> None:
+        """The transcript takes the height; under it the context line, the question box and the buttons."""
         controls = QHBoxLayout()
         controls.addWidget(self.new_button)
         controls.addWidget(self.max_tokens)
         controls.addStretch(1)
         controls.addWidget(self.stop_button)
         controls.addWidget(self.send_button)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 10)
-        layout.setSpacing(8)
-        layout.addWidget(self.transcript_scroll, 1)
         bottom = QVBoxLayout()
         bottom.setContentsMargins(12, 0, 12, 0)
         bottom.addWidget(self.context_line)
         bottom.addWidget(self.input)
         bottom.addLayout(controls)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 10)
+        layout.setSpacing(8)
+        layout.addWidget(self.transcript_scroll, 1)
         layout.addLayout(bottom)
-
-        for signal in (bridge.approval_needed, bridge.fallback_started, bridge.job_state):
-            signal.connect(self._on_event)
-        self._show_context()
 
     def set_gpu_context(self, tokens: int | None) -> None:
         self.gpu_context = tokens or None

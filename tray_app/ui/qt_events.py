@@ -16,38 +16,35 @@ log = logging.getLogger(__name__)
 
 class QtEventBridge(QObject):
     any_event = Signal(dict)
+
+    # Each signal below is named after the event type it carries: `dispatch` finds it by that name, so a new
+    # event type reaches only any_event until a signal named after it is declared here.
+    # A worker's life:
     worker_state = Signal(dict)
     worker_unhealthy = Signal(dict)
     worker_restarted = Signal(dict)
+    # The budget and the jobs' way through it:
     budget = Signal(dict)
     route_decided = Signal(dict)
     job_state = Signal(dict)
     queue = Signal(dict)
+    # Falling back to the CPU, and asking the user first:
     fallback_started = Signal(dict)
     fallback_completed = Signal(dict)
     fallback_refused = Signal(dict)
     approval_needed = Signal(dict)
 
-    # event type on the wire -> signal attribute; new event types only reach any_event until added here.
-    _SIGNALS = (
-        "worker_state",
-        "worker_unhealthy",
-        "worker_restarted",
-        "budget",
-        "route_decided",
-        "job_state",
-        "queue",
-        "fallback_started",
-        "fallback_completed",
-        "fallback_refused",
-        "approval_needed",
-    )
-
     def dispatch(self, event: dict[str, Any]) -> None:
         """Emit `any_event` and the signal named by the event's type."""
         event_type = str(event.get("type") or "")
         self.any_event.emit(event)
-        if event_type in self._SIGNALS:
+        if event_type in _EVENT_SIGNALS:
             getattr(self, event_type).emit(event)
         else:
             log.debug("event type %r has no dedicated signal", event_type)
+
+
+# The names of the signals above but any_event; read from the class so the names are written once.
+_EVENT_SIGNALS = frozenset(
+    name for name, value in vars(QtEventBridge).items() if isinstance(value, Signal) and name != "any_event"
+)

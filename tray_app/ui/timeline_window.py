@@ -81,6 +81,20 @@ class TimelineWindow(QWidget):
         if line.empty:
             self.note.setText(line.note)
             return
+        self._draw_bands(line)
+        if line.reserve_bytes and line.total_bytes:
+            self._draw_reserve(line)
+        self._draw_markers(line)
+        self.plot.setYRange(0, line.total_bytes / GIB, padding=0.02)
+        self.plot.setXRange(min(line.times), 0, padding=0.01)
+        free = line.series[-1].values[-1] if line.series else 0.0
+        self.note.setText(
+            f"{len(line.times)} readings · {format_size(int(free))} free of {format_size(line.total_bytes)} "
+            f"now · {len(line.markers)} markers (hover a line for what happened)"
+        )
+
+    def _draw_bands(self, line: Timeline) -> None:
+        """The stacked bands, and their colours named in the legend under the plot."""
         # Each band's top edge filled down to zero, the highest first: the next one paints over its lower
         # part, so what shows of each is the band itself (no curve-to-curve fills to keep in step).
         bands = list(zip(line.series, stacked(line.series), strict=True))
@@ -98,16 +112,22 @@ class TimelineWindow(QWidget):
                 f'<span style="color:{band.color}">■</span> {html.escape(band.label)}' for band, _top in bands
             )
         )
-        if line.reserve_bytes and line.total_bytes:
-            edge = (line.total_bytes - line.reserve_bytes) / GIB
-            reserve = pg.InfiniteLine(
-                pos=edge,
-                angle=0,
-                pen=pg.mkPen("#212529", width=1.5, style=pg.QtCore.Qt.PenStyle.DashLine),
-                label=f"reserve ({format_size(line.reserve_bytes)})",
-                labelOpts={"position": 0.9, "color": "#212529", "fill": (255, 255, 255, 200)},
-            )
-            self.plot.addItem(reserve)
+
+    def _draw_reserve(self, line: Timeline) -> None:
+        """A dashed line where the reserve begins, under the device's total."""
+        edge = (line.total_bytes - line.reserve_bytes) / GIB
+        reserve = pg.InfiniteLine(
+            pos=edge,
+            angle=0,
+            pen=pg.mkPen("#212529", width=1.5, style=pg.QtCore.Qt.PenStyle.DashLine),
+            label=f"reserve ({format_size(line.reserve_bytes)})",
+            labelOpts={"position": 0.9, "color": "#212529", "fill": (255, 255, 255, 200)},
+        )
+        self.plot.addItem(reserve)
+
+    def _draw_markers(self, line: Timeline) -> None:
+        """A vertical line per marker, what happened as its tooltip; only the newest are labelled, so the
+        labels stay readable."""
         labelled = line.markers[-MAX_MARKER_LABELS:]
         for marker in line.markers:
             mark = pg.InfiniteLine(
@@ -124,13 +144,6 @@ class TimelineWindow(QWidget):
             )
             mark.setToolTip(marker.text)
             self.plot.addItem(mark)
-        self.plot.setYRange(0, line.total_bytes / GIB, padding=0.02)
-        self.plot.setXRange(min(line.times), 0, padding=0.01)
-        free = line.series[-1].values[-1] if line.series else 0.0
-        self.note.setText(
-            f"{len(line.times)} readings · {format_size(int(free))} free of {format_size(line.total_bytes)} "
-            f"now · {len(line.markers)} markers (hover a line for what happened)"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tray_app.view.budget_split import MAIN_MODEL_KEYS, MODEL_COLORS, SEGMENTS
 
@@ -73,6 +73,32 @@ def describe(process: Mapping[str, Any]) -> str:
     return f"{label} ({name}, pid {pid})" if label and label != name else f"{name} (pid {pid})"
 
 
+class Usage(NamedTuple):
+    """One reading's used memory by whom: Failsoft's main model, its other models, each other program."""
+
+    main: float
+    models: float
+    programs: dict[str, float]  # by describe()
+
+
+def _usage(sample: Mapping[str, Any]) -> Usage:
+    main = models = 0.0
+    programs: dict[str, float] = {}
+    for process in sample.get("processes") or []:
+        used = float(process.get("used_bytes") or 0)
+        if process.get("own"):
+            # The main model's GPU worker is "gpu" on the simulated ledger; through NVML no label tells
+            # it from a library model's worker, so all of Failsoft's is split as the main model's.
+            if process.get("label") in ("gpu", ""):
+                main += used
+            else:
+                models += used
+        else:
+            name = describe(process)
+            programs[name] = programs.get(name, 0.0) + used
+    return Usage(main, models, programs)
+
+
 def timeline(history: Mapping[str, Any], plan: Mapping[str, Any] | None) -> Timeline:
     """The stacked series of a history (oldest reading first) with the plan's split of the main model."""
     samples = [s for s in history.get("samples") or [] if s.get("state") == "normal"]
@@ -86,8 +112,7 @@ def timeline(history: Mapping[str, Any], plan: Mapping[str, Any] | None) -> Time
     labels = {key: label for key, label, _color, _keys in SEGMENTS}
     main = [Series(key, labels[key], colors[key]) for key in MAIN_MODEL_KEYS]
     models = Series("models", "Other models", MODEL_COLORS[0])
-    names = _programs(samples)
-    shown = names[:MAX_PROGRAMS]
+    shown = _programs(samples)[:MAX_PROGRAMS]
     programs = [
         Series(f"program:{name}", name, OTHER_COLORS[i % len(OTHER_COLORS)]) for i, name in enumerate(shown)
     ]
@@ -95,41 +120,34 @@ def timeline(history: Mapping[str, Any], plan: Mapping[str, Any] | None) -> Time
     unlisted = Series("unlisted", "Driver and unlisted", "#868e96")
     free = Series("free", "Free", FREE_COLOR)
     for sample in samples:
-        own_main = own_other = 0.0
-        by_program: dict[str, float] = {}
-        for process in sample.get("processes") or []:
-            used = float(process.get("used_bytes") or 0)
-            if process.get("own"):
-                # The main model's GPU worker is "gpu" on the simulated ledger; through NVML no label tells
-                # it from a library model's worker, so all of Failsoft's is split as the main model's.
-                if process.get("label") in ("gpu", ""):
-                    own_main += used
-                else:
-                    own_other += used
-            else:
-                by_program[describe(process)] = by_program.get(describe(process), 0.0) + used
+        usage = _usage(sample)
         for band in main:  # no plan: all of it is shown as weights
-            band.values.append(own_main * split.get(band.key, 1.0 if band.key == "weights" else 0.0))
-        models.values.append(own_other)
+            band.values.append(usage.main * split.get(band.key, 1.0 if band.key == "weights" else 0.0))
+        models.values.append(usage.models)
         for band in programs:
-            band.values.append(by_program.get(band.label, 0.0))
-        rest.values.append(sum(v for name, v in by_program.items() if name not in shown))
-        listed = own_main + own_other + sum(by_program.values())
+            band.values.append(usage.programs.get(band.label, 0.0))
+        rest.values.append(sum(v for name, v in usage.programs.items() if name not in shown))
+        listed = usage.main + usage.models + sum(usage.programs.values())
         unlisted.values.append(max(float(sample.get("used_bytes") or 0) - listed, 0.0))
         free.values.append(float(sample.get("free_bytes") or 0))
     bands = [*main, models, *programs, rest, unlisted, free]
-    markers = [
-        Marker(float(m["at"]) - newest, str(m["kind"]), str(m["text"]))
-        for m in history.get("markers") or []
-        if float(m.get("at") or 0) >= float(samples[0]["at"])
-    ]
     return Timeline(
         times=[float(s["at"]) - newest for s in samples],
         series=[band for band in bands if any(band.values) or band.key == "free"],
         total_bytes=int(samples[-1].get("total_bytes") or 0),
         reserve_bytes=reserve,
-        markers=markers,
+        markers=_markers(history, float(samples[0]["at"]), newest),
     )
+
+
+def _markers(history: Mapping[str, Any], oldest: float, newest: float) -> list[Marker]:
+    """The history's markers from its oldest reading on (an older one has no band under it), timed from the
+    newest reading."""
+    return [
+        Marker(float(m["at"]) - newest, str(m["kind"]), str(m["text"]))
+        for m in history.get("markers") or []
+        if float(m.get("at") or 0) >= oldest
+    ]
 
 
 def stacked(series: Sequence[Series]) -> list[list[float]]:
