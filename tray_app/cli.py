@@ -73,7 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_and_device(parser)
     parser.add_argument("--enable-faults", action="store_true", help="allow fault injection (drills only)")
     sub = parser.add_subparsers(dest="command")
+    _add_plan_command(sub)
+    _add_config_command(sub)
+    _add_serve_command(sub)
+    _add_drill_command(sub)
+    _add_bench_command(sub)
+    _add_doctor_command(sub)
+    _add_hog_command(sub)
+    _add_console_commands(sub)
+    _add_install_commands(sub)
+    return parser
 
+
+def _add_plan_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan = sub.add_parser("plan", help="print the VRAM budget split and the caps it leads to")
     plan.add_argument("--model", type=Path, help="GGUF model file")
     vram = plan.add_mutually_exclusive_group()
@@ -93,9 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print one JSON object, sizes in bytes")
 
+
+def _add_config_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show = sub.add_parser("config", help="print the effective config")
     show.add_argument("--json", action="store_true", help="as JSON instead of TOML")
 
+
+def _add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="run the service headless (supervisor, workers, router)")
     _add_model_and_device(serve)
     serve.add_argument("--host", help="address to bind (beyond loopback only with server.api_key set)")
@@ -104,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--enable-faults", action="store_true", help="expose POST /failsoft/debug/faults for drills"
     )
 
+
+def _add_drill_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     drill = sub.add_parser(
         "drill", help="the deliberate memory test: push past the GPU profile, record what happens"
     )
@@ -122,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drill.add_argument("--json", action="store_true", help="print the JSON report")
 
+
+def _add_bench_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser(
         "bench", help="router overhead, throughput, failover overhead, profiles and planner accuracy"
     )
@@ -164,21 +184,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", action="store_true", help="print JSON")
 
+
+def _add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doctor = sub.add_parser(
         "doctor", help="check GPU, engine build, model, port and tray; say what is missing and how to fix it"
     )
     doctor.add_argument("--port", type=int, help="the port to check (default: the config's)")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def _add_hog_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     hog = sub.add_parser(
         "hog", help="take memory from a running simulated GPU as another program would, until stopped"
     )
     hog.add_argument("size", metavar="SIZE", help='how much to take, e.g. "3GiB"')
     hog.add_argument("--name", required=True, help="who holds it, as the watcher shows it (e.g. comfyui)")
     hog.add_argument("--hold", type=float, metavar="SECONDS", help="give it back after this long")
-    _add_console_commands(sub)
-    _add_install_commands(sub)
-    return parser
 
 
 def _add_install_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

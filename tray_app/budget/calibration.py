@@ -13,7 +13,7 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tray_app import paths
@@ -33,15 +33,7 @@ def _model_key(model_path: Path) -> str:
 def _normalised(settings: ComputeSettings) -> ComputeSettings:
     """The settings as llama.cpp applies them (padded context): asking for 2000 finds the 2048 measurement."""
     n_ctx, _ = padded_context(settings.n_ctx, settings.n_parallel)
-    return ComputeSettings(
-        n_ctx=n_ctx,
-        n_parallel=settings.n_parallel,
-        cache_type_k=settings.cache_type_k,
-        cache_type_v=settings.cache_type_v,
-        flash_attn=settings.flash_attn,
-        n_ubatch=settings.n_ubatch,
-        embeddings=settings.embeddings,
-    )
+    return replace(settings, n_ctx=n_ctx)
 
 
 def _settings_key(settings: ComputeSettings) -> str:

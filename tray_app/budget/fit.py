@@ -4,7 +4,7 @@ slots and a MoE model's expert split. The planner (tray_app.budget.planner) choo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tray_app.budget import speed
@@ -173,8 +173,7 @@ class Budget:
         other = min(device.used_by_others_bytes, device.total_bytes)
         reserve = min(self.reserve, device.total_bytes - other)
         used = weights + kv + compute + (self.output(n_parallel) if n_gpu_layers else 0)
-        reads = self.reads(n_gpu_layers, experts, kv, host_kv, n_parallel)
-        return Plan(
+        placed = Plan(
             verdict=verdict,
             reason=reason,
             fits=used <= self.usable or n_gpu_layers == 0,
@@ -204,11 +203,20 @@ class Budget:
             n_cpu_moe=experts.blocks,
             cpu_expert_tensors=experts.partial,
             cpu_expert_bytes=0 if self.host else experts_kept_on_cpu(model, n_gpu_layers, experts),
-            tokens_per_second=reads.tokens_per_second(request.gpu_bandwidth, request.cpu_bandwidth),
+        )
+        return self._with_speed(placed, self.reads(n_gpu_layers, experts, kv, host_kv, n_parallel))
+
+    def _with_speed(self, plan: Plan, reads: speed.Reads) -> Plan:
+        """The plan with its estimated generation ceiling: what a token reads on each device against the
+        bandwidths the request assumes."""
+        gpu_bandwidth, cpu_bandwidth = self.request.gpu_bandwidth, self.request.cpu_bandwidth
+        return replace(
+            plan,
+            tokens_per_second=reads.tokens_per_second(gpu_bandwidth, cpu_bandwidth),
             gpu_read_bytes=reads.gpu_bytes,
             cpu_read_bytes=reads.cpu_bytes,
-            gpu_bandwidth=request.gpu_bandwidth,
-            cpu_bandwidth=request.cpu_bandwidth,
+            gpu_bandwidth=gpu_bandwidth,
+            cpu_bandwidth=cpu_bandwidth,
         )
 
 

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tray_app import paths
 from tray_app.budget.gguf_header import GgufError, GgufHeader, read_gguf_header
@@ -158,6 +158,34 @@ class _TensorTable:
     expert_tensor_max: int = 0
     expert_groups: list[dict[str, int]] = field(default_factory=list)  # per block: pattern stem -> bytes
 
+    @property
+    def non_layer_bytes(self) -> int:
+        return sum(self.others.values())
+
+    @property
+    def input_bytes(self) -> int:
+        return self.others.get("token_embd.weight", 0)
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return "output.weight" not in self.others
+
+    @property
+    def output_layer_bytes(self) -> int:
+        output = sum(
+            size for name, size in self.others.items() if name.startswith(("output.", "output_norm."))
+        )
+        # Tied: llama.cpp duplicates the embedding on the output device.
+        return output + self.input_bytes if self.tied_embeddings else output
+
+    @property
+    def expert_layer_bytes(self) -> tuple[int, ...]:
+        return tuple(self.expert_bytes) if any(self.expert_bytes) else ()
+
+    @property
+    def expert_tensors(self) -> tuple[tuple[tuple[str, int], ...], ...]:
+        return tuple(tuple(groups.items()) for groups in self.expert_groups) if any(self.expert_bytes) else ()
+
 
 def _tensor_bytes(tensors: Sequence[Any], n_layers: int) -> _TensorTable:
     table = _TensorTable([0] * n_layers, [0] * n_layers, {}, 0, [{} for _ in range(n_layers)])
@@ -241,6 +269,63 @@ def inspect_model(path: str | Path, *, use_cache: bool = True) -> ModelInfo:
     return _memo[key]
 
 
+def _attention_heads(
+    reader: GgufHeader, path: Path, arch: str, n_layers: int, n_embd: int
+) -> tuple[int, tuple[int, ...], int, int]:
+    """(n_head, n_head_kv per layer, head_dim_k, head_dim_v)."""
+    head_counts = _per_layer(_field(reader, f"{arch}.attention.head_count"), n_layers, 0)
+    n_head = head_counts[0] if head_counts else 0
+    if n_head <= 0:
+        raise ModelFileError(f"{path}: GGUF metadata lacks {arch}.attention.head_count")
+    n_head_kv = _per_layer(_field(reader, f"{arch}.attention.head_count_kv"), n_layers, n_head)
+    # llama.cpp's default when the file does not say: the embedding split evenly over the heads.
+    head_dim_k = int(_field(reader, f"{arch}.attention.key_length") or n_embd // n_head)
+    head_dim_v = int(_field(reader, f"{arch}.attention.value_length") or n_embd // n_head)
+    return n_head, n_head_kv, head_dim_k, head_dim_v
+
+
+def _vocab_size(reader: GgufHeader, arch: str) -> int:
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    return int(_field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens is not None else 0))
+
+
+def _sliding_window(reader: GgufHeader, arch: str, n_layers: int) -> tuple[int, tuple[bool, ...]]:
+    """(the window in tokens, which layers use it); (0, ()) where no layer does, or llama.cpp does not cache
+    this architecture's window layers apart (SWA_PATTERNS)."""
+    n_swa = int(_field(reader, f"{arch}.attention.sliding_window") or 0) if arch in SWA_PATTERNS else 0
+    if n_swa <= 0:
+        return 0, ()
+    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
+    swa_layers = _swa_layers(pattern, n_layers, SWA_PATTERNS[arch])
+    return (n_swa, swa_layers) if any(swa_layers) else (0, ())
+
+
+class _Experts(NamedTuple):
+    """A Mixture of Experts' counts and widths as the file states them (all 0 for a dense model)."""
+
+    n_expert: int  # routed experts per block
+    n_expert_used: int  # experts each token goes through (the largest per block)
+    n_ff_expert: int  # one routed expert's feed-forward width (0: the model's n_ff)
+    shared_ff: int  # a shared expert's feed-forward width
+    shared_count: int
+
+    @classmethod
+    def read(cls, reader: GgufHeader, arch: str) -> _Experts:
+        n_expert = int(_field(reader, f"{arch}.expert_count") or 0)
+        used = _field(reader, f"{arch}.expert_used_count")  # a number, or one per block
+        n_expert_used = int(max(used) if isinstance(used, list) else (used or 0))
+        n_ff_expert = int(_field(reader, f"{arch}.expert_feed_forward_length") or 0)
+        shared_ff = int(_field(reader, f"{arch}.expert_shared_feed_forward_length") or 0)
+        shared_count = int(_field(reader, f"{arch}.expert_shared_count") or (1 if shared_ff else 0))
+        return cls(n_expert, n_expert_used, n_ff_expert, shared_ff, shared_count)
+
+    def ff_width(self, n_ff: int) -> int:
+        """ModelInfo.moe_ff_width: the feed-forward rows one token goes through in a block."""
+        if not self.n_expert:
+            return 0
+        return self.n_expert_used * (self.n_ff_expert or n_ff) + self.shared_count * self.shared_ff
+
+
 def _inspect(path: Path) -> ModelInfo:
     reader = _open(path)
     arch = _field(reader, "general.architecture")
@@ -249,44 +334,17 @@ def _inspect(path: Path) -> ModelInfo:
     try:
         n_layers = _required_int(reader, path, f"{arch}.block_count")
         n_embd = _required_int(reader, path, f"{arch}.embedding_length")
-        head_counts = _per_layer(_field(reader, f"{arch}.attention.head_count"), n_layers, 0)
-        n_head = head_counts[0] if head_counts else 0
-        if n_head <= 0:
-            raise ModelFileError(f"{path}: GGUF metadata lacks {arch}.attention.head_count")
-        n_head_kv = _per_layer(_field(reader, f"{arch}.attention.head_count_kv"), n_layers, n_head)
-        # llama.cpp's default when the file does not say: the embedding split evenly over the heads.
-        head_dim_k = int(_field(reader, f"{arch}.attention.key_length") or n_embd // n_head)
-        head_dim_v = int(_field(reader, f"{arch}.attention.value_length") or n_embd // n_head)
-        tokens = _field(reader, "tokenizer.ggml.tokens")
-        n_vocab = int(_field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens is not None else 0))
+        n_head, n_head_kv, head_dim_k, head_dim_v = _attention_heads(reader, path, arch, n_layers, n_embd)
+        n_vocab = _vocab_size(reader, arch)
         n_ctx_train = _required_int(reader, path, f"{arch}.context_length")
         n_ff_value = _field(reader, f"{arch}.feed_forward_length")
         chat_template = _field(reader, "tokenizer.chat_template")
-        n_swa = int(_field(reader, f"{arch}.attention.sliding_window") or 0) if arch in SWA_PATTERNS else 0
-        swa_layers = (
-            _swa_layers(
-                _field(reader, f"{arch}.attention.sliding_window_pattern"), n_layers, SWA_PATTERNS[arch]
-            )
-            if n_swa > 0
-            else ()
-        )
-        n_expert = int(_field(reader, f"{arch}.expert_count") or 0)
-        n_expert_used = _field(reader, f"{arch}.expert_used_count")  # a number, or one per block
-        n_expert_used = int(max(n_expert_used) if isinstance(n_expert_used, list) else (n_expert_used or 0))
-        n_ff_expert = int(_field(reader, f"{arch}.expert_feed_forward_length") or 0)
-        shared_ff = int(_field(reader, f"{arch}.expert_shared_feed_forward_length") or 0)
-        shared_count = int(_field(reader, f"{arch}.expert_shared_count") or (1 if shared_ff else 0))
+        n_swa, swa_layers = _sliding_window(reader, arch, n_layers)
+        experts = _Experts.read(reader, arch)
     except _READ_ERRORS as error:
         raise ModelFileError(f"{path}: unexpected GGUF metadata ({error})") from None
     n_ff = int(max(n_ff_value) if isinstance(n_ff_value, list) else (n_ff_value or 4 * n_embd))
     table = _tensor_bytes(reader.tensors, n_layers)
-    moe_ff_width = n_expert_used * (n_ff_expert or n_ff) + shared_count * shared_ff if n_expert else 0
-    others = table.others
-    input_bytes = others.get("token_embd.weight", 0)
-    output_bytes = sum(size for name, size in others.items() if name.startswith(("output.", "output_norm.")))
-    tied = "output.weight" not in others
-    if tied:
-        output_bytes += input_bytes  # llama.cpp duplicates the embedding on the output device
     return ModelInfo(
         path=str(path),
         architecture=arch,
@@ -301,19 +359,17 @@ def _inspect(path: Path) -> ModelInfo:
         n_ff=n_ff,
         file_bytes=path.stat().st_size,
         layer_bytes=tuple(table.layer_bytes),
-        non_layer_bytes=sum(others.values()),
-        input_bytes=input_bytes,
-        output_layer_bytes=output_bytes,
-        tied_embeddings=tied,
+        non_layer_bytes=table.non_layer_bytes,
+        input_bytes=table.input_bytes,
+        output_layer_bytes=table.output_layer_bytes,
+        tied_embeddings=table.tied_embeddings,
         chat_template=chat_template if isinstance(chat_template, str) else "",
-        n_swa=n_swa if any(swa_layers) else 0,
-        swa_layers=swa_layers if any(swa_layers) else (),
-        n_expert=n_expert,
-        n_expert_used=n_expert_used,
-        expert_layer_bytes=tuple(table.expert_bytes) if any(table.expert_bytes) else (),
+        n_swa=n_swa,
+        swa_layers=swa_layers,
+        n_expert=experts.n_expert,
+        n_expert_used=experts.n_expert_used,
+        expert_layer_bytes=table.expert_layer_bytes,
         expert_tensor_max_bytes=table.expert_tensor_max,
-        expert_tensors=tuple(tuple(groups.items()) for groups in table.expert_groups)
-        if any(table.expert_bytes)
-        else (),
-        moe_ff_width=moe_ff_width,
+        expert_tensors=table.expert_tensors,
+        moe_ff_width=experts.ff_width(n_ff),
     )

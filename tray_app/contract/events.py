@@ -94,25 +94,29 @@ class QueueChanged(Event):
 
 
 @dataclass(frozen=True)
-class FallbackStarted(Event):
-    type: ClassVar[str] = "fallback_started"
+class FallbackEvent(Event):
+    """A step of a job's move to the CPU worker; each step is its own type (a listener tells them apart)."""
+
     job_id: str
+    # Started, completed: why the job left the GPU (a failure kind or reason code). Refused: why the CPU may
+    # not take it (cpu_too_slow, cpu_ram_insufficient, no_cpu_worker, effects_delivered, stream_started, ...).
     reason: str
 
 
 @dataclass(frozen=True)
-class FallbackCompleted(Event):
+class FallbackStarted(FallbackEvent):
+    type: ClassVar[str] = "fallback_started"
+
+
+@dataclass(frozen=True)
+class FallbackCompleted(FallbackEvent):
     type: ClassVar[str] = "fallback_completed"
-    job_id: str
-    reason: str
     seconds: float
 
 
 @dataclass(frozen=True)
-class FallbackRefused(Event):
+class FallbackRefused(FallbackEvent):
     type: ClassVar[str] = "fallback_refused"
-    job_id: str
-    reason: str  # cpu_too_slow, cpu_ram_insufficient, no_cpu_worker, effects_delivered, stream_started, ...
     detail: str = ""
 
 
@@ -162,23 +166,27 @@ class DeviceChanged(Event):
 
 
 @dataclass(frozen=True)
-class OtherProcessAppeared(Event):
-    """A process that is not one of Failsoft's workers now holds memory on the GPU."""
+class OtherProcessEvent(Event):
+    """A process that is not one of Failsoft's workers, as the device watcher last read it."""
 
-    type: ClassVar[str] = "other_process_appeared"
     pid: int
     name: str
     label: str
-    used_bytes: int | None
+    used_bytes: int | None  # what it holds (appeared), or held at the last reading (left)
 
 
 @dataclass(frozen=True)
-class OtherProcessLeft(Event):
+class OtherProcessAppeared(OtherProcessEvent):
+    """A process that is not one of Failsoft's workers now holds memory on the GPU."""
+
+    type: ClassVar[str] = "other_process_appeared"
+
+
+@dataclass(frozen=True)
+class OtherProcessLeft(OtherProcessEvent):
+    """A process that was not one of Failsoft's workers holds no memory on the GPU any more."""
+
     type: ClassVar[str] = "other_process_left"
-    pid: int
-    name: str
-    label: str
-    used_bytes: int | None  # what it held at the last reading
 
 
 @dataclass(frozen=True)

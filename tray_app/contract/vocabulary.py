@@ -40,27 +40,11 @@ JOB_STATES: tuple[str, ...] = tuple(JobState)
 
 # A worker process's life, as its supervisor owns it.
 WorkerState = Literal["stopped", "starting", "ready", "unhealthy", "restarting", "stopping", "failed"]
-WORKER_STATES: tuple[WorkerState, ...] = (
-    "stopped",
-    "starting",
-    "ready",
-    "unhealthy",
-    "restarting",
-    "stopping",
-    "failed",
-)
+WORKER_STATES: tuple[WorkerState, ...] = get_args(WorkerState)
 
 # How a worker attempt or process failed (the supervisor's classification, the router's view of a stream).
 FailureKind = Literal["oom_load", "oom_decode", "crash_abort", "killed", "hung", "bad_config", "exited"]
-FAILURE_KINDS: tuple[FailureKind, ...] = (
-    "oom_load",
-    "oom_decode",
-    "crash_abort",
-    "killed",
-    "hung",
-    "bad_config",
-    "exited",
-)
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 
 
 class Reason(StrEnum):
@@ -93,3 +77,8 @@ class Reason(StrEnum):
     SERVICE_RESTARTED = "service_restarted"  # the service restarted: the job's client is gone
     CPU_ATTEMPT_FAILED = "cpu_attempt_failed"  # the CPU worker failed the job too
     NO_WORKER_FOR_MODEL = "no_worker_for_model"  # the model has no worker on this machine
+
+
+# The translated body's note of the Responses request a job came from (server.responses.translate), kept
+# with the job so a later request can continue its conversation; the router's alone, never a worker's.
+RESPONSE_NOTE = "failsoft_response"

@@ -73,20 +73,48 @@ class DeviceSnapshot:
         return data
 
 
-def unknown_snapshot(
-    at: float, source: SourceKind, device: str, simulated: bool, reason: str, state: DeviceState = "unknown"
+def measured_snapshot(
+    *,
+    at: float,
+    source: SourceKind,
+    device: str,
+    simulated: bool,
+    total_bytes: int,
+    free_bytes: int,
+    processes: tuple[DeviceProcess, ...] = (),
+    processes_known: bool = True,
+    reason: str = "",
+    state: DeviceState = "normal",
 ) -> DeviceSnapshot:
-    """A reading that could not be made: no memory figures, nothing known about processes."""
+    """The one place a snapshot is made: used is what is not free, free kept within 0..total."""
+    free = max(0, min(free_bytes, total_bytes))
     return DeviceSnapshot(
         at=at,
         source=source,
         device=device,
         simulated=simulated,
         state=state,
+        total_bytes=total_bytes,
+        free_bytes=free,
+        used_bytes=total_bytes - free,
+        processes=processes,
+        processes_known=processes_known,
+        reason=reason,
+    )
+
+
+def unknown_snapshot(
+    at: float, source: SourceKind, device: str, simulated: bool, reason: str, state: DeviceState = "unknown"
+) -> DeviceSnapshot:
+    """A reading that could not be made: no memory figures, nothing known about processes."""
+    return measured_snapshot(
+        at=at,
+        source=source,
+        device=device,
+        simulated=simulated,
         total_bytes=0,
         free_bytes=0,
-        used_bytes=0,
-        processes=(),
         processes_known=False,
         reason=reason,
+        state=state,
     )

@@ -23,7 +23,14 @@ from typing import Any, ClassVar, Protocol
 import psutil
 
 from tray_app.device.ledger import Ledger, NoSimulatedDevice
-from tray_app.device.snapshot import DeviceProcess, DeviceSnapshot, DeviceState, SourceKind, unknown_snapshot
+from tray_app.device.snapshot import (
+    DeviceProcess,
+    DeviceSnapshot,
+    DeviceState,
+    SourceKind,
+    measured_snapshot,
+    unknown_snapshot,
+)
 from tray_app.engine.devices import DeviceListError, parse_device_list
 
 OwnPids = Callable[[], Collection[int]]
@@ -80,42 +87,18 @@ class ProcessNames:
             del self._names[pid]
 
 
-def build_snapshot(
-    *,
-    at: float,
-    source: SourceKind,
-    device: str,
-    simulated: bool,
-    total_bytes: int,
-    free_bytes: int,
-    holders: Iterable[Holder],
-    own: Collection[int],
-    names: ProcessNames,
-    processes_known: bool = True,
-    reason: str = "",
-    state: DeviceState = "normal",
-) -> DeviceSnapshot:
-    """The one path from a source's raw figures to a snapshot, for NVML and the ledger alike."""
+def device_processes(
+    holders: Iterable[Holder], own: Collection[int], names: ProcessNames
+) -> tuple[DeviceProcess, ...]:
+    """The holders with their names and ownership attached, for NVML and the ledger alike; the names of pids
+    no longer listed are forgotten."""
     listed = tuple(holders)
     names.keep_only(h.pid for h in listed)
-    free = max(0, min(free_bytes, total_bytes))
-    return DeviceSnapshot(
-        at=at,
-        source=source,
-        device=device,
-        simulated=simulated,
-        state=state,
-        total_bytes=total_bytes,
-        free_bytes=free,
-        used_bytes=total_bytes - free,
-        processes=tuple(
-            DeviceProcess(
-                pid=h.pid, name=names.name(h.pid), used_bytes=h.used_bytes, own=h.pid in own, label=h.label
-            )
-            for h in listed
-        ),
-        processes_known=processes_known,
-        reason=reason,
+    return tuple(
+        DeviceProcess(
+            pid=h.pid, name=names.name(h.pid), used_bytes=h.used_bytes, own=h.pid in own, label=h.label
+        )
+        for h in listed
     )
 
 
@@ -136,16 +119,15 @@ class LedgerSource:
             state = self.ledger.read()
         except NoSimulatedDevice as error:
             return unknown_snapshot(at, self.kind, "simulated GPU", True, str(error))
-        return build_snapshot(
+        holders = (Holder(h.pid, h.num_bytes, h.label) for h in state.holdings)
+        return measured_snapshot(
             at=at,
             source=self.kind,
             device=state.name,
             simulated=True,
             total_bytes=state.total_bytes,
             free_bytes=state.free_bytes,
-            holders=(Holder(h.pid, h.num_bytes, h.label) for h in state.holdings),
-            own=set(self._own_pids()),
-            names=self._names,
+            processes=device_processes(holders, set(self._own_pids()), self._names),
         )
 
     def close(self) -> None:
@@ -213,16 +195,14 @@ class NvmlSource:
             if self._is(error, _LOST_ERRORS):
                 return unknown_snapshot(at, self.kind, self.name, False, f"NVML: {error}", state="lost")
             known, reason = False, f"NVML does not list the processes here: {error}"
-        return build_snapshot(
+        return measured_snapshot(
             at=at,
             source=self.kind,
             device=self.name,
             simulated=False,
             total_bytes=total,
             free_bytes=free,
-            holders=holders,
-            own=set(self._own_pids()),
-            names=self._names,
+            processes=device_processes(holders, set(self._own_pids()), self._names),
             processes_known=known,
             reason=reason,
         )
@@ -296,16 +276,13 @@ class FreeMemorySource:
             total, free = self._reader()
         except (OSError, ValueError) as error:
             return unknown_snapshot(at, self.kind, self.device, False, f"free memory unreadable: {error}")
-        return build_snapshot(
+        return measured_snapshot(
             at=at,
             source=self.kind,
             device=self.device,
             simulated=False,
             total_bytes=total,
             free_bytes=free,
-            holders=(),
-            own=(),
-            names=ProcessNames(),
             processes_known=False,
             reason="only free memory is known for this device, not which processes hold the rest",
         )

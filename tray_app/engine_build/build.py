@@ -234,21 +234,35 @@ def build_wheel(
     say(f"compiling llama.cpp {backend} (binding + llama-server) from {sdist.name}; log: {log_path}")
     say("about 5 minutes on 2 cores for the CPU build (a GPU backend takes longer), once per variant")
     started = time.monotonic()
-    command = [
-        *pip_command(python),
-        "wheel",
-        "--no-deps",
-        "--no-cache-dir",
-        "-v",
-        "-w",
-        str(staging),
-    ]
+    command = _pip_wheel_command(python, staging, sdist, offline, build_dir)
+    _compile(command, env, log_path, started)
+    wheel = cached_wheel(staging, version)
+    if wheel is None:
+        raise BuildError(f"the build ended without a wheel in {staging}")
+    if folder.exists():
+        shutil.rmtree(folder)
+    staging.rename(folder)
+    say(f"built in {(time.monotonic() - started) / 60:.1f} min: {folder}")
+    return folder / wheel.name
+
+
+def _pip_wheel_command(
+    python: str, staging: Path, sdist: Path, offline: bool, build_dir: Path | None
+) -> list[str]:
+    """pip building the wheel of `sdist` into `staging`; `build_dir` is made here for CMake to keep."""
+    command = [*pip_command(python), "wheel", "--no-deps", "--no-cache-dir", "-v", "-w", str(staging)]
     if offline:
         command += ["--no-build-isolation", "--no-index"]
     if build_dir is not None:
         build_dir.mkdir(parents=True, exist_ok=True)
         command.append(f"--config-settings=build-dir={build_dir.resolve()}")
     command.append(str(sdist.resolve()))
+    return command
+
+
+def _compile(command: list[str], env: dict[str, str], log_path: Path, started: float) -> None:
+    """Run the build with its output in `log_path`, saying now and then which step it has reached;
+    BuildError with the log's last lines when it fails."""
     with (
         log_path.open("w") as log,
         subprocess.Popen(
@@ -267,14 +281,6 @@ def build_wheel(
     if process.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-25:])
         raise BuildError(f"the llama.cpp build failed (exit {process.returncode}); last lines:\n{tail}")
-    wheel = cached_wheel(staging, version)
-    if wheel is None:
-        raise BuildError(f"the build ended without a wheel in {staging}")
-    if folder.exists():
-        shutil.rmtree(folder)
-    staging.rename(folder)
-    say(f"built in {(time.monotonic() - started) / 60:.1f} min: {folder}")
-    return folder / wheel.name
 
 
 def installed_server(venv: Path) -> Path | None:

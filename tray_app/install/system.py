@@ -107,72 +107,86 @@ def service_reads(cfg: config.Config, command: Path) -> list[Path]:
     return needed
 
 
+# What the service finds in its environment: its own folders, not the installing user's.
+SERVICE_ENVIRONMENT = {
+    "FAILSOFT_CONFIG": CONFIG,
+    "FAILSOFT_DATA_DIR": DATA,
+    "FAILSOFT_LOG_DIR": LOGS,
+    "FAILSOFT_RUNTIME_DIR": RUN / "service",  # its own 0700 folder; RUN itself is shared with the group
+    "HOME": DATA,
+    "XDG_CACHE_HOME": CACHE,
+}
+# The unit; {supplementary_groups} is a whole line or nothing. ExecStartPost copies the admin token for the
+# members of the group (the service writes it at start, before it is ready); its "-": a missing copy must
+# not stop the service.
+UNIT_TEMPLATE = """\
+# systemd system unit: Failsoft as a service of its own user (from failsoft install --system).
+#   start:   systemctl enable --now failsoft
+#   logs:    journalctl -u failsoft   (worker logs: {logs})
+#   config:  {config} (the service only reads it: edit it, then systemctl restart failsoft)
+#   tray:    usermod -aG {user} YOU; then as YOU: failsoft   (it attaches with {admin_token_copy})
+# {mark}
+[Unit]
+Description=Failsoft: llama.cpp GPU worker with safe CPU failover
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+User={user}
+Group={user}
+{supplementary_groups}ExecStart={command} serve
+ExecStartPost=-/usr/bin/install -m 0640 {admin_token} {admin_token_copy}
+{environment}
+StateDirectory=failsoft
+LogsDirectory=failsoft
+CacheDirectory=failsoft
+RuntimeDirectory=failsoft
+RuntimeDirectoryMode=0750
+WatchdogSec=60
+Restart=on-failure
+RestartSec=5
+# Workers run in the service's cgroup and process group; stopping the unit stops them too.
+KillMode=mixed
+TimeoutStopSec=30
+# Hardening. No PrivateDevices, DevicePolicy nor ProtectClock: each closes the GPU's device nodes.
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome={protect_home}
+PrivateTmp=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectHostname=yes
+RestrictSUIDSGID=yes
+RestrictRealtime=yes
+RestrictNamespaces=yes
+LockPersonality=yes
+SystemCallArchitectures=native
+CapabilityBoundingSet=
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+UMask=0077
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 def unit_text(command: Path, groups: list[str], protect_home: str) -> str:
-    environment = {
-        "FAILSOFT_CONFIG": CONFIG,
-        "FAILSOFT_DATA_DIR": DATA,
-        "FAILSOFT_LOG_DIR": LOGS,
-        "FAILSOFT_RUNTIME_DIR": RUN / "service",  # its own 0700 folder; RUN itself is shared with the group
-        "HOME": DATA,
-        "XDG_CACHE_HOME": CACHE,
-    }
-    lines = [
-        "# systemd system unit: Failsoft as a service of its own user (from failsoft install --system).",
-        "#   start:   systemctl enable --now failsoft",
-        f"#   logs:    journalctl -u failsoft   (worker logs: {LOGS})",
-        f"#   config:  {CONFIG} (the service only reads it: edit it, then systemctl restart failsoft)",
-        f"#   tray:    usermod -aG {USER} YOU; then as YOU: failsoft   (it attaches with {ADMIN_TOKEN_COPY})",
-        f"# {MARK}",
-        "[Unit]",
-        "Description=Failsoft: llama.cpp GPU worker with safe CPU failover",
-        "Wants=network-online.target",
-        "After=network-online.target",
-        "",
-        "[Service]",
-        "Type=notify",
-        "NotifyAccess=main",
-        f"User={USER}",
-        f"Group={USER}",
-        *([f"SupplementaryGroups={' '.join(groups)}"] if groups else []),
-        f"ExecStart={command} serve",
-        # The admin token for members of the group (the service writes it at start, before it is ready); "-":
-        # a missing copy must not stop the service.
-        f"ExecStartPost=-/usr/bin/install -m 0640 {DATA / 'admin-token'} {ADMIN_TOKEN_COPY}",
-        *(f"Environment={name}={value}" for name, value in environment.items()),
-        "StateDirectory=failsoft",
-        "LogsDirectory=failsoft",
-        "CacheDirectory=failsoft",
-        "RuntimeDirectory=failsoft",
-        "RuntimeDirectoryMode=0750",
-        "WatchdogSec=60",
-        "Restart=on-failure",
-        "RestartSec=5",
-        "# Workers run in the service's cgroup and process group; stopping the unit stops them too.",
-        "KillMode=mixed",
-        "TimeoutStopSec=30",
-        "# Hardening. No PrivateDevices, DevicePolicy nor ProtectClock: each closes the GPU's device nodes.",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        f"ProtectHome={protect_home}",
-        "PrivateTmp=yes",
-        "ProtectKernelTunables=yes",
-        "ProtectKernelModules=yes",
-        "ProtectKernelLogs=yes",
-        "ProtectControlGroups=yes",
-        "ProtectHostname=yes",
-        "RestrictSUIDSGID=yes",
-        "RestrictRealtime=yes",
-        "RestrictNamespaces=yes",
-        "LockPersonality=yes",
-        "SystemCallArchitectures=native",
-        "CapabilityBoundingSet=",
-        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
-        "UMask=0077",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-    ]
-    return "\n".join(lines) + "\n"
+    return UNIT_TEMPLATE.format(
+        command=command,
+        supplementary_groups=f"SupplementaryGroups={' '.join(groups)}\n" if groups else "",
+        protect_home=protect_home,
+        environment="\n".join(f"Environment={name}={value}" for name, value in SERVICE_ENVIRONMENT.items()),
+        user=USER,
+        logs=LOGS,
+        config=CONFIG,
+        mark=MARK,
+        admin_token=DATA / "admin-token",
+        admin_token_copy=ADMIN_TOKEN_COPY,
+    )
 
 
 def sysusers_text(groups: list[str]) -> str:

@@ -142,11 +142,7 @@ class Assembler:
             }
             obj = "chat.completion"
         answer = {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
+            **_openai_object(self.id, obj, self.created, self.model, [choice]),
             "usage": usage,
             "failsoft": failsoft,
         }
@@ -155,25 +151,22 @@ class Assembler:
         return answer
 
 
+def _openai_object(
+    object_id: str, kind: str, created: int, model: str, choices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What every OpenAI completion object opens with, a whole answer or a stream chunk."""
+    return {"id": object_id, "object": kind, "created": created, "model": model, "choices": choices}
+
+
 def chat_chunk(
     chunk_id: str, created: int, model: str, delta: dict[str, Any], finish: str | None
 ) -> dict[str, Any]:
-    return {
-        "id": chunk_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return _openai_object(chunk_id, "chat.completion.chunk", created, model, [choice])
 
 
 def completion_chunk(
     chunk_id: str, created: int, model: str, text: str, finish: str | None
 ) -> dict[str, Any]:
-    return {
-        "id": chunk_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-    }
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return _openai_object(chunk_id, "text_completion", created, model, [choice])

@@ -111,12 +111,7 @@ class Relay:
         if sent is None:
             sent = self.dispatch(url, body, headers)
         try:
-            async with asyncio.timeout_at(deadline):
-                response = await self._pool.answer(sent)
-                if response.status != 200:
-                    raise _status_error(response.status, await response.read())
-            # From the last data line: keep-alive comments (": ping") must not hide a stall.
-            response.set_deadline(deadline)
+            response = await self._answer(sent, deadline)
             # The event stream's lines, read here rather than through nested generators: every token
             # passes this loop, and each generator level would cost it a step on its way to the client.
             pending = b""
@@ -134,31 +129,31 @@ class Relay:
                         response.release()  # the connection is reused once the response's end arrives
                         response = None
                         return
-                    try:
-                        text = data.decode()  # once: the chunk goes on as this text, parsed from it
-                        obj = json.loads(text)
-                    except ValueError:  # UnicodeDecodeError included
-                        raise UpstreamError(
-                            "exited", f"the worker sent a malformed chunk: {data[:200]!r}"
-                        ) from None
-                    if isinstance(obj, dict) and "error" in obj:
-                        raise _answered_error(None, _error_message(obj, text), obj)
-                    if isinstance(obj, dict) and "prompt_progress" in obj:
-                        # The worker is reading the prompt (one event per batch, see Job.upstream_body): it
-                        # is alive however long the prompt takes. Nothing in it for the client (a chat's
-                        # role is announced again with the first token).
-                        timeout = first_timeout
-                        response.set_deadline(loop.time() + timeout)
-                        continue
-                    timeout = chunk_timeout
+                    text, obj, progress = _event(data)
+                    timeout = first_timeout if progress else chunk_timeout
                     response.set_deadline(loop.time() + timeout)
-                    yield Chunk(text, obj, response.sent_at, response.received_at)
+                    if not progress:
+                        yield Chunk(text, obj, response.sent_at, response.received_at)
             raise UpstreamError("exited", "the worker ended the stream without [DONE]")
         except (TimeoutError, Stalled, ConnectionFailed) as error:
             raise _transport_error(error, f"no output from the worker for {timeout:.1f}s") from None
         finally:
             if response is not None:
                 response.abort()  # failed, cancelled or closed early: the worker must see the client go
+
+    async def _answer(self, sent: Sent, deadline: float) -> Response:
+        """The worker's answer to `sent` once its status is in, by `deadline`; UpstreamError (the answer
+        dropped) when the status is not 200."""
+        async with asyncio.timeout_at(deadline):
+            response = await self._pool.answer(sent)
+            if response.status != 200:
+                try:
+                    raise _status_error(response.status, await response.read())
+                finally:
+                    response.abort()
+        # From the last data line: keep-alive comments (": ping") must not hide a stall.
+        response.set_deadline(deadline)
+        return response
 
     def prepare_next(self, url: str) -> None:
         """A stream from `url` delivered its first output: connect for the next request to that worker now
@@ -184,6 +179,23 @@ class Relay:
 
 def _json(headers: dict[str, str]) -> dict[str, str]:
     return {"Content-Type": "application/json", **headers}
+
+
+def _event(data: bytes) -> tuple[str, Any, bool]:
+    """A `data:` line's payload: its text, the JSON parsed from it, and whether it is prompt progress.
+    UpstreamError for a malformed payload or an error event.
+
+    Prompt progress: the worker is reading the prompt (one event per batch, see Job.upstream_body), so it is
+    alive however long the prompt takes. Nothing in it for the client (a chat's role is announced again with
+    the first token)."""
+    try:
+        text = data.decode()  # once: the chunk goes on as this text, parsed from it
+        obj = json.loads(text)
+    except ValueError:  # UnicodeDecodeError included
+        raise UpstreamError("exited", f"the worker sent a malformed chunk: {data[:200]!r}") from None
+    if isinstance(obj, dict) and "error" in obj:
+        raise _answered_error(None, _error_message(obj, text), obj)
+    return text, obj, isinstance(obj, dict) and "prompt_progress" in obj
 
 
 def _transport_error(error: Exception, silence: str) -> UpstreamError:

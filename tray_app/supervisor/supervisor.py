@@ -454,15 +454,7 @@ class WorkerSupervisor:
                 self._set_state("stopped", gated)
                 return None
             profile = gated
-        try:
-            if self._engine is None:
-                self._engine = binary.find("")
-            launch = launch_plan.prepare(self._engine.path, profile, port, self._key)
-        except binary.EngineError as error:
-            launch = str(error)
-        except Exception as error:  # a fault here must end this start, not the owner (start() would hang)
-            log.exception("preparing the %s worker failed", self.role)
-            launch = f"could not prepare the worker: {error!r}"
+        launch = self._prepare_launch(profile, port)
         if isinstance(launch, str):
             self._attempt = None
             await self._fail(Failure("bad_config", launch), never_ready=True)
@@ -492,6 +484,18 @@ class WorkerSupervisor:
                 )
             )
         return attempt
+
+    def _prepare_launch(self, profile: WorkerProfile, port: int) -> launch_plan.Launch | str:
+        """The worker's launch, or why there is none (no engine, a profile refused before it starts)."""
+        try:
+            if self._engine is None:
+                self._engine = binary.find("")
+            return launch_plan.prepare(self._engine.path, profile, port, self._key)
+        except binary.EngineError as error:
+            return str(error)
+        except Exception as error:  # a fault here must end this start, not the owner (start() would hang)
+            log.exception("preparing the %s worker failed", self.role)
+            return f"could not prepare the worker: {error!r}"
 
     async def _stop_process(self, final_state: State, reason: str) -> None:
         attempt = self._attempt

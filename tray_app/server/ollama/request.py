@@ -133,12 +133,16 @@ def _common(body: dict[str, Any], model_id: str, stream: bool) -> dict[str, Any]
     return out
 
 
+def _stream_and_think(body: dict[str, Any], thinks: bool, chat: bool) -> tuple[bool, dict[str, Any]]:
+    """Both routes' first steps: the input bounds checked, then whether to stream and the thinking fields."""
+    _check_bounds(body, chat=chat)
+    return wants_stream(body), think_fields(body, str(body.get("model")), thinks)
+
+
 def chat_request(body: dict[str, Any], model_id: str, thinks: bool = False) -> dict[str, Any]:
     """An Ollama /api/chat body (with messages) as an OpenAI chat completion body (`thinks`: the model's
     template thinks)."""
-    _check_bounds(body, chat=True)
-    stream = wants_stream(body)
-    think = think_fields(body, str(body.get("model")), thinks)
+    stream, think = _stream_and_think(body, thinks, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise OllamaError(400, "'messages' must be an array")
@@ -160,9 +164,7 @@ def generate_request(
 ) -> tuple[Kind, dict[str, Any]]:
     """An Ollama /api/generate body (with a prompt) as an OpenAI body: a chat of `system` and `prompt`, or
     with `raw` a plain completion of the prompt as it is."""
-    _check_bounds(body, chat=False)
-    stream = wants_stream(body)
-    think = think_fields(body, str(body.get("model")), thinks)
+    stream, think = _stream_and_think(body, thinks, chat=False)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise OllamaError(400, "'prompt' must be a string")
