@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support import models
-from tests.support.service import ServiceHandle, running_service
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +35,3 @@ def gemma_model_path() -> Path:
 @pytest.fixture(scope="module")
 def module_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("service")
-
-
-def start_module_service(root: Path, **kwargs: Any) -> Iterator[ServiceHandle]:
-    with running_service(root, **kwargs) as svc:
-        yield svc

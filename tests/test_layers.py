@@ -257,6 +257,55 @@ def test_the_contract_stands_on_nothing() -> None:
     assert package_graph().get("contract", {}) == {}
 
 
+# The HTTP layer's doors into the job engine: the facade and its request types, the outcomes a stream is
+# made of, the job record it reads, and the chunk shapes a stored answer is streamed in.
+JOBS_DOORS = {
+    "tray_app.jobs.intake",
+    "tray_app.jobs.outcomes",
+    "tray_app.jobs.registry",
+    "tray_app.jobs.assemble",
+}
+
+
+def jobs_modules_the_server_imports(package: Path = PACKAGE) -> set[str]:
+    graph = module_graph(package)
+    return {
+        target
+        for module, targets in graph.items()
+        if module.startswith("tray_app.server.")
+        for target in targets
+        if target.startswith("tray_app.jobs.")
+    }
+
+
+def test_the_server_enters_the_jobs_engine_by_its_doors() -> None:
+    assert jobs_modules_the_server_imports() <= JOBS_DOORS
+
+
+ENGINE_PARTS = {"registry", "executor", "slots", "journal", "embeddings", "path_timings", "desk"}
+
+
+def engine_parts_the_server_reaches(package: Path = PACKAGE) -> list[str]:
+    return [
+        f"{module_name(path, package)}:{node.lineno} .{node.attr}"
+        for path in (package / "server").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_PARTS and _is_service_or_jobs(node.value)
+    ]
+
+
+def test_the_server_reaches_no_engine_part_past_the_facade() -> None:
+    """The registry, executor, slots, journal and embeddings runner are the facade's: the HTTP layer asks
+    `Jobs` (a read, a stream, a note), it never changes a job's state itself."""
+    assert engine_parts_the_server_reaches() == []
+
+
+def _is_service_or_jobs(node: ast.expr) -> bool:
+    """`svc.X`, `self.svc.X`, `service.X`, `self.jobs.X`, `jobs.X`, `self.router.svc.X`."""
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name in {"svc", "service", "jobs"}
+
+
 def test_no_import_circle_between_packages() -> None:
     graph = package_graph()
     found = circles(graph)  # type: ignore[arg-type]
@@ -413,3 +462,11 @@ def test_qt_reached_through_other_modules_is_caught(copy_of_the_package: Path) -
     plant(copy_of_the_package, "console/command.py", "def _tray():\n    from tray_app.ui import app\n")
     found = qt_paths(module_graph(copy_of_the_package), direct_qt_importers(copy_of_the_package))
     assert found["tray_app.console.command"][-1] == "tray_app.ui.app"
+
+
+def test_a_server_module_past_the_jobs_doors_is_caught(copy_of_the_package: Path) -> None:
+    code = "from tray_app.jobs.engine import Executor\n\n\ndef drop(svc, job):\n    svc.registry.fail(job)\n"
+    plant(copy_of_the_package, "server/health.py", code)
+    assert jobs_modules_the_server_imports(copy_of_the_package) - JOBS_DOORS == {"tray_app.jobs.engine"}
+    (reached,) = engine_parts_the_server_reaches(copy_of_the_package)
+    assert reached.startswith("tray_app.server.health:") and reached.endswith(" .registry")

@@ -42,6 +42,11 @@ HANDLERS = {
 SERVING = (None, "serve")
 
 
+def _json_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--json`: every command that prints a report can print it for a program instead."""
+    parser.add_argument("--json", action="store_true", help=what)
+
+
 def _add_model_and_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", type=Path, help="GGUF model file (default: config, else the bundled SmolLM2)"
@@ -103,12 +108,12 @@ def _add_plan_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         help="plan with flash attention, or without it (default: the config's, on)",
     )
-    plan.add_argument("--json", action="store_true", help="print one JSON object, sizes in bytes")
+    _json_flag(plan, "print one JSON object, sizes in bytes")
 
 
 def _add_config_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show = sub.add_parser("config", help="print the effective config")
-    show.add_argument("--json", action="store_true", help="as JSON instead of TOML")
+    _json_flag(show, "as JSON instead of TOML")
 
 
 def _add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -138,7 +143,7 @@ def _add_drill_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="instead of the scenarios, the chaos mix (every dialect, misbehaving clients, GPU kills and "
         "hangs) in rounds for this long: the invariants after each round, the service's memory growth",
     )
-    drill.add_argument("--json", action="store_true", help="print the JSON report")
+    _json_flag(drill, "print the JSON report")
 
 
 def _add_bench_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -182,7 +187,7 @@ def _add_bench_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="only the start: seconds from `failsoft serve` to its first answer (a new data folder, then the "
         "same again), beside llama-server alone on the model (a fifth of --rounds rounds: 4 by default)",
     )
-    bench.add_argument("--json", action="store_true", help="print JSON")
+    _json_flag(bench, "print JSON")
 
 
 def _add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -190,7 +195,7 @@ def _add_doctor_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "doctor", help="check GPU, engine build, model, port and tray; say what is missing and how to fix it"
     )
     doctor.add_argument("--port", type=int, help="the port to check (default: the config's)")
-    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    _json_flag(doctor, "print one JSON object")
 
 
 def _add_hog_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -234,9 +239,9 @@ def _add_console_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         return parser
 
     status = command("status", "what a running service is doing: GPU, budget, workers, models, jobs")
-    status.add_argument("--json", action="store_true", help="print /failsoft/status as it came")
+    _json_flag(status, "print /failsoft/status as it came")
     approvals = command("approvals", "list the jobs waiting for your approval of a slow CPU run")
-    approvals.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    _json_flag(approvals, "print the jobs as JSON")
     approve = command("approve", "let waiting jobs run on the CPU (or on the offered stand-in)")
     approve.add_argument("job_ids", nargs="*", metavar="JOB_ID")
     approve.add_argument("--all", action="store_true", help="approve every job waiting")

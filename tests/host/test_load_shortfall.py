@@ -10,16 +10,13 @@ and a stale measurement the smaller start has a shorter context, and requests ar
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import base_settings, client_for, failsoft_of
-from tests.support.hog import FAILSOFT
+from tests.support.helpers import base_settings, client_for, failsoft_of, failsoft_status, gpu_worker_starts
+from tests.support.moe_service import tiny_moe_service
 from tests.support.service import ServiceHandle, running_service
-from tests.support.tiny_moe import write_tiny_moe
 
 pytestmark = pytest.mark.integration
 
@@ -29,27 +26,8 @@ VRAM = "6656KiB"
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
-    root = tmp_path_factory.mktemp("load-shortfall")
-    model = write_tiny_moe(root / "tiny-moe.gguf")
-    settings = base_settings(
-        model={"path": str(model), "name": "tiny-moe"},
-        budget={"reserve_percent": 0.0, "reserve_min": "0", "n_ctx": 1024, "n_parallel": 1},
-        cpu={"threads": 1},
-    )
-    with running_service(root / "service", simulate_vram=VRAM, settings=settings) as handle:
+    with tiny_moe_service(tmp_path_factory.mktemp("load-shortfall"), vram=VRAM, reserve_min="0") as handle:
         yield handle
-
-
-def started_command_lines(svc: ServiceHandle) -> list[str]:
-    """Each start of the GPU worker, as the supervisor wrote its command line at the top of the log."""
-    lines = [
-        line
-        for path in sorted(Path(svc.log_dir).glob("*gpu*.log"))
-        for line in path.read_text(errors="replace").splitlines()
-        if "worker started, pid" in line
-    ]
-    assert lines, f"no GPU worker log in {sorted(Path(svc.log_dir).iterdir())}"
-    return lines
 
 
 def test_the_restart_after_a_load_out_of_memory_is_smaller_and_loads(svc: ServiceHandle) -> None:
@@ -63,7 +41,7 @@ def test_the_restart_after_a_load_out_of_memory_is_smaller_and_loads(svc: Servic
     assert 0 < lacked < MIB, lacked
     note = status["gpu_path"]["smaller"]["gpu"]
     assert note.startswith("gpu starts with a smaller plan") and "its last load ran out of memory" in note
-    starts = started_command_lines(svc)
+    starts = gpu_worker_starts(svc)
     assert len(starts) == gpu["restarts"] + 1
     assert starts[-1] != starts[0]  # another placement: less on the device
     answer = client_for(svc).chat.completions.create(
@@ -73,13 +51,7 @@ def test_the_restart_after_a_load_out_of_memory_is_smaller_and_loads(svc: Servic
 
 
 def test_failsoft_status_says_why_the_gpu_worker_started_smaller(svc: ServiceHandle) -> None:
-    shown = subprocess.run(
-        [str(FAILSOFT), "status", "--url", svc.base_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    shown = failsoft_status(svc)
     assert shown.returncode == 0, shown.stderr
     assert "gpu starts with a smaller plan" in shown.stdout, shown.stdout
     assert "its last load ran out of memory" in shown.stdout, shown.stdout

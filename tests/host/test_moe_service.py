@@ -6,16 +6,13 @@ the device's), answers through the router, and the split is shown where the user
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import base_settings, client_for, failsoft_of
-from tests.support.hog import FAILSOFT
-from tests.support.service import ServiceHandle, running_service
-from tests.support.tiny_moe import write_tiny_moe
+from tests.support.helpers import client_for, failsoft_of, failsoft_status, gpu_worker_starts
+from tests.support.moe_service import tiny_moe_service
+from tests.support.service import ServiceHandle
 
 pytestmark = pytest.mark.integration
 
@@ -28,14 +25,7 @@ RESERVE = "512KiB"
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
-    root = tmp_path_factory.mktemp("moe-service")
-    model = write_tiny_moe(root / "tiny-moe.gguf")
-    settings = base_settings(
-        model={"path": str(model), "name": "tiny-moe"},
-        budget={"reserve_percent": 0.0, "reserve_min": RESERVE, "n_ctx": 1024, "n_parallel": 1},
-        cpu={"threads": 1},
-    )
-    with running_service(root / "service", simulate_vram=VRAM, settings=settings) as handle:
+    with tiny_moe_service(tmp_path_factory.mktemp("moe-service"), vram=VRAM, reserve_min=RESERVE) as handle:
         yield handle
 
 
@@ -45,7 +35,7 @@ def test_the_gpu_worker_runs_the_expert_split_and_answers(svc: ServiceHandle) ->
     assert plan["verdict"] == "split" and plan["n_gpu_layers"] == plan["n_layers"], plan["reason"]
     assert plan["n_cpu_moe"] > 0 and plan["cpu_expert_tensors"], plan["reason"]
     assert status["workers"]["gpu"]["state"] == "ready"
-    started = worker_command_line(svc)
+    started = gpu_worker_starts(svc)[0]
     block = plan["n_cpu_moe"]
     single = ",".join(rf"blk\.{block}\.{stem}=CPU" for stem in plan["cpu_expert_tensors"])
     assert f"--n-cpu-moe {block} --override-tensor {single}" in started, started
@@ -56,24 +46,9 @@ def test_the_gpu_worker_runs_the_expert_split_and_answers(svc: ServiceHandle) ->
     assert answer.usage is not None and answer.usage.completion_tokens >= 1
 
 
-def worker_command_line(svc: ServiceHandle) -> str:
-    """The GPU worker's command line, as the supervisor wrote it at the top of the worker's log."""
-    for path in sorted(Path(svc.log_dir).glob("*gpu*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            if "worker started, pid" in line:
-                return line
-    raise AssertionError(f"no GPU worker log with its command line in {sorted(Path(svc.log_dir).iterdir())}")
-
-
 def test_failsoft_status_and_plan_show_the_split(svc: ServiceHandle) -> None:
     plan = svc.status()["plan"]
-    shown = subprocess.run(
-        [str(FAILSOFT), "status", "--url", svc.base_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    shown = failsoft_status(svc)
     assert shown.returncode == 0, shown.stderr
     single = len(plan["cpu_expert_tensors"])
     tensors = f" + {single} tensor{'s' if single > 1 else ''}"

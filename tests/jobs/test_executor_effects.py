@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.engine_parts import engine_context
 from tests.support.prompts import ScriptedPrompts
 from tray_app.contract.events import EventBus
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import Assembler
+from tray_app.jobs.context import EngineHooks
 from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.journal import Journal
@@ -139,6 +141,7 @@ def make_executor(journal: Journal) -> Factory:
         relay: ScriptedRelay,
         cpu: policy.CpuState = CPU_FAST,
         prompts: ScriptedPrompts | None = None,
+        mirror: HeldPrompt | None = None,
         **settings: Any,
     ) -> tuple[Executor, JobRegistry, dict[str, StandInWorker]]:
         bus = EventBus()
@@ -149,6 +152,7 @@ def make_executor(journal: Journal) -> Factory:
             return cpu
 
         executor = Executor(
+            engine_context(registry, SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8), relay, workers.get),
             ExecutorSettings(
                 policy=policy.Settings(**settings.pop("policy", {})),
                 stall_seconds=5.0,
@@ -156,13 +160,8 @@ def make_executor(journal: Journal) -> Factory:
                 cpu_tokens_per_second=0.0,
                 **settings,
             ),
-            workers.get,  # type: ignore[arg-type]
-            SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8),
-            relay,  # type: ignore[arg-type]
-            registry,
-            bus,
-            cpu_state,
-            lambda model: prompts or ScriptedPrompts(),
+            EngineHooks(cpu_state, lambda model: prompts or ScriptedPrompts()),
+            mirror,  # type: ignore[arg-type]
         )
         return executor, registry, workers
 
@@ -401,7 +400,7 @@ def embedding_runner(journal: Journal, relay: ScriptedPost) -> tuple[EmbeddingRu
     }
     settings = ExecutorSettings(policy.Settings(), 5.0, 5.0, 0.0, model_id="model.gguf")
     slots = SlotPool({"gpu-embed": 1, "cpu-embed": 1}, queue_limit=4)
-    runner = EmbeddingRunner(settings, workers.get, slots, relay, registry, EventBus())  # type: ignore[arg-type]
+    runner = EmbeddingRunner(engine_context(registry, slots, relay, workers.get), settings)
     return runner, registry, workers
 
 
@@ -723,7 +722,7 @@ class HeldPrompt:
 
 
 async def test_a_mirrored_prompt_runs_on_the_cpu_without_asking_and_says_what_was_cached(
-    journal: Journal,
+    make_executor: Factory,
 ) -> None:
     """A long prompt on a slow CPU would wait for approval; mirrored, it runs at once, and the answer's
     failsoft object carries llama-server's `cache_n` from the CPU attempt."""
@@ -731,30 +730,10 @@ async def test_a_mirrored_prompt_runs_on_the_cpu_without_asking_and_says_what_wa
     timings = {"cache_n": 3999, "prompt_n": 1, "prompt_ms": 9}
     cpu_answer = {**chat_chunk("Hi.", finish="stop"), "timings": timings}
     relay = ScriptedRelay([crash], [cpu_answer])
-    bus = EventBus()
-    registry = JobRegistry(journal, bus)
-    workers = {"gpu": StandInWorker("gpu"), "cpu": StandInWorker("cpu", pid=4343)}
     slow = policy.CpuState(enabled=True, ready=True, ram_ok=True, tokens_per_second=10.0, n_ctx_per_seq=8192)
-
-    async def cpu_state(time_left: float, role: str | None = "cpu") -> policy.CpuState:
-        return slow
-
     mirror = HeldPrompt()
-    executor = Executor(
-        ExecutorSettings(
-            policy=policy.Settings(fallback="approval", auto_approve_seconds=10.0),
-            stall_seconds=5.0,
-            queue_timeout=5.0,
-            cpu_tokens_per_second=0.0,
-        ),
-        workers.get,  # type: ignore[arg-type]
-        SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8),
-        relay,  # type: ignore[arg-type]
-        registry,
-        bus,
-        cpu_state,
-        lambda model: ScriptedPrompts(),
-        mirror=mirror,  # type: ignore[arg-type]
+    executor, registry, _ = make_executor(
+        relay, slow, mirror=mirror, policy={"fallback": "approval", "auto_approve_seconds": 10.0}
     )
     job = new_job(registry, stream=False)
     job.prompt_tokens = 4000  # 4000/8 tokens at 10 tokens/s: 50 s unread, under 10 s mirrored
@@ -764,32 +743,12 @@ async def test_a_mirrored_prompt_runs_on_the_cpu_without_asking_and_says_what_wa
     assert mirror.on_cpu == [job.id]  # the mirror stops reading for a job the CPU now reads itself
 
 
-async def test_the_mirror_hears_a_gpu_answer_grow_and_end(journal: Journal) -> None:
+async def test_the_mirror_hears_a_gpu_answer_grow_and_end(make_executor: Factory) -> None:
     """Each chunk the client gets (a resume would continue after it), then the whole answer (the
     conversation's next turn starts with it)."""
     relay = ScriptedRelay([chat_chunk("The sea"), chat_chunk(" is blue.", finish="stop")])
-    bus = EventBus()
-    registry = JobRegistry(journal, bus)
-    workers = {"gpu": StandInWorker("gpu"), "cpu": StandInWorker("cpu", pid=4343)}
     mirror = HeldPrompt()
-
-    async def cpu_state(time_left: float, role: str | None = "cpu") -> policy.CpuState:
-        return CPU_FAST
-
-    settings = ExecutorSettings(
-        policy=policy.Settings(), stall_seconds=5, queue_timeout=5, cpu_tokens_per_second=0
-    )
-    executor = Executor(
-        settings,
-        workers.get,  # type: ignore[arg-type]
-        SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8),
-        relay,  # type: ignore[arg-type]
-        registry,
-        bus,
-        cpu_state,
-        lambda model: ScriptedPrompts(),
-        mirror=mirror,  # type: ignore[arg-type]
-    )
+    executor, registry, _ = make_executor(relay, mirror=mirror)
     job = new_job(registry)
     await run(executor, job)
     assert job.state == "completed" and len(mirror.followed) == 1

@@ -8,18 +8,22 @@ import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.jobs.test_executor_effects import StandInWorker
+from tests.support.engine_parts import engine_context
+from tray_app.contract.events import EventBus
 from tray_app.contract.vocabulary import JobState
 from tray_app.jobs import mirror as mirror_module
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import Assembler
+from tray_app.jobs.journal import Journal
 from tray_app.jobs.mirror import Mirror, MirrorSettings
 from tray_app.jobs.progress import Progress
-from tray_app.jobs.registry import Job, new_id
+from tray_app.jobs.registry import Job, JobRegistry, new_id
 from tray_app.jobs.relay import Chunk, UpstreamError
 from tray_app.jobs.worker_port import CpuSpeed
 
@@ -115,17 +119,20 @@ class Rig:
 
 
 @pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     settings: dict[str, Any] = {"min_ms": 0.0}  # every prompt is worth it, unless a test says otherwise
     relay = MirrorRelay()
     slots = SlotPool({"gpu": 2, "cpu": 2}, queue_limit=8)
     workers = {"gpu": StandInWorker("gpu"), "cpu": StandInWorker("cpu", pid=4343)}
     speed = CpuSpeed(prompt_tokens_per_second=SPEED, prompt_samples=1)
-    mirror = Mirror(lambda: MirrorSettings(**settings), workers.get, slots, relay, speed)  # type: ignore[arg-type]
+    journal = Journal(tmp_path / "journal.sqlite3")
+    context = engine_context(JobRegistry(journal, EventBus()), slots, relay, workers.get)
+    mirror = Mirror(context, lambda: MirrorSettings(**settings), speed)
     owner = asyncio.create_task(mirror.run())
     yield Rig(mirror, relay, slots, workers, settings)
     owner.cancel()
     await asyncio.gather(owner, return_exceptions=True)
+    journal.close()
 
 
 async def settle(done: Callable[[], bool], what: str) -> None:

@@ -1,5 +1,6 @@
 """One owner per piece of state (issue 15), checked on the source: only the job registry assigns a job's
-fields, and only the service's composition root replaces the running config."""
+fields, only the attempt stamps a stream's path, only the CPU speed meter writes the measured CPU speed, and
+only the service's composition root replaces the running config."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ OWNERS = {
 JOB_FIELD_WRITE = re.compile(r"\b(?:job|self)\.(" + "|".join(OWNERS) + r")\s*(?::[^=]*)?=(?!=)")
 # The stream's first-token stamps: the first attempt's own record (jobs.path_timing), written by it alone.
 PATH_STAMP = re.compile(r"\bjob\.path\.\w+\s*=(?!=)")
+# The measured CPU speed (worker_port.CpuSpeed): its recording methods, called by its meter alone.
+CPU_SPEED_WRITE = re.compile(
+    r"\.record_prompt\(|speed\.record\(|\.(prompt_)?(tokens_per_second|samples)\s*[-+]?=(?!=)"
+)
 CONFIG_WRITE = re.compile(r"\b(svc|service|self)\.cfg(\.\w+)*\s*=(?!=)|setattr\(\s*(self\.)?(svc\.)?cfg\b")
 
 
@@ -48,7 +53,17 @@ def test_the_first_token_stamps_are_written_by_the_attempt_alone() -> None:
         for line in path.read_text().splitlines()
         if PATH_STAMP.search(line)
     }
-    assert writers <= {"jobs/engine.py"}
+    assert writers <= {"jobs/attempt.py"}
+
+
+def test_the_cpu_speed_is_written_by_its_meter_alone() -> None:
+    writers = {
+        str(path.relative_to(PACKAGE))
+        for path in sources()
+        for line in path.read_text().splitlines()
+        if CPU_SPEED_WRITE.search(line)
+    }
+    assert writers == {"jobs/cpu_speed_meter.py", "jobs/worker_port.py"}  # the meter; CpuSpeed's own methods
 
 
 def test_only_the_service_replaces_the_running_config() -> None:

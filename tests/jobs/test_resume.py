@@ -24,10 +24,12 @@ from tray_app import config
 from tray_app.contract.events import EventBus
 from tray_app.contract.vocabulary import Reason
 from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.context import HostHooks, JobsContext
 from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.policy import Settings
 from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.jobs.relay import Relay
 from tray_app.jobs.resume import ATTEMPT_CUT_OFF, CLIENT_LOST
 from tray_app.library.catalog import Catalog, ModelEntry
 
@@ -103,16 +105,13 @@ def jobs_over(
     def worker(role: str) -> Any:
         return workers.get(role) if workers is not None else ready
 
+    slots = SlotPool({"gpu": 1, "cpu": 1, "cpu@notes-7b": 1}, 8)
+    context = JobsContext(registry, journal, slots, Relay(), bus, worker, lambda: config.Config())
     jobs = Jobs(
+        context,
         Models(),  # type: ignore[arg-type]
-        registry,
         executor,  # type: ignore[arg-type]
-        SlotPool({"gpu": 1, "cpu": 1, "cpu@notes-7b": 1}, 8),
-        journal,
-        bus,
-        worker,
-        lambda: config.Config(),
-        cpu_speed_ready=cpu_speed_ready,
+        HostHooks(cpu_speed_ready=cpu_speed_ready),
     )
     return jobs, registry
 

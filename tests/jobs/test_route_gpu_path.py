@@ -13,10 +13,12 @@ from tests.jobs.test_resume import Models, RecordingExecutor
 from tray_app import config
 from tray_app.contract.events import Event, EventBus, RouteDecided
 from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.context import HostHooks, JobsContext
 from tray_app.jobs.gpu_policy import GpuPath
 from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.jobs.relay import Relay
 
 YIELDED_TO = "comfyui (python3, pid 4242) holds 6.10 GiB"
 
@@ -44,16 +46,15 @@ async def decided(tmp_path: Path, path: GpuPath, why: str) -> RouteDecided:
     bus.add_listener(seen.append)
     journal = Journal(tmp_path / "journal.sqlite3")
     workers = {"gpu": SimpleNamespace(state="stopped"), "cpu": SimpleNamespace(state="ready")}
+    slots = SlotPool({"gpu": 1, "cpu": 1}, 8)
+    context = JobsContext(
+        JobRegistry(journal, bus), journal, slots, Relay(), bus, workers.get, lambda: config.Config()
+    )
     jobs = Jobs(
+        context,
         Models(),  # type: ignore[arg-type]
-        JobRegistry(journal, bus),
         RecordingExecutor(),  # type: ignore[arg-type]
-        SlotPool({"gpu": 1, "cpu": 1}, 8),
-        journal,
-        bus,
-        workers.get,  # type: ignore[arg-type]
-        lambda: config.Config(),
-        gpu_path=lambda: (path, why),
+        HostHooks(gpu_path=lambda: (path, why)),
     )
     decision = await jobs.route(job(), time.monotonic() + 60)
     journal.close()

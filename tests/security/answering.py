@@ -22,6 +22,7 @@ from tray_app.contract.vocabulary import Reason
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import chat_chunk, completion_chunk
+from tray_app.jobs.context import JobsContext
 from tray_app.jobs.embeddings import EmbeddingRunner
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece
@@ -147,20 +148,15 @@ class AnsweringService(StandInService):
         self.catalog = Catalog([ModelEntry(self.model_id, self.model_file, aliases, main=True)])
         self.slots = SlotPool({"gpu": 4, "cpu": 4, **dict.fromkeys(EMBED_ROLES.values(), 2)}, 8)
         self.executor = AnsweringExecutor(self.registry, self.spawned, self.slots)
-        self.jobs.executor = self.jobs.routing.executor = self.executor  # type: ignore[assignment]
-        self.jobs.slots = self.jobs.routing.slots = self.slots
-        settings = ExecutorSettings(policy.Settings(), 15.0, 5.0, 0.0, model_id=self.model_id)
+        self.jobs = self.facade()
         worker = StandInEmbeddingsWorker()
-        self.embeddings = EmbeddingRunner(
-            settings,
-            lambda role: worker,
-            self.slots,
-            StandInRelay(),  # type: ignore[arg-type]
-            self.registry,
-            self.bus,
+        relay: Any = StandInRelay()
+        embeddings = JobsContext(
+            self.registry, self.journal, self.slots, relay, self.bus, lambda role: worker, lambda: self.cfg
         )
+        settings = ExecutorSettings(policy.Settings(), 15.0, 5.0, 0.0, model_id=self.model_id)
+        self.jobs.embeddings = EmbeddingRunner(embeddings, settings)
         self.metrics = SimpleNamespace(requests=Counter())
-        self.path_timings = SimpleNamespace(record=lambda path, at: None)
         self.started_at = time.time()
 
     # Counted and checked as the service does: the model's own tokenizer, chat template and grammar parser

@@ -18,9 +18,12 @@ from tray_app import config, paths
 from tray_app.contract.events import EventBus
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.context import JobsContext
 from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.jobs.relay import Relay
+from tray_app.jobs.worker_port import CpuSpeed
 from tray_app.library.catalog import Catalog, ModelEntry
 from tray_app.reach import admin_token
 from tray_app.reach.capability import Signer
@@ -39,6 +42,7 @@ class StandInExecutor:
         self.spawned = spawned
         self.approved: list[str] = []
         self.settings = SimpleNamespace(policy=policy.Settings())
+        self.cpu_speed = CpuSpeed()  # never measured: a route to the CPU asks the config's speed
         self.desk = self  # the approval desk's part, here in one stand-in
 
     def dispatch(self, job: Job) -> None:
@@ -91,16 +95,20 @@ class StandInService:
             touch=lambda name, keep_alive=None: None,
         )
         self.slots = SlotPool({"gpu": 4, "cpu": 4}, 8)
-        self.jobs = Jobs(
-            self,  # type: ignore[arg-type]
+        self.jobs = self.facade()
+
+    def facade(self) -> Jobs:
+        """The jobs facade over this service's parts (made again by a subclass that replaces them)."""
+        context = JobsContext(
             self.registry,
-            self.executor,  # type: ignore[arg-type]
-            self.slots,
             self.journal,
+            self.slots,
+            Relay(),
             self.bus,
             self.workers.get,  # type: ignore[arg-type]
             lambda: self.cfg,
         )
+        return Jobs(context, self, self.executor)  # type: ignore[arg-type]
 
     # What the intake asks of the models (jobs.intake.Models).
     def find(self, name: str | None) -> ModelEntry | None:

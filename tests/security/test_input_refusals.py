@@ -20,6 +20,7 @@ from tray_app.contract.events import EventBus
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import chat_chunk
+from tray_app.jobs.context import JobsContext
 from tray_app.jobs.embeddings import (
     ANSWER_SECONDS,
     SLOWEST_TOKENS_PER_SECOND,
@@ -242,7 +243,9 @@ async def test_a_large_embeddings_batch_is_given_the_time_its_tokens_take(journa
     relay = TimedRelay()
     settings = ExecutorSettings(policy.Settings(), 5.0, 5.0, 0.0, model_id="model.gguf")
     slots = SlotPool({"gpu-embed": 1, "cpu-embed": 1}, queue_limit=4)
-    runner = EmbeddingRunner(settings, lambda role: worker, slots, relay, registry, EventBus())  # type: ignore[arg-type]
+    workers: Any = lambda role: worker  # noqa: E731
+    context = JobsContext(registry, journal, slots, relay, EventBus(), workers, config.Config)
+    runner = EmbeddingRunner(context, settings)
     for count in (10, 60_000):
         job = Job(new_id("job"), "r", "embedding", {"input": ["x"]}, False, False, "", None, count, 0, 1e12)
         registry.add(job)

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.engine_parts import engine_context
 from tests.support.prompts import ScriptedPrompts
 from tray_app.contract.events import ApprovalNeeded, Event, EventBus, JobStateChanged
 from tray_app.jobs import policy
 from tray_app.jobs import registry as jobs_registry
 from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.context import EngineHooks
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.registry import FINAL_STATES, STATES, TRANSITIONS, Job, JobRegistry, can_move, new_id
@@ -200,16 +202,9 @@ def make_executor(
     async def cpu_state(time_left: float) -> policy.CpuState:
         return policy.CpuState(True, True, True, 10.0, 2048)
 
-    return Executor(
-        settings,
-        lambda role: worker if role == "cpu" else None,
-        slots,
-        relay,  # type: ignore[arg-type]
-        registry,
-        registry.bus,
-        cpu_state,
-        lambda model: ScriptedPrompts(),
-    )
+    workers = {"cpu": worker}
+    context = engine_context(registry, slots, relay, workers.get)
+    return Executor(context, settings, EngineHooks(cpu_state, lambda model: ScriptedPrompts()))  # type: ignore[arg-type]
 
 
 async def test_a_job_cancelled_during_a_cold_cpu_start_never_runs(registry: JobRegistry) -> None:

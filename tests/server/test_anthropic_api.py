@@ -5,17 +5,14 @@ errors in Anthropic's shape."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from tests.conftest import start_module_service
 from tests.support.helpers import arm, base_settings, wait_replaced
-from tests.support.service import ServiceHandle
+from tests.support.service import ServiceHandle, module_service
 from tests.support.tools import ADD_TOOL
 
 pytestmark = pytest.mark.integration
@@ -37,10 +34,7 @@ ADD = {
 }
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    settings = base_settings(failover={"auto_approve_seconds": 3600})
-    yield from start_module_service(module_root, enable_faults=True, settings=settings)
+svc = module_service(enable_faults=True, settings=base_settings(failover={"auto_approve_seconds": 3600}))
 
 
 @pytest.fixture(scope="module")

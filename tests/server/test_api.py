@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,26 +17,17 @@ from tests.support.helpers import (
     CHAT,
     COUNTING,
     base_settings,
-    client_for,
     events_until_completed,
     failsoft_of,
     job_state,
     wait_until,
 )
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, settings=base_settings(server={"max_body": "64KiB"})) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(svc: ServiceHandle) -> openai.OpenAI:
-    return client_for(svc)
+svc = module_service(settings=base_settings(server={"max_body": "64KiB"}))
 
 
 def test_chat_answers_and_says_who_served_it(svc: ServiceHandle, client: openai.OpenAI) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,35 +11,27 @@ import openai
 import pytest
 
 from tests.support.helpers import (
-    CHAT,
     arm,
     base_settings,
     client_for,
     failsoft_of,
     job_state,
     reload_settings,
+    seeded_chat,
+    stop_gpu_worker,
     wait_replaced,
     wait_until,
 )
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service
 
 pytestmark = pytest.mark.integration
 
 # The CPU is taken to make 1 token per second: 40 tokens are estimated at 40 s, past a 30 s deadline.
 SETTINGS = base_settings(failover={"cpu_tokens_per_second": 1.0})
-REQUEST: dict[str, Any] = {
-    "model": "default",
-    "messages": CHAT,
-    "max_tokens": 40,
-    "temperature": 0,
-    "seed": 5,
-}
+REQUEST = seeded_chat(max_tokens=40, seed=5)
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, enable_faults=True, settings=SETTINGS) as handle:
-        yield handle
+svc = module_service(enable_faults=True, settings=SETTINGS)
 
 
 def _awaiting(svc: ServiceHandle) -> list[dict[str, Any]]:
@@ -180,8 +171,7 @@ def test_the_approval_backlog_is_bounded_and_refusals_say_why(svc: ServiceHandle
     rejection makes room again."""
     reload_settings(svc, base_settings(failover={"cpu_tokens_per_second": 1.0, "max_pending_approvals": 2}))
     client = client_for(svc)
-    stopped = httpx.post(f"{svc.base_url}/failsoft/workers/gpu/stop", timeout=60, headers=svc.headers())
-    assert stopped.status_code == 200, stopped.text
+    stop_gpu_worker(svc)
     try:
         waiting = []
         for _ in range(2):

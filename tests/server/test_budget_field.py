@@ -6,8 +6,6 @@ route lets a client say so, so that only the budget ends an answer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -20,12 +18,11 @@ from tests.support.helpers import (
     COUNTING,
     arm,
     base_settings,
-    client_for,
     failsoft_of,
     job_state,
     wait_replaced,
 )
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
@@ -43,15 +40,7 @@ PROMPT: dict[str, Any] = dict(COUNTING)  # a completion that counts on and on (e
 SETTINGS = base_settings(failover={"auto_approve_seconds": 3600})
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, enable_faults=True, settings=SETTINGS) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(svc: ServiceHandle) -> openai.OpenAI:
-    return client_for(svc)
+svc = module_service(enable_faults=True, settings=SETTINGS)
 
 
 def test_max_completion_tokens_bounds_a_chat(client: openai.OpenAI) -> None:

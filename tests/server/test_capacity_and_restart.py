@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from tests.support.helpers import (
     reload_settings,
     wait_until,
 )
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service, running_service
 
 pytestmark = pytest.mark.integration
 
@@ -38,10 +37,7 @@ SETTINGS = base_settings(
 LONG_PROMPT = [{"role": "user", "content": "Repeat these words: " + "ocean wave tide " * 200}]
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, settings=SETTINGS) as handle:
-        yield handle
+svc = module_service(settings=SETTINGS)
 
 
 def test_a_full_queue_answers_429_with_retry_after(svc: ServiceHandle) -> None:

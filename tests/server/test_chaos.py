@@ -11,13 +11,11 @@ the same mix for as long as asked."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.support.helpers import base_settings
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service
 from tray_app.drill.chaos import KINDS, MixPlan, MixResult, run_mix
 from tray_app.drill.chaos_observe import observe
 from tray_app.drill.chaos_summary import Figures
@@ -37,10 +35,7 @@ PLAN = MixPlan(requests=120, clients=6, seconds=150.0, request_timeout=150.0, fa
 ALWAYS_ANSWERED = ("openai_tool", "job", "embedding")
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, enable_faults=True, settings=SETTINGS) as handle:
-        yield handle
+svc = module_service(enable_faults=True, settings=SETTINGS)
 
 
 async def play(svc: ServiceHandle) -> tuple[MixResult, Observed]:

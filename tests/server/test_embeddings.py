@@ -10,30 +10,20 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.support.helpers import arm, base_settings, client_for, job_state, wait_until
-from tests.support.service import ServiceHandle, running_service
+from tests.support.helpers import arm, base_settings, job_state, wait_until
+from tests.support.service import ServiceHandle, module_service
 
 pytestmark = pytest.mark.integration
 
 TEXTS = ["The sea is blue.", "A violin has four strings.", "The sea is blue."]
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, enable_faults=True, settings=base_settings()) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(svc: ServiceHandle) -> openai.OpenAI:
-    return client_for(svc)
+svc = module_service(enable_faults=True, settings=base_settings())
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -7,8 +7,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +14,6 @@ import openai
 import pytest
 
 from tests.support.helpers import (
-    CHAT,
     COUNTING,
     arm,
     base_settings,
@@ -24,10 +21,11 @@ from tests.support.helpers import (
     failsoft_of,
     job_state,
     reload_settings,
+    seeded_chat,
     wait_replaced,
     wait_until,
 )
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service
 from tests.support.tools import ADD_TOOL, FORCE_ADD
 
 pytestmark = pytest.mark.integration
@@ -35,24 +33,10 @@ pytestmark = pytest.mark.integration
 # Replays here always go to the CPU, however slow a busy test machine makes it (the approval queue for slow
 # CPU runs has its own tests).
 SETTINGS = base_settings(failover={"auto_approve_seconds": 3600})
-REQUEST: dict[str, Any] = {
-    "model": "default",
-    "messages": CHAT,
-    "max_tokens": 24,
-    "temperature": 0,
-    "seed": 11,
-}
+REQUEST = seeded_chat(max_tokens=24, seed=11)
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, enable_faults=True, settings=SETTINGS) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(svc: ServiceHandle) -> openai.OpenAI:
-    return client_for(svc)
+svc = module_service(enable_faults=True, settings=SETTINGS)
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,13 @@ route, and the service answers the next chat; a grammar at the bound is still se
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.support.helpers import base_settings
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service
 from tray_app.server.input_bounds import MAX_GRAMMAR_NESTING, MAX_MESSAGES
 
 pytestmark = pytest.mark.integration
@@ -28,10 +26,7 @@ EMPTY = {"role": "user", "content": ""}
 MANY = 100_000
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, settings=base_settings()) as handle:
-        yield handle
+svc = module_service(settings=base_settings())
 
 
 def post_json(svc: ServiceHandle, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -5,7 +5,6 @@ embeddings are bounded by their tokens, counted as the workers count them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import httpx
 import pytest
 
 from tests.support.helpers import base_settings
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service
 from tray_app.tokenizer.counter import TokenCounter
 
 pytestmark = pytest.mark.integration
@@ -22,11 +21,7 @@ MAX_REQUEST_TOKENS = 700  # embeddings.max_request_tokens here: one input at the
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    settings = base_settings(embeddings={"max_request_tokens": MAX_REQUEST_TOKENS})
-    with running_service(module_root, settings=settings) as handle:
-        yield handle
+svc = module_service(settings=base_settings(embeddings={"max_request_tokens": MAX_REQUEST_TOKENS}))
 
 
 def post(svc: ServiceHandle, path: str, raw: bytes) -> httpx.Response:

@@ -5,15 +5,13 @@ object). With `cpu.mirror = false` the same failover reads the prompt from scrat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from tests.support.helpers import arm, base_settings, client_for, reload_settings, wait_replaced
-from tests.support.service import ServiceHandle, running_service
+from tests.support.service import ServiceHandle, module_service
 from tests.support.waits import wait_until
 from tray_app.drill.conversation import conversation, next_turn
 
@@ -26,10 +24,7 @@ KILL_AFTER = 5
 FIRST_TURN = 700  # tokens: long enough to be worth mirroring, short enough for the GPU to read in time
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, enable_faults=True, settings=SETTINGS) as handle:
-        yield handle
+svc = module_service(enable_faults=True, settings=SETTINGS)
 
 
 def stream_turn(client: openai.OpenAI, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:

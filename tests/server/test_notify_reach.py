@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.helpers import CHAT, base_settings, client_for, job_state, run_failsoft
+from tests.support.helpers import CHAT, base_settings, client_for, job_state, run_failsoft, stop_gpu_worker
 from tests.support.receiver import Receiver, receiver
 from tests.support.service import ServiceHandle, free_port, running_service
 from tests.support.waits import wait_until
@@ -45,10 +45,7 @@ def setup(module_root: Path) -> Iterator[tuple[ServiceHandle, Receiver]]:
             {"kind": "webhook", "name": "down", "url": f"{sink.url}/broken", "coalesce_seconds": 0.0},
         ]
         with running_service(module_root, settings=settings, port=port) as svc:
-            stopped = httpx.post(
-                f"{svc.base_url}/failsoft/workers/gpu/stop", timeout=60, headers=svc.headers()
-            )
-            assert stopped.status_code == 200, stopped.text  # every request now needs an approved CPU run
+            stop_gpu_worker(svc)  # every request now needs an approved CPU run
             yield svc, sink
 
 

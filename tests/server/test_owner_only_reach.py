@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.helpers import base_settings, client_for
+from tests.support.helpers import base_settings, client_for, stop_gpu_worker
 from tests.support.receiver import Receiver, receiver
 from tests.support.service import ServiceHandle, running_service
 from tests.support.waits import wait_until
@@ -46,10 +46,7 @@ def setup(module_root: Path) -> Iterator[tuple[ServiceHandle, Receiver]]:
             },
         ]
         with running_service(module_root, settings=settings) as svc:
-            stopped = httpx.post(
-                f"{svc.base_url}/failsoft/workers/gpu/stop", timeout=60, headers=svc.headers()
-            )
-            assert stopped.status_code == 200, stopped.text  # every request now needs an approved CPU run
+            stop_gpu_worker(svc)  # every request now needs an approved CPU run
             yield svc, sink
 
 

@@ -10,7 +10,6 @@ model's reasoning takes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import start_module_service
-from tests.support.helpers import arm, base_settings, client_for, failsoft_of, wait_replaced
-from tests.support.service import ServiceHandle
+from tests.support.helpers import arm, base_settings, failsoft_of, wait_replaced
+from tests.support.service import ServiceHandle, module_service
 
 pytestmark = pytest.mark.integration
 
@@ -31,14 +29,7 @@ QUESTION = [{"role": "user", "content": "What is two plus two?"}]
 REQUEST: dict[str, Any] = dict(model="default", messages=QUESTION, max_tokens=24, temperature=0, seed=5)
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    yield from start_module_service(module_root, enable_faults=True, settings=SETTINGS)
-
-
-@pytest.fixture(scope="module")
-def client(svc: ServiceHandle) -> openai.OpenAI:
-    return client_for(svc)
+svc = module_service(enable_faults=True, settings=SETTINGS)
 
 
 def _reasoning(message: Any) -> str:

@@ -5,17 +5,14 @@ a GPU failure under a stream, and what is not supported."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import start_module_service
-from tests.support.helpers import arm, base_settings, client_for, wait_replaced
-from tests.support.service import ServiceHandle
+from tests.support.helpers import arm, base_settings, wait_replaced
+from tests.support.service import ServiceHandle, module_service
 from tests.support.tools import ADD_TOOL
 
 pytestmark = pytest.mark.integration
@@ -31,15 +28,7 @@ ASK: dict[str, Any] = {
 ADD = {"type": "function", **ADD_TOOL["function"]}  # the drill's tool, in the Responses shape
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    settings = base_settings(failover={"auto_approve_seconds": 3600})
-    yield from start_module_service(module_root, enable_faults=True, settings=settings)
-
-
-@pytest.fixture(scope="module")
-def client(svc: ServiceHandle) -> openai.OpenAI:
-    return client_for(svc)
+svc = module_service(enable_faults=True, settings=base_settings(failover={"auto_approve_seconds": 3600}))
 
 
 def _failsoft(response: Any) -> dict[str, Any]:

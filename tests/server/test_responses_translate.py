@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from tray_app.contract.vocabulary import RESPONSE_NOTE
 from tray_app.jobs.assemble import chat_chunk
-from tray_app.jobs.registry import RESPONSE_NOTE, worker_fields
+from tray_app.jobs.registry import worker_fields
 from tray_app.server.errors import ApiError
 from tray_app.server.responses.stream import ResponsesStream
 from tray_app.server.responses.translate import (

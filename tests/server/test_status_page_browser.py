@@ -17,8 +17,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.helpers import CHAT, arm, base_settings, client_for, failsoft_of, wait_replaced
-from tests.support.service import ServiceHandle, running_service
+from tests.support.helpers import arm, base_settings, client_for, failsoft_of, seeded_chat, wait_replaced
+from tests.support.service import ServiceHandle, module_service
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.integration
@@ -35,12 +35,11 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-REQUEST: dict[str, Any] = {
-    "model": "default",
-    "messages": CHAT,
-    "max_tokens": 40,
-    "temperature": 0,
-    "seed": 5,
+REQUEST = seeded_chat(max_tokens=40, seed=5)
+SETTINGS = {
+    **base_settings(failover={"cpu_tokens_per_second": 1.0}),  # 40 tokens: 40 s, past 30 s
+    # A channel with a secret in its path: the page shows where it sends, the host only.
+    "notify": [{"kind": "webhook", "name": "hook", "url": "http://127.0.0.1:9/secret-path"}],
 }
 
 
@@ -66,13 +65,7 @@ def browser() -> Iterator[Any]:
         launched.close()
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    settings = base_settings(failover={"cpu_tokens_per_second": 1.0})  # 40 tokens: 40 s, past 30 s
-    # A channel with a secret in its path: the page shows where it sends, the host only.
-    settings["notify"] = [{"kind": "webhook", "name": "hook", "url": "http://127.0.0.1:9/secret-path"}]
-    with running_service(module_root, enable_faults=True, settings=settings) as handle:
-        yield handle
+svc = module_service(enable_faults=True, settings=SETTINGS)
 
 
 def screenshots(tmp_path: Path) -> Path:

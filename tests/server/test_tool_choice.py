@@ -4,15 +4,13 @@ every tool_choice (none, auto, required, named), streamed and not, parallel_tool
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.support.helpers import base_settings, client_for
-from tests.support.service import ServiceHandle, running_service
+from tests.support.helpers import base_settings
+from tests.support.service import module_service
 from tests.support.tools import ADD_TOOL, WEATHER_TOOL
 
 pytestmark = pytest.mark.integration
@@ -20,15 +18,7 @@ pytestmark = pytest.mark.integration
 QUESTION = [{"role": "user", "content": "What is 2 plus 3? Use the add tool."}]
 
 
-@pytest.fixture(scope="module")
-def svc(module_root: Path) -> Iterator[ServiceHandle]:
-    with running_service(module_root, settings=base_settings()) as handle:
-        yield handle
-
-
-@pytest.fixture(scope="module")
-def client(svc: ServiceHandle) -> openai.OpenAI:
-    return client_for(svc)
+svc = module_service(settings=base_settings())
 
 
 def _streamed(client: openai.OpenAI, **request: Any) -> tuple[str, dict[int, dict[str, str]], str | None]:

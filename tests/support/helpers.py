@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 
+from tests.support.hog import FAILSOFT
 from tests.support.service import ServiceHandle, at_port, write_config
 from tests.support.waits import wait_until
 from tray_app.reach import admin_token
@@ -40,6 +41,11 @@ def base_settings(**sections: dict[str, Any]) -> dict[str, Any]:
     for name, values in sections.items():
         settings.setdefault(name, {}).update(values)
     return settings
+
+
+def seeded_chat(*, max_tokens: int, seed: int) -> dict[str, Any]:
+    """A chat request for CHAT at temperature 0 with a pinned seed: the same answer every time it is asked."""
+    return {"model": "default", "messages": CHAT, "max_tokens": max_tokens, "temperature": 0, "seed": seed}
 
 
 def client_for(svc: ServiceHandle, **options: Any) -> openai.OpenAI:
@@ -66,6 +72,12 @@ def arm(svc: ServiceHandle, kind: str, after_tokens: int = 0, role: str = "gpu")
     response: httpx.Response = wait_until(try_arm, what=f"arming {kind} on the {role} worker")
     data: dict[str, Any] = response.json()
     return data
+
+
+def stop_gpu_worker(svc: ServiceHandle) -> None:
+    """Stop the GPU worker through the service's control API: every request then needs the CPU worker."""
+    stopped = httpx.post(f"{svc.base_url}/failsoft/workers/gpu/stop", timeout=60, headers=svc.headers())
+    assert stopped.status_code == 200, stopped.text
 
 
 def wait_replaced(svc: ServiceHandle, old_pid: int, role: str = "gpu") -> dict[str, Any]:
@@ -116,6 +128,29 @@ def run_failsoft(
         timeout=60,
         env={**environment, **(env or {})},
     )
+
+
+def failsoft_status(svc: ServiceHandle) -> subprocess.CompletedProcess[str]:
+    """`failsoft status --url` for the service: the installed command, run with no config of the service's."""
+    return subprocess.run(
+        [FAILSOFT, "status", "--url", svc.base_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def gpu_worker_starts(svc: ServiceHandle) -> list[str]:
+    """Each start of the GPU worker, as the supervisor wrote its command line at the top of the log."""
+    lines = [
+        line
+        for path in sorted(Path(svc.log_dir).glob("*gpu*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if "worker started, pid" in line
+    ]
+    assert lines, f"no GPU worker log with its command line in {sorted(Path(svc.log_dir).iterdir())}"
+    return lines
 
 
 def failsoft_of(obj: Any) -> dict[str, Any]:

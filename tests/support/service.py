@@ -5,7 +5,10 @@
         ...
 
 The context manager returns once `/failsoft/status` reports both workers ready, and on exit stops the service
-with SIGTERM (then SIGKILL) and kills any worker process it left behind.
+with SIGTERM (then SIGKILL) and kills any worker process it left behind. A test module whose tests share one
+service has it as a fixture:
+
+    svc = module_service(enable_faults=True, settings=SETTINGS)
 """
 
 from __future__ import annotations
@@ -20,12 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import tomli_w
 
 from tray_app.host.launch import free_port, spawn_serve, stop_process_tree
 from tray_app.reach import admin_token
 
-__all__ = ["ServiceHandle", "at_port", "free_port", "running_service", "stop_process_tree", "write_config"]
+__all__ = [
+    "ServiceHandle",
+    "at_port",
+    "free_port",
+    "module_service",
+    "running_service",
+    "stop_process_tree",
+    "write_config",
+]
 
 READY_TIMEOUT = 120.0
 
@@ -174,3 +186,16 @@ def running_service(
         yield handle
     finally:
         stop_process_tree(process)
+
+
+def module_service(**options: Any) -> Any:
+    """The fixture `svc`, module-scoped: one service started by running_service(module_root, **options) for
+    all of a module's tests, stopped after the last one. A module takes it as `svc = module_service(...)`."""
+
+    @pytest.fixture(scope="module", name="svc")
+    def svc(module_root: Path) -> Iterator[ServiceHandle]:
+        """The module's service (tests.support.service.module_service)."""
+        with running_service(module_root, **options) as handle:
+            yield handle
+
+    return svc

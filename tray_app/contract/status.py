@@ -141,6 +141,7 @@ class JobSummary(TypedDict):
     preview: str
     error: dict[str, Any] | None
     result: dict[str, Any] | None
+    attempt_log: NotRequired[list[dict[str, Any]]]  # one job's read (GET /v1/jobs/{id}): each attempt
 
 
 class PathTiming(TypedDict):

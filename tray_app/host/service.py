@@ -37,12 +37,11 @@ from tray_app.host.library import Library
 from tray_app.host.metrics import Metrics
 from tray_app.jobs import policy
 from tray_app.jobs.admission import SlotPool
-from tray_app.jobs.embeddings import EmbeddingRunner
+from tray_app.jobs.context import EngineHooks, HostHooks, JobsContext
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.intake import Jobs
 from tray_app.jobs.journal import Journal
 from tray_app.jobs.mirror import Mirror, mirror_settings
-from tray_app.jobs.path_timing import PathTimings
 from tray_app.jobs.registry import JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.jobs.worker_port import CpuSpeed, ExecutorSettings, Worker
@@ -103,25 +102,39 @@ class Service:
         self.started_at = time.time()
         # This run as its status tells it; `failsoft serve` replaces it with one that knows the last crash.
         self.run = RunRecord(None, Path(), started_at=self.started_at)
-        self.relay = Relay()
-        self.path_timings = PathTimings()  # the router's own time on each stream's way to its first token
         self.journal = Journal(
             paths.data_dir() / JOURNAL_FILE,
+            cfg.journal.retention_days,
+            cfg.journal.max_jobs,
             on_failure=lambda reason: self.bus.publish(JournalFailed(reason=reason)),  # the writer's thread
         )
-        # The tokenizer, chat template and grammar parser run in a helper process: no native inference code
-        # in this one (tray_app.tokenizer). Started once the journal is this run's (a second service on the
-        # same data folder starts nothing), it loads the vocabulary while the workers start.
-        self.tokenizer = TokenizerProcess(
-            paths.log_dir() / TOKENIZER_LOG,
-            preload=[(self.model_path, cfg.model.chat_format)],
-            faults=enable_faults,
-        )
-        self.tokenizer.start()
+        self.tokenizer = self._tokenizer_helper()
         self.tokens = ModelTokens(self.tokenizer, self.model_path, cfg.model.chat_format)
         self._file_tokens: dict[str, ModelTokens] = {}
         self.registry = JobRegistry(self.journal, self.bus)
-        self.library = Library(
+        self.library = self._library()
+        self.slots = SlotPool(self._capacities(), cfg.server.queue_max, self._queue_changed)
+        self.relay = Relay()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._speed_task: asyncio.Task[None] | None = None
+        self.jobs: Jobs = self._jobs_engine()
+
+    # ------------------------------------------------------------------------------------ set-up
+    def _tokenizer_helper(self) -> TokenizerProcess:
+        """The tokenizer, chat template and grammar parser run in a helper process: no native inference code
+        in this one (tray_app.tokenizer). Started once the journal is this run's (a second service on the
+        same data folder starts nothing), it loads the vocabulary while the workers start."""
+        helper = TokenizerProcess(
+            paths.log_dir() / TOKENIZER_LOG,
+            preload=[(self.model_path, self.cfg.model.chat_format)],
+            faults=self.enable_faults,
+        )
+        helper.start()
+        return helper
+
+    def _library(self) -> Library:
+        """The models beside the main one, planned in what the main model leaves."""
+        library = Library(
             self.catalog,
             self.workers.get,
             self.registry,
@@ -130,43 +143,29 @@ class Service:
             lambda path, chat_format: ModelTokens(self.tokenizer, path, chat_format),
             gpu_refusal=lambda role: self.gpu.gpu_refusal(role),
         )
-        self.library.replan(cfg, self.plan_set)
-        self.slots = SlotPool(self._capacities(), cfg.server.queue_max, self._queue_changed)
+        library.replan(self.cfg, self.plan_set)
+        return library
+
+    def _jobs_engine(self) -> Jobs:
+        """The job engine's parts, sharing one context; the jobs facade over them."""
+        context = JobsContext(
+            self.registry, self.journal, self.slots, self.relay, self.bus, self.worker, lambda: self.cfg
+        )
         # The CPU mirror: the CPU worker reads GPU jobs' prompts ahead of a failover (jobs.mirror).
-        self.mirror = Mirror(
-            lambda: mirror_settings(self.cfg.cpu), self.worker, self.slots, self.relay, CpuSpeed()
+        self.mirror = Mirror(context, lambda: mirror_settings(self.cfg.cpu), CpuSpeed())
+        engine = EngineHooks(
+            cpu_state=lambda *args: self.jobs.cpu_state(*args),
+            prompts=lambda model: self.library.tokens(model),  # the library may be replaced
+            stand_in=lambda job, **kw: self.jobs.stand_in(job, **kw),
+            on_fallback=lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
         )
-        self.executor = Executor(
-            self._executor_settings(),
-            self.worker,
-            self.slots,
-            self.relay,
-            self.registry,
-            self.bus,
-            lambda *args: self.jobs.cpu_state(*args),
-            lambda model: self.library.tokens(model),  # the library may be replaced
-            lambda outcome: self.metrics.fallbacks.labels(outcome=outcome).inc(),
-            lambda job, **kw: self.jobs.stand_in(job, **kw),
-            mirror=self.mirror,
+        self.executor = Executor(context, self._executor_settings(), engine, self.mirror)
+        hooks = HostHooks(
+            count=lambda route, outcome: self.metrics.requests.labels(route=route, outcome=outcome).inc(),
+            cpu_speed_ready=lambda: self._speed_task,
+            gpu_path=lambda: (self.gpu.path.state, self.gpu.path.reason),
         )
-        self.jobs: Jobs = Jobs(
-            self,
-            self.registry,
-            self.executor,
-            self.slots,
-            self.journal,
-            self.bus,
-            self.worker,
-            lambda: self.cfg,
-            lambda: self._speed_task,
-            lambda route, outcome: self.metrics.requests.labels(route=route, outcome=outcome).inc(),
-            lambda: (self.gpu.path.state, self.gpu.path.reason),
-        )
-        self.embeddings = EmbeddingRunner(
-            self._executor_settings(), self.worker, self.slots, self.relay, self.registry, self.bus
-        )
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._speed_task: asyncio.Task[None] | None = None
+        return Jobs(context, self, self.executor, hooks)
 
     # ------------------------------------------------------------------------------------ set-up
     def _capacities(self) -> dict[str, int]:
@@ -240,7 +239,7 @@ class Service:
 
     def apply_live_config(self) -> None:
         """Take over config values that need no worker restart (after /failsoft/config/reload)."""
-        self.executor.settings = self.embeddings.settings = self._executor_settings()
+        self.executor.settings = self.jobs.embeddings.settings = self._executor_settings()
         self.slots.queue_limit = self.cfg.server.queue_max
 
     def library_plans(self, name: str) -> ModelPlans | None:
@@ -411,15 +410,7 @@ class Service:
         except UpstreamError as error:  # best effort: the estimate stays unknown (treated as too slow)
             log.warning("could not measure the CPU worker's speed: %s", error)
             return
-        speed = self.executor.cpu_speed
-        read, read_ms = timings.get("prompt_n"), timings.get("prompt_ms")
-        made, made_ms = timings.get("predicted_n"), timings.get("predicted_ms")
-        if isinstance(read, int) and isinstance(read_ms, int | float):
-            speed.record_prompt(read, read_ms / 1000.0)
-        if isinstance(made, int) and isinstance(made_ms, int | float):
-            speed.record(made, made_ms / 1000.0)  # the worker's own clock: the prompt's read apart
-        else:
-            speed.record(tokens, time.monotonic() - started)
+        self.executor.cpu_meter.first_measurement(timings, tokens, started)
 
     # -------------------------------------------------------------------------------- status
     def caps(self) -> dict[str, int]:

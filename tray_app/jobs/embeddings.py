@@ -15,14 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tray_app.contract.events import EventBus, FallbackCompleted, FallbackStarted
+from tray_app.contract.events import FallbackCompleted, FallbackStarted
 from tray_app.contract.roles import EMBED_ROLES
 from tray_app.jobs import policy
-from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool
+from tray_app.jobs.admission import QueueFull, QueueTimeout
+from tray_app.jobs.context import JobsContext
 from tray_app.jobs.engine import CAUSE_WAIT_SECONDS
 from tray_app.jobs.outcomes import JobError, JobFailed, cannot_serve
-from tray_app.jobs.registry import Job, JobRegistry
-from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.jobs.registry import Job
+from tray_app.jobs.relay import UpstreamError
 from tray_app.jobs.worker_port import ExecutorSettings, Prompts, Worker
 from tray_app.tokenizer.wire import TokenizerFailed
 
@@ -102,21 +103,9 @@ class EmbeddingRunner:
     """Runs one embeddings job to its end: an answer (returned) or an ApiError (raised), the job's state
     changed through the registry at each step."""
 
-    def __init__(
-        self,
-        settings: ExecutorSettings,
-        workers: Any,  # role -> Worker | None (Service.worker)
-        slots: SlotPool,
-        relay: Relay,
-        registry: JobRegistry,
-        bus: EventBus,
-    ) -> None:
+    def __init__(self, ctx: JobsContext, settings: ExecutorSettings) -> None:
+        self.ctx = ctx
         self.settings = settings
-        self.workers = workers
-        self.slots = slots
-        self.relay = relay
-        self.registry = registry
-        self.bus = bus
         self.speeds: dict[str, float] = {}  # role -> tokens per second, a moving average of its answers
 
     def answer_seconds(self, role: str, tokens: int) -> float:
@@ -134,13 +123,13 @@ class EmbeddingRunner:
         failure: UpstreamError | None = None
         fell_back_at: float | None = None
         for device, role in ORDER:
-            worker: Worker | None = self.workers(role)
+            worker: Worker | None = self.ctx.workers(role)
             if worker is None:
                 continue
             if failure is not None and fell_back_at is None:
                 fell_back_at = time.monotonic()
-                self.registry.name_fallback(job, failure.kind)
-                self.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
+                self.ctx.registry.name_fallback(job, failure.kind)
+                self.ctx.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
             try:
                 answer = await self._attempt(job, role, device, worker, replay=failure is not None)
             except QueueFull as full:
@@ -160,9 +149,9 @@ class EmbeddingRunner:
                 continue
             answer["model"] = self.settings.model_id or answer.get("model")
             answer["failsoft"] = job.failsoft()
-            if self.registry.complete(job, journal_summary(answer)) and fell_back_at is not None:
+            if self.ctx.registry.complete(job, journal_summary(answer)) and fell_back_at is not None:
                 seconds = time.monotonic() - fell_back_at
-                self.bus.publish(
+                self.ctx.bus.publish(
                     FallbackCompleted(job_id=job.id, reason=job.fallback_reason or "", seconds=seconds)
                 )
             return answer
@@ -181,7 +170,7 @@ class EmbeddingRunner:
         a replay of accepted work is never turned away by it."""
         wait = min(self.settings.queue_timeout, max(job.time_left(), 1.0))
         try:
-            slot = await self.slots.acquire(role, job.id, wait, accepted=replay)
+            slot = await self.ctx.slots.acquire(role, job.id, wait, accepted=replay)
         except QueueTimeout as timeout:
             raise UpstreamError("queue_timeout", f"no free {role} slot: {timeout}") from None
         number = 0
@@ -193,7 +182,7 @@ class EmbeddingRunner:
                 if worker.state == "failed" or not await worker.ensure_ready(ready_wait):
                     raise UpstreamError("unavailable", f"the {role} worker is {worker.state}")
             pid = worker.pid
-            number = self.registry.start_attempt(job, device)
+            number = self.ctx.registry.start_attempt(job, device)
             if not number:
                 raise UpstreamError("unavailable", "the job ended meanwhile")
             worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
@@ -202,10 +191,10 @@ class EmbeddingRunner:
             # Scaled with the tokens counted at admission: a large batch on a slow device is not a hang.
             allowance = self.answer_seconds(role, job.prompt_tokens)
             sent_at = time.monotonic()
-            data = await self.relay.post(url, json.dumps(job.body).encode(), headers, allowance)
+            data = await self.ctx.relay.post(url, json.dumps(job.body).encode(), headers, allowance)
             answer: dict[str, Any] = json.loads(data)
             self._record_speed(role, job.prompt_tokens, time.monotonic() - sent_at)
-            self.registry.end_attempt(job, number, "completed")
+            self.ctx.registry.end_attempt(job, number, "completed")
             return answer
         except UpstreamError as error:
             if error.kind == "exited" and pid is not None:
@@ -214,14 +203,14 @@ class EmbeddingRunner:
                 if ended and ended.get("kind") not in (None, "exited"):
                     error.kind = str(ended["kind"])
             if number:
-                self.registry.end_attempt(job, number, "failed", f"{error.kind}: {error.message}")
+                self.ctx.registry.end_attempt(job, number, "failed", f"{error.kind}: {error.message}")
             worker_fault = not error.client_error and error.kind not in policy.NOT_WORKER_FAULTS
             if worker_fault and worker.state == "ready" and worker.pid == pid:
                 worker.mark_unhealthy(error.message, error.kind, pid=pid)  # its supervisor restarts it
             raise
         finally:
-            self.slots.release(role, slot)
+            self.ctx.slots.release(role, slot)
 
     def _fail(self, job: Job, error: JobError) -> JobFailed:
-        self.registry.fail(job, "failed", error.record(), error.code)
+        self.ctx.registry.fail(job, "failed", error.record(), error.code)
         return JobFailed(error)

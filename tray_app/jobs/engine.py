@@ -1,24 +1,23 @@
-"""Running a job: attempts on the workers, failure detection, the replay decision and its effects.
+"""Running a job: its attempts one after another, the replay decision after a failure, and its effects.
 
 `Executor.run(job)` is an async generator. For a live streamed request it yields the outcomes the client
 should get; otherwise it yields nothing and leaves the answer in `job.result` (or the error in `job.error`).
-Attempts are strictly sequential, so an attempt that failed has been closed before a replay starts: nothing
-from a dead attempt can reach the client, and `JobRegistry.complete` refuses a second completion.
+One try on one worker is a `jobs.attempt.Attempt`, watched by its listeners (the CPU mirror, the CPU speed
+meter, the effects-delivered note); the executor decides what follows it. Attempts are strictly sequential,
+so an attempt that failed has been closed before a replay starts: nothing from a dead attempt can reach the
+client, and `JobRegistry.complete` refuses a second completion.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 from tray_app.contract.events import (
-    EventBus,
     FallbackCompleted,
     FallbackRefused,
     FallbackStarted,
@@ -26,24 +25,29 @@ from tray_app.contract.events import (
 )
 from tray_app.contract.vocabulary import Reason
 from tray_app.jobs import policy
-from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.approvals import ApprovalDesk
-from tray_app.jobs.assemble import Assembler, chat_chunk
-from tray_app.jobs.continuation import EchoedPrefix
-from tray_app.jobs.mirror import Following, Mirror
+from tray_app.jobs.assemble import Assembler
+from tray_app.jobs.attempt import (
+    Attempt,
+    AttemptListener,
+    AttemptTools,
+    AttemptWay,
+    DispatchedRequests,
+    EffectsDeliveredNote,
+    first_request,
+)
+from tray_app.jobs.context import EngineHooks, JobsContext
+from tray_app.jobs.cpu_speed_meter import CpuAttemptMeter, CpuSpeedMeter
+from tray_app.jobs.mirror import Mirror, MirrorListener
 from tray_app.jobs.outcomes import Ended, Finished, JobError, Outcome, Piece, cannot_serve
-from tray_app.jobs.progress import Progress, constrained_output, continues_chat, shape_survives_resume
-from tray_app.jobs.registry import Job, JobRegistry, upstream_stream
-from tray_app.jobs.relay import Relay, Sent, UpstreamError
-from tray_app.jobs.replay import first_path, resume_request
+from tray_app.jobs.progress import Progress, constrained_output, delivered_tokens, shape_survives_resume
+from tray_app.jobs.registry import Job
+from tray_app.jobs.relay import UpstreamError
 from tray_app.jobs.worker_port import (
     CpuSpeed,
     ExecutorSettings,
-    Prompts,
-    StandIn,
     Worker,
 )
-from tray_app.tokenizer.wire import TokenizerFailed
 
 log = logging.getLogger(__name__)
 
@@ -68,160 +72,96 @@ class _Dropped:
     message: str
 
 
-@dataclass(frozen=True)
-class _Dispatched:
-    """A job's first request, written to its worker by the handler that admitted it (Executor.dispatch)."""
+@dataclass
+class _Run:
+    """One job's way through its attempts (Executor.run): where the next one goes, what happened so far."""
 
-    worker_role: str
-    url: str
-    sent: Sent
+    progress: Progress
+    role: str  # the device of the next attempt: "gpu" or "cpu"
+    slot: float | None  # a slot the job already holds for it (the first attempt's, from admission)
+    resume: bool = False  # the next attempt continues what the client already has
+    fallback_started_at: float | None = None
+    dropped: _Dropped | None = None  # a GPU attempt that ended with the connection: named at the end
+    handed_over: bool = False  # put in the user's hands: from then on the job is theirs, not the client's
+
+
+async def _each(outcomes: list[Outcome]) -> AsyncGenerator[Outcome, None]:
+    for outcome in outcomes:
+        yield outcome
 
 
 class Executor:
     def __init__(
-        self,
-        settings: ExecutorSettings,
-        workers: Callable[[str], Worker | None],
-        slots: SlotPool,
-        relay: Relay,
-        registry: JobRegistry,
-        bus: EventBus,
-        cpu_state: Callable[[float, str | None], Any],
-        prompts: Callable[[str], Prompts],  # by model name: the models may change
-        on_fallback: Callable[[str], None] = lambda outcome: None,
-        stand_in: Callable[..., Awaitable[StandIn | None]] | None = None,
-        mirror: Mirror | None = None,
+        self, ctx: JobsContext, settings: ExecutorSettings, hooks: EngineHooks, mirror: Mirror | None = None
     ) -> None:
+        self.ctx = ctx
         self.settings = settings
-        self.workers = workers
-        self.slots = slots
-        self.relay = relay
-        self.registry = registry
-        self.bus = bus
-        self._cpu_state = cpu_state  # async: (time_left, CPU worker role) -> policy.CpuState
-        # async (job, offer=False): the job's stand-in on the GPU now, if the config lets it answer on its
-        # own; with offer=True, one the approval window may offer instead ("ask").
-        self._stand_in = stand_in
-        self._prompts = prompts
-        self._on_fallback = on_fallback
+        self._cpu_state = hooks.cpu_state
+        self._stand_in = hooks.stand_in
+        self._prompts = hooks.prompts
+        self._on_fallback = hooks.on_fallback
         self.mirror = mirror  # the CPU mirror: reads a GPU job's prompt on the CPU ahead of a failover
         self.cpu_speed = mirror.speed if mirror is not None else CpuSpeed()
-        self.desk = ApprovalDesk(registry, lambda: self.settings, self.drain)  # the user's decisions
+        self.cpu_meter = CpuSpeedMeter(self.cpu_speed)  # CPU attempts measure the speed through it
+        self.desk = ApprovalDesk(self.ctx.registry, lambda: self.settings, self.drain)  # the user's decisions
         self.shutting_down = False
-        self._dispatched: dict[str, _Dispatched] = {}  # job id -> its first request, not yet taken up
+        self._dispatched = DispatchedRequests()  # first requests not yet taken up by an attempt
+        self._tools = AttemptTools(
+            lambda: self.settings,
+            self.ctx.workers,
+            self.ctx.slots,
+            self.ctx.relay,
+            self.ctx.registry,
+            self._prompts,
+            self._prompt_rate,
+            self._dispatched,
+        )
 
     # ------------------------------------------------------------------------------------------- run
     def dispatch(self, job: Job) -> None:
         """Write an admitted job's first request to its worker now, before the job's task starts: the
-        task's first attempt takes the answer up (`_take_dispatched`), so the client's first token does not
-        wait for that task to be scheduled. Nothing is sent when the worker is not ready: the attempt then
-        does what it always does."""
+        task's first attempt takes the answer up (`DispatchedRequests.take`), so the client's first token
+        does not wait for that task to be scheduled. Nothing is sent when the worker is not ready: the
+        attempt then does what it always does."""
         worker_role = job.worker_role(job.route)
-        worker = self.workers(worker_role) if worker_role else None
+        worker = self.ctx.workers(worker_role) if worker_role else None
         if worker_role is None or worker is None or worker.state != "ready" or not worker.base_url:
             return
-        url, body = self._first_request(job, worker)
-        worker.note_tokens(0)  # as in _attempt: a drill's fault armed for "before any token" fires first
-        sent = self.relay.dispatch(url, body, worker.request_headers)
-        self._dispatched[job.id] = _Dispatched(worker_role, url, sent)
-
-    def _take_dispatched(self, job: Job, worker_role: str, url: str, resume: bool) -> Sent | None:
-        """The job's dispatched request, if this attempt is the one it was written for."""
-        dispatched = self._dispatched.pop(job.id, None)
-        if dispatched is None:
-            return None
-        if resume or (dispatched.worker_role, dispatched.url) != (worker_role, url):
-            dispatched.sent.abort()
-            return None
-        return dispatched.sent
-
-    def _drop_dispatched(self, job: Job) -> None:
-        dispatched = self._dispatched.pop(job.id, None)
-        if dispatched is not None:
-            dispatched.sent.abort()  # the job ended before an attempt took it up
+        url, body = first_request(job, worker)
+        worker.note_tokens(0)  # as in an attempt: a drill's fault armed for "before any token" fires first
+        sent = self.ctx.relay.dispatch(url, body, worker.request_headers)
+        self._dispatched.put(job, worker_role, url, sent)
 
     async def run(
         self, job: Job, *, deliver: bool, held_slot: float | None = None
     ) -> AsyncGenerator[Outcome, None]:
         """Drive `job` to a final state (or to awaiting approval). `deliver`: a client reads the stream."""
-        progress = Progress(Assembler(job.kind))
-        role = job.route
-        resume = False
-        slot = held_slot
-        fallback_started_at: float | None = None
-        dropped: _Dropped | None = None  # a GPU attempt that ended with the connection: named at the end
-        handed_over = False  # put in the user's hands: from then on the job is theirs, not the client's
+        run = _Run(Progress(Assembler(job.kind)), job.route, held_slot)
         try:
             while True:
                 try:
-                    async with aclosing(self._attempt(job, role, progress, resume, slot, deliver)) as pieces:
+                    async with aclosing(self._attempt(job, run, deliver)) as pieces:
                         async for piece in pieces:
                             yield piece
                 except UpstreamError as failure:
-                    slot = None
-                    if failure.kind == "exited" and progress.worker_pid is not None and dropped is None:
-                        dropped = _Dropped(
-                            job.worker_role(role) or role, progress.worker_pid, job.attempts, failure.message
-                        )
-                    if failure.client_error or role == "cpu":
-                        self._name_the_crash(job, dropped)
-                        for piece in self._fail_upstream(job, failure, deliver, progress.worker_pid):
-                            yield piece
-                        return
-                    decision = await self._decide_after_failure(job, failure, progress, deliver)
-                    if decision.action == "gpu":
-                        continue  # the GPU worker came back, or the stand-in answers there
-                    if decision.action == "cpu":
-                        role, resume = "cpu", decision.resume
-                        self.registry.set_route(job, "cpu", failure.kind)
-                        fallback_started_at = time.monotonic()
-                        self._on_fallback("started")
-                        self.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
-                        if not deliver:
-                            progress.reset_undelivered(job.kind)
-                        continue
-                    self.registry.name_fallback(job, failure.kind)
-                    if decision.action == "approval":
-                        offer = await self._stand_in(job, offer=True) if self._stand_in else None
-                        refused = self.desk.request_approval(job, decision, offer.model if offer else None)
-                        if refused is not None:
-                            for piece in self._refuse(job, refused, deliver):
-                                yield piece
-                            return
-                        handed_over = True
-                        async with aclosing(
-                            self.desk.wait_for_final(job, deliver, decision.reason)
-                        ) as waiting:
-                            async for piece in waiting:
-                                yield piece
-                        return
-                    for piece in self._refuse(job, decision, deliver):
-                        yield piece
+                    ending = await self._after_failure(job, failure, run, deliver)
+                    if ending is None:
+                        continue  # the next attempt: the GPU again, its stand-in, or the CPU
+                    async with aclosing(ending) as outcomes:
+                        async for outcome in outcomes:
+                            yield outcome
                     return
-                slot = None
-                self._name_the_crash(job, dropped)
-                result = progress.assembler.result(job.prompt_tokens, {})
-                result["failsoft"] = job.failsoft()
-                if job.model or self.settings.model_id:
-                    result["model"] = job.model or self.settings.model_id
-                if self.registry.complete(job, result):
-                    if fallback_started_at is not None:
-                        self._on_fallback("completed")
-                        seconds = time.monotonic() - fallback_started_at
-                        self.bus.publish(
-                            FallbackCompleted(
-                                job_id=job.id, reason=job.fallback_reason or "", seconds=seconds
-                            )
-                        )
-                    if deliver:
-                        yield Finished(result, progress.chunk_id, progress.created, progress.model)
+                run.slot = None
+                self._name_the_crash(job, run.dropped)
+                for outcome in self._complete(job, run, deliver):
+                    yield outcome
                 return
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away (or stopped reading). A job handed to the user stays in their hands
             # (waiting, or approved and running: its answer is kept for GET /v1/jobs/{id}); at shutdown,
             # unfinished jobs stay unfinished in the journal and resume at the next start.
-            if not handed_over and job.state != "awaiting_approval" and not self.shutting_down:
-                self.registry.fail(
+            if not run.handed_over and job.state != "awaiting_approval" and not self.shutting_down:
+                self.ctx.registry.fail(
                     job,
                     "cancelled",
                     {"message": "the client went away", "code": "cancelled"},
@@ -237,124 +177,46 @@ class Executor:
                 f"internal error in the router ({type(error).__name__}); the job was stopped",
                 type="server_error",
             )
-            self.registry.fail(job, "failed", internal.record(), Reason.INTERNAL_ERROR)
+            self.ctx.registry.fail(job, "failed", internal.record(), Reason.INTERNAL_ERROR)
             if deliver:
                 yield Ended(internal)
         finally:
-            self._drop_dispatched(job)
+            self._dispatched.drop(job)
 
     async def drain(self, job: Job, held_slot: float | None = None) -> None:
         """Run a job nobody streams (non-streamed requests, background jobs, approved CPU runs)."""
         async for _ in self.run(job, deliver=False, held_slot=held_slot):
             pass
 
+    def _complete(self, job: Job, run: _Run, deliver: bool) -> list[Outcome]:
+        """The last attempt answered: the job's result, and a fallback's end told (FallbackCompleted)."""
+        progress = run.progress
+        result = progress.assembler.result(job.prompt_tokens, {})
+        result["failsoft"] = job.failsoft()
+        if job.model or self.settings.model_id:
+            result["model"] = job.model or self.settings.model_id
+        if not self.ctx.registry.complete(job, result):
+            return []
+        if run.fallback_started_at is not None:
+            self._on_fallback("completed")
+            seconds = time.monotonic() - run.fallback_started_at
+            self.ctx.bus.publish(
+                FallbackCompleted(job_id=job.id, reason=job.fallback_reason or "", seconds=seconds)
+            )
+        return [Finished(result, progress.chunk_id, progress.created, progress.model)] if deliver else []
+
     # --------------------------------------------------------------------------------------- attempts
-    async def _attempt(
-        self, job: Job, role: str, progress: Progress, resume: bool, slot: float | None, deliver: bool
-    ) -> AsyncGenerator[Outcome, None]:
-        worker_role = job.worker_role(role)
-        if worker_role is None:
-            raise UpstreamError("unavailable", f"{job.model} may not run on the {role.upper()}")
-        if slot is None and self.mirror is not None and worker_role == job.worker_role("cpu"):
-            await self.mirror.settle(job)  # before the slot: asking for one stops the mirror's reads at once
-        if slot is None:
-            wait = min(self.settings.queue_timeout, max(job.time_left(), 1.0))
-            try:
-                slot = await self.slots.acquire(worker_role, job.id, wait, accepted=True)
-            except QueueTimeout as timeout:
-                raise UpstreamError("queue_timeout", f"no free {worker_role} slot: {timeout}") from None
-        number = 0
-        # The CPU speed sample: this attempt's own chunks over its own generation time, not a cold start,
-        # the prompt read before the first token, or a resumed answer's part that the GPU wrote.
-        first_chunk_at: float | None = None
-        chunks_seen = 0
-        # Pieces with no output before the first that has some (the role announcement): they travel with
-        # that first token, one trip to the client instead of two.
-        held: list[Piece] = []
-        following: Following | None = None
-        on_cpu = worker_role == job.worker_role("cpu")
-        try:
-            worker = await self._ready_worker(job, role, worker_role)
-            progress.worker_pid = worker.pid
-            number = self.registry.start_attempt(job, worker_role)
-            if not number:
-                return  # the job ended (cancelled) while it waited for a slot or a worker: no late start
-            if self.mirror is not None:
-                if on_cpu:
-                    self.mirror.taken(job)
-                else:
-                    following = self.mirror.follow(job, self._prompts(job.model), deliver)
-            url, body = await self._upstream(job, worker, progress, resume)
-            first_timeout = self.settings.stall_seconds + job.prompt_tokens / self._prompt_rate(worker_role)
-            # A resumed chat's chunks come back as completion chunks, or (a thinking model's, continued
-            # by llama-server) as chat chunks that repeat the answer so far: either way they leave as the
-            # chunks of the stream the client already reads.
-            convert = resume and job.kind == "chat"
-            echoed = (
-                EchoedPrefix(progress.delivered_reasoning, progress.delivered_text)
-                if convert and continues_chat(job, progress)
-                else None
-            )
-            progress.assembler.begin_attempt(resumed=resume)
-            sent = self._take_dispatched(job, worker_role, url, resume)
-            if sent is None:
-                worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
-            stream = self.relay.stream(
-                url, body, worker.request_headers, first_timeout, self.settings.stall_seconds, sent
-            )
-            prepared = False
-            async with aclosing(stream) as chunks:
-                async for chunk in chunks:
-                    if job.final:
-                        return  # cancelled meanwhile: whatever this attempt still says is dropped
-                    obj = self._resumed_chat_chunk(progress, chunk.obj, echoed) if convert else chunk.obj
-                    progress.assembler.feed(obj)
-                    worker.note_tokens(1)
-                    if on_cpu and "timings" in chunk.obj:
-                        self._note_cpu_read(job, chunk.obj["timings"])
-                    chunks_seen += 1
-                    if first_chunk_at is None:
-                        first_chunk_at = time.monotonic()
-                    if deliver:
-                        out = self._deliverable(progress, obj, chunk.raw if not convert else None)
-                        if out is not None:
-                            if progress.tool_call_delivered and not job.holds_tool_calls:
-                                self.registry.note_effects_delivered(job)  # before the piece leaves
-                            if not prepared and not out.output:
-                                held.append(out)
-                                continue
-                            if held:
-                                out = Piece(out.obj, out.raw, out.output, tuple(held))
-                                held.clear()
-                            if out.output and not prepared and number == 1 and job.path is not None:
-                                job.path.to_worker = chunk.sent_at
-                                job.path.from_worker = chunk.received_at
-                            yield out
-                            if out.output and not prepared:
-                                self.relay.prepare_next(url)  # the client has its first token
-                                prepared = True
-                            if following is not None and out.output:
-                                following.grew(progress)
-            for piece in held:  # an answer with no output at all
-                yield piece
-            self.registry.end_attempt(job, number, "completed")
-            if worker_role == "cpu" and first_chunk_at is not None:
-                # The main model's CPU worker: the speed the policy estimates with.
-                self.cpu_speed.record(chunks_seen - 1, time.monotonic() - first_chunk_at)
-            if following is not None:
-                following.finished(progress.assembler)  # a conversation's next turn starts with it
-        except UpstreamError as failure:
-            if number:
-                self.registry.end_attempt(job, number, "failed", f"{failure.kind}: {failure.message}")
-            for piece in held:  # announced as delivered (progress): it goes out ahead of what follows
-                yield piece
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            if number:
-                self.registry.end_attempt(job, number, "cancelled")
-            raise
-        finally:
-            self.slots.release(worker_role, slot)
+    def _attempt(self, job: Job, run: _Run, deliver: bool) -> AsyncGenerator[Piece, None]:
+        """The next attempt (jobs.attempt), with its listeners: the CPU speed meter, the effects-delivered
+        note and the CPU mirror, in the order each is told."""
+        listeners: list[AttemptListener] = [
+            CpuAttemptMeter(self.cpu_meter, self.ctx.registry),
+            EffectsDeliveredNote(self.ctx.registry),
+        ]
+        if self.mirror is not None:
+            listeners.append(MirrorListener(self.mirror, self._prompts, deliver))
+        way = AttemptWay(run.role, resume=run.resume, deliver=deliver, listeners=tuple(listeners))
+        return Attempt(self._tools, job, run.progress, way).run(run.slot)
 
     def _prompt_rate(self, worker_role: str) -> float:
         """Prompt tokens per second the first token's deadline allows for: a GPU's are many; a CPU reads as
@@ -366,126 +228,88 @@ class Executor:
         measured = policy.cpu_prompt_speed(speed.prompt_tokens_per_second, speed.tokens_per_second)
         return max(measured / 2, SLOWEST_CPU_PROMPT_RATE)  # half the measured: a margin for a busy machine
 
-    def _note_cpu_read(self, job: Job, timings: Any) -> None:
-        """llama-server's account of a CPU attempt's prompt: how much its cache held (the failsoft object
-        says so) and how fast it read the rest."""
-        cached, read, seconds = (timings.get(k) for k in ("cache_n", "prompt_n", "prompt_ms"))
-        if isinstance(cached, int):
-            self.registry.note_cpu_cache(job, cached)
-        if isinstance(read, int) and isinstance(seconds, int | float):
-            self.cpu_speed.record_prompt(read, seconds / 1000.0)
-
-    async def _ready_worker(self, job: Job, role: str, worker_role: str) -> Worker:
-        worker = self.workers(worker_role)
-        if worker is None:
-            raise UpstreamError("unavailable", f"there is no {worker_role} worker")
-        if worker.state == "ready" and worker.base_url:
-            return worker
-        first_start = worker.state == "starting" and worker.last_failure is None
-        if role == "gpu" and not first_start:
-            # Not waiting here: a GPU that is restarting is a failure the policy answers (often: the CPU).
-            raise UpstreamError("unavailable", f"the GPU worker is {worker.state}")
-        # A worker loading for the first time (the service just started) is waited for, as a model loaded
-        # on demand is: the GPU answers in a second or two, where the CPU would answer slower.
-        wait = min(self.settings.worker_ready_wait, max(job.time_left(), 1.0))
-        if await worker.ensure_ready(wait) and worker.base_url:
-            return worker
-        raise UpstreamError("unavailable", f"the {role} worker is {worker.state}")
-
-    @staticmethod
-    def _first_request(job: Job, worker: Worker) -> tuple[str, bytes]:
-        return (worker.base_url or "") + first_path(job), job.upstream_body()
-
-    async def _upstream(
-        self, job: Job, worker: Worker, progress: Progress, resume: bool
-    ) -> tuple[str, bytes]:
-        if not resume:
-            return self._first_request(job, worker)
-        delivered = await self._delivered_tokens(job, progress)
-        try:
-            path, body = await resume_request(
-                job,
-                self._prompts(job.model),
-                progress.delivered_reasoning,
-                progress.delivered_text,
-                max(job.max_tokens - delivered, 1),
-                continues_chat(job, progress),
-            )
-        except TokenizerFailed as error:  # not the worker's fault: no unhealthy mark
-            raise UpstreamError("unavailable", f"the resumed prompt could not be rendered: {error}") from None
-        body.update(upstream_stream(job.prompt_tokens + delivered))
-        return (worker.base_url or "") + path, json.dumps(body).encode()
-
-    async def _delivered_tokens(self, job: Job, progress: Progress) -> int:
-        """The tokens of what the client already has: its reasoning's and text's own count, or the chunks
-        they came in where those are more. A chunk may carry more than one token, so counting chunks alone
-        would leave a resumed answer a budget beyond the request's `max_tokens`."""
-        tokens = self._prompts(job.model)
-        counted = 0
-        for text in (progress.delivered_reasoning, progress.delivered_text):
-            if not text:
-                continue
-            try:
-                counted += await tokens.count_text(text, special=False, add_bos=False)
-            except TokenizerFailed:
-                return progress.delivered_tokens  # the chunks' count: at worst a budget a little too long
-        return max(progress.delivered_tokens, counted)
-
-    @staticmethod
-    def _resumed_chat_chunk(
-        progress: Progress, obj: dict[str, Any], echoed: EchoedPrefix | None
-    ) -> dict[str, Any]:
-        """A chunk of a resumed chat (a completion chunk, or a continued chat's with `echoed`), shaped as
-        the chat chunk the client's stream expects."""
-        choice = (obj.get("choices") or [{}])[0]
-        if echoed is not None:
-            delta = echoed.cut({k: v for k, v in (choice.get("delta") or {}).items() if k != "role"})
-        else:
-            text = choice.get("text") or ""
-            delta = {"content": text} if text else {}
-        return chat_chunk(
-            progress.chunk_id, progress.created, progress.model, delta, choice.get("finish_reason")
-        )
-
-    @staticmethod
-    def _deliverable(progress: Progress, obj: dict[str, Any], raw: str | None) -> Piece | None:
-        """The piece to send for this chunk, recording what the client now has; None to skip it (a second
-        role announcement after a replay)."""
-        if not progress.chunk_id:
-            progress.chunk_id = str(obj.get("id", ""))
-            progress.created = int(obj.get("created") or time.time())
-            progress.model = str(obj.get("model", ""))
-        has_effect = output = False
-        for choice in obj.get("choices") or []:
-            delta = choice.get("delta")
-            text = choice.get("text") if delta is None else delta.get("content")
-            if text:
-                progress.delivered_text += text
-                progress.delivered_tokens += 1
-                has_effect = output = True
-            reasoning = delta.get("reasoning_content") if delta else None
-            if reasoning:
-                progress.delivered_reasoning += reasoning
-                progress.delivered_tokens += 1
-                has_effect = output = True
-            if delta and delta.get("tool_calls"):
-                progress.tool_call_delivered = True
-                has_effect = output = True
-            if choice.get("finish_reason"):
-                has_effect = True
-            if delta and delta.get("role") and not progress.role_sent:
-                progress.role_sent = True
-                has_effect = True
-        if not has_effect:
-            return None
-        return Piece(obj, raw, output)
-
     # --------------------------------------------------------------------------------------- failures
+    async def _after_failure(
+        self, job: Job, failure: UpstreamError, run: _Run, deliver: bool
+    ) -> AsyncGenerator[Outcome, None] | None:
+        """What follows a failed attempt: None for the next attempt (the GPU again, its stand-in, the CPU),
+        else the outcomes the job ends with (an error, or the wait for the user's decision)."""
+        run.slot = None
+        progress = run.progress
+        if failure.kind == "exited" and progress.worker_pid is not None and run.dropped is None:
+            role = job.worker_role(run.role) or run.role
+            run.dropped = _Dropped(role, progress.worker_pid, job.attempts, failure.message)
+        if failure.client_error or run.role == "cpu":
+            self._name_the_crash(job, run.dropped)
+            return _each(self._fail_upstream(job, failure, deliver, progress.worker_pid))
+        decision = await self._decide_after_failure(job, failure, progress, deliver)
+        if decision.action == "gpu":
+            return None  # the GPU worker came back, or the stand-in answers there
+        if decision.action == "cpu":
+            self._fall_back_to_cpu(job, failure, decision, run, deliver)
+            return None
+        self.ctx.registry.name_fallback(job, failure.kind)
+        if decision.action == "approval":
+            return await self._hand_over(job, decision, run, deliver)
+        return _each(self._refuse(job, decision, deliver))
+
+    def _fall_back_to_cpu(
+        self, job: Job, failure: UpstreamError, decision: policy.Decision, run: _Run, deliver: bool
+    ) -> None:
+        run.role, run.resume = "cpu", decision.resume
+        self.ctx.registry.set_route(job, "cpu", failure.kind)
+        run.fallback_started_at = time.monotonic()
+        self._on_fallback("started")
+        self.ctx.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
+        if not deliver:
+            run.progress.reset_undelivered(job.kind)
+
+    async def _hand_over(
+        self, job: Job, decision: policy.Decision, run: _Run, deliver: bool
+    ) -> AsyncGenerator[Outcome, None]:
+        """The user decides (approval), with a stand-in they may pick instead; a refusal when their backlog
+        is full. Handed over, the job is theirs: the client only waits for its end."""
+        offer = await self._stand_in(job, offer=True)
+        refused = self.desk.request_approval(job, decision, offer.model if offer else None)
+        if refused is not None:
+            return _each(self._refuse(job, refused, deliver))
+        run.handed_over = True
+        return self.desk.wait_for_final(job, deliver, decision.reason)
+
     async def _decide_after_failure(
         self, job: Job, failure: UpstreamError, progress: Progress, deliver: bool
     ) -> policy.Decision:
+        gpu = await self._report_gpu_failure(job, failure, progress)
+        remaining = max(job.max_tokens - await delivered_tokens(progress, self._prompts(job.model)), 1)
+        context = policy.FailureContext(
+            streaming=deliver,
+            content_delivered=progress.output_delivered,
+            tool_call_delivered=progress.tool_call_delivered,
+            prompt_tokens=job.prompt_tokens,
+            remaining_tokens=remaining,
+            time_left=job.time_left(),
+            constrained=constrained_output(job.body) and not shape_survives_resume(job, progress),
+            stand_in_answering=job.stand_in_for is not None,
+            cached_tokens=self.mirror.held(job) if self.mirror is not None else 0,
+        )
+        if await self._stand_in_first(job, failure, progress, context, deliver):
+            return policy.Decision("gpu", policy.STAND_IN)
+        cpu = await self._cpu_state(job.time_left(), job.worker_role("cpu"))
+        decision = policy.decide_replay(context, cpu, self.settings.policy)
+        if await self._gpu_again(job, failure, progress, decision, gpu):
+            progress.gpu_retries += 1
+            return policy.Decision("gpu", "")
+        route = {"cpu": "cpu", "approval": "approval"}.get(decision.action, "refused")
+        self.ctx.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason or failure.kind))
+        return decision
+
+    async def _report_gpu_failure(
+        self, job: Job, failure: UpstreamError, progress: Progress
+    ) -> Worker | None:
+        """Tell the GPU worker's supervisor what the attempt saw, and learn from it how the process ended;
+        the job's GPU worker, if it has one."""
         gpu_role = job.worker_role("gpu")
-        gpu = self.workers(gpu_role) if gpu_role else None
+        gpu = self.ctx.workers(gpu_role) if gpu_role else None
         if gpu is not None and failure.kind not in NOT_WORKER_FAULTS:
             self._report(gpu, progress.worker_pid, failure)
             if failure.kind == "exited" and progress.worker_pid is not None:
@@ -494,53 +318,58 @@ class Executor:
                 ended = await gpu.failure_of(progress.worker_pid, CAUSE_WAIT_SECONDS)
                 if ended and ended.get("kind") not in (None, "exited"):
                     failure.kind = str(ended["kind"])
-        context = policy.FailureContext(
-            streaming=deliver,
-            content_delivered=progress.output_delivered,
-            tool_call_delivered=progress.tool_call_delivered,
-            prompt_tokens=job.prompt_tokens,
-            remaining_tokens=max(job.max_tokens - await self._delivered_tokens(job, progress), 1),
-            time_left=job.time_left(),
-            constrained=constrained_output(job.body) and not shape_survives_resume(job, progress),
-            stand_in_answering=job.stand_in_for is not None,
-            cached_tokens=self.mirror.held(job) if self.mirror is not None else 0,
-        )
+        return gpu
+
+    async def _stand_in_first(
+        self,
+        job: Job,
+        failure: UpstreamError,
+        progress: Progress,
+        context: policy.FailureContext,
+        deliver: bool,
+    ) -> bool:
+        """Whether the job's stand-in answers it on the GPU now (substituted: the next attempt is its)."""
         worker_fault = failure.kind not in NOT_WORKER_FAULTS
-        stand_in = await self._stand_in(job) if self._stand_in is not None and worker_fault else None
+        stand_in = await self._stand_in(job) if worker_fault else None
+        if stand_in is None:
+            return False
         case = policy.StandInCase(
-            allowed=stand_in is not None,
-            available=stand_in is not None,
-            fits=stand_in is not None
-            and stand_in.prompt_tokens + context.remaining_tokens <= stand_in.n_ctx_per_seq,
+            allowed=True,
+            available=True,
+            fits=stand_in.prompt_tokens + context.remaining_tokens <= stand_in.n_ctx_per_seq,
             content_delivered=progress.output_delivered,
             tool_call_delivered=progress.tool_call_delivered,
         )
-        if stand_in is not None and policy.stand_in_first(case):
-            self.registry.substitute(
-                job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
-            )
-            self.bus.publish(RouteDecided(job_id=job.id, route="gpu", reason=policy.STAND_IN))
-            if not deliver:
-                progress.reset_undelivered(job.kind)
-            return policy.Decision("gpu", policy.STAND_IN)
-        cpu = await self._cpu_state(job.time_left(), job.worker_role("cpu"))
-        decision = policy.decide_replay(context, cpu, self.settings.policy)
-        if (
+        if not policy.stand_in_first(case):
+            return False
+        self.ctx.registry.substitute(
+            job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
+        )
+        self.ctx.bus.publish(RouteDecided(job_id=job.id, route="gpu", reason=policy.STAND_IN))
+        if not deliver:
+            progress.reset_undelivered(job.kind)
+        return True
+
+    async def _gpu_again(
+        self,
+        job: Job,
+        failure: UpstreamError,
+        progress: Progress,
+        decision: policy.Decision,
+        gpu: Worker | None,
+    ) -> bool:
+        """Whether the next attempt is the GPU's again: it was only busy or starting and is ready now."""
+        return bool(
             policy.try_gpu_again(failure.kind, progress.output_delivered, decision)
             and gpu is not None
             and progress.gpu_retries < MAX_GPU_RETRIES
             and await gpu.ensure_ready(min(self.settings.worker_ready_wait, max(job.time_left(), 0.0)))
             and gpu.base_url  # "ready" with no address yet would send the next attempt straight back here
-        ):
-            progress.gpu_retries += 1
-            return policy.Decision("gpu", "")
-        route = {"cpu": "cpu", "approval": "approval"}.get(decision.action, "refused")
-        self.bus.publish(RouteDecided(job_id=job.id, route=route, reason=decision.reason or failure.kind))
-        return decision
+        )
 
     def _refuse(self, job: Job, decision: policy.Decision, deliver: bool) -> list[Outcome]:
         self._on_fallback("refused")
-        self.bus.publish(FallbackRefused(job_id=job.id, reason=decision.reason, detail=decision.detail))
+        self.ctx.bus.publish(FallbackRefused(job_id=job.id, reason=decision.reason, detail=decision.detail))
         error = cannot_serve(
             f"the GPU attempt failed and the job cannot continue on the CPU: {decision.reason}"
             + (f" ({decision.detail})" if decision.detail else ""),
@@ -549,7 +378,7 @@ class Executor:
             job_id=job.id,
             reason=decision.reason,
         )
-        self.registry.fail(job, "failed", error.record(), decision.reason)
+        self.ctx.registry.fail(job, "failed", error.record(), decision.reason)
         return [Ended(error)] if deliver else []
 
     def _name_the_crash(self, job: Job, dropped: _Dropped | None) -> None:
@@ -557,14 +386,14 @@ class Executor:
         (an abort on a CUDA error, a kill). Once it does, that names the job's fallback and the attempt."""
         if dropped is None:
             return
-        worker = self.workers(dropped.role)
+        worker = self.ctx.workers(dropped.role)
         last = worker.last_failure if worker is not None else None
         if not last or last.get("pid") != dropped.pid or last.get("kind") in (None, "exited"):
             return
         kind = str(last["kind"])
-        self.registry.refine_fallback(job, "exited", kind)
+        self.ctx.registry.refine_fallback(job, "exited", kind)
         error = f"{kind}: {last.get('message')} (the router saw: {dropped.message})"
-        self.registry.set_attempt_error(job, dropped.attempt, error)
+        self.ctx.registry.set_attempt_error(job, dropped.attempt, error)
 
     @staticmethod
     def _report(worker: Worker, attempt_pid: int | None, failure: UpstreamError) -> None:
@@ -585,7 +414,7 @@ class Executor:
             error = JobError(400, code, failure.message, type="invalid_request_error")
         else:
             cpu_role = job.worker_role("cpu")
-            cpu = self.workers(cpu_role) if cpu_role else None
+            cpu = self.ctx.workers(cpu_role) if cpu_role else None
             if cpu is not None and failure.kind not in NOT_WORKER_FAULTS:
                 self._report(cpu, worker_pid, failure)
             reason = {"unavailable": policy.NO_CPU_WORKER, "queue_timeout": "queue_timeout"}.get(
@@ -594,5 +423,5 @@ class Executor:
             error = cannot_serve(
                 f"the CPU attempt failed: {failure.message}", reason, 5, job_id=job.id, reason=reason
             )
-        self.registry.fail(job, "failed", error.record(), error.code)
+        self.ctx.registry.fail(job, "failed", error.record(), error.code)
         return [Ended(error)] if deliver else []

@@ -11,30 +11,47 @@ workers, is the `Models` protocol (jobs.routing); the host implements it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from tray_app.config import Config
-from tray_app.contract.events import EventBus, RouteDecided
+from tray_app.contract.events import RouteDecided
+from tray_app.contract.status import JobSummary, PathTiming
 from tray_app.contract.vocabulary import JobKind, Reason
 from tray_app.engine.tools import worker_tool_choice
-from tray_app.jobs import idempotency, policy, resume
-from tray_app.jobs.admission import QueueFull, QueueTimeout, SlotPool, requested_tokens
+from tray_app.jobs import policy, resume
+from tray_app.jobs.admission import QueueFull, QueueTimeout, requested_tokens
+from tray_app.jobs.context import NO_HOOKS, HostHooks, JobsContext
+from tray_app.jobs.embeddings import EmbeddingRunner, InputTokens
 from tray_app.jobs.engine import Executor
-from tray_app.jobs.gpu_policy import GpuPath
 from tray_app.jobs.ids import new_request_id, random_seed
-from tray_app.jobs.journal import Journal, StoredJob
-from tray_app.jobs.outcomes import JobError
-from tray_app.jobs.path_timing import FirstTokenPath
-from tray_app.jobs.registry import Job, JobRegistry, new_id, stored_summary
+from tray_app.jobs.journal import StoredJob
+from tray_app.jobs.keys import Accepted, Keys, Replay
+from tray_app.jobs.outcomes import JobError, Outcome
+from tray_app.jobs.path_timing import FirstTokenPath, PathTimings
+from tray_app.jobs.registry import Job, new_id, stored_summary
+from tray_app.jobs.resume import BACKGROUND_DEADLINE
 from tray_app.jobs.routing import Models, Refused, Routing, journal_unavailable, refused, tokenizer_refusal
-from tray_app.jobs.worker_port import Worker
 from tray_app.library.catalog import ModelEntry
 from tray_app.tokenizer.wire import TokenizerFailed
 
-BACKGROUND_DEADLINE = 24 * 3600.0  # a background job's client collects it later: a day to finish
+log = logging.getLogger(__name__)
+
+# A job read by its id: live (held in memory a while after it ends), or else as the journal keeps it.
+LiveOrStored = Job | StoredJob
+
+__all__ = [
+    "BACKGROUND_DEADLINE",
+    "Accepted",
+    "Admission",
+    "JobRequest",
+    "Jobs",
+    "LiveOrStored",
+    "Refused",
+    "Replay",
+]
 
 
 @dataclass(frozen=True)
@@ -69,57 +86,26 @@ class Admission:
     approval: str = ""  # the reason the user is asked, when the job waits for approval
 
 
-@dataclass(frozen=True)
-class Accepted:
-    """A background job's answer to `POST /v1/jobs`: its summary, 202 (accepted, or still running) or 200
-    (an earlier request's, completed); `job` is set when this request made it."""
-
-    summary: dict[str, Any]
-    status: int
-    job_id: str
-    request_id: str
-    job: Job | None = None
-    read_token: str = ""  # what its creator reads it back with
-
-
-@dataclass(frozen=True)
-class Replay:
-    """What an Idempotency-Key says about a request: answer with a stored result, or it is new."""
-
-    job_id: str
-    result: dict[str, Any]
-    read_token: str = ""  # the same client asking again (same key, same body) gets the same token
-
-
 class Jobs:
     """The request lifecycle's facade; the only writer of `job.task` (every job's task starts here)."""
 
     def __init__(
-        self,
-        models: Models,
-        registry: JobRegistry,
-        executor: Executor,
-        slots: SlotPool,
-        journal: Journal,
-        bus: EventBus,
-        workers: Callable[[str], Worker | None],
-        config: Callable[[], Config],
-        cpu_speed_ready: Callable[[], asyncio.Task[None] | None] = lambda: None,
-        count: Callable[[str, str], None] = lambda route, outcome: None,
-        gpu_path: Callable[[], tuple[GpuPath, str]] = lambda: ("normal", ""),
+        self, ctx: JobsContext, models: Models, executor: Executor, hooks: HostHooks = NO_HOOKS
     ) -> None:
         self.models = models
-        self.registry = registry
+        self.registry = ctx.registry
         self.executor = executor
-        self.slots = slots
-        self.journal = journal
-        self.bus = bus
-        self.workers = workers
-        self.config = config
-        self.count = count  # requests by route and outcome (the service's metrics)
-        self.routing = Routing(
-            models, registry, executor, slots, bus, workers, config, cpu_speed_ready, count, gpu_path
-        )
+        self.slots = ctx.slots
+        self.journal = ctx.journal
+        self.bus = ctx.bus
+        self.workers = ctx.workers
+        self.config = ctx.config
+        self.count = hooks.count  # requests by route and outcome (the service's metrics)
+        self.routing = Routing(ctx, models, executor, hooks)
+        self.keys = Keys(ctx.registry, ctx.journal)
+        self.embeddings = EmbeddingRunner(ctx, executor.settings)
+        self.input_tokens = InputTokens(lambda: models.prompts(), lambda path: models.file_prompts(path))
+        self.path_timings = PathTimings()  # the router's own time on each stream's way to its first token
         # Where a job goes, asked of the routing by the facade and by the host.
         self.model = self.routing.model
         self.context_per_slot = self.routing.context_per_slot
@@ -128,6 +114,7 @@ class Jobs:
         self.stand_in = self.routing.stand_in
         self.cpu_state = self.routing.cpu_state
         self.cpu_tokens_per_second = self.routing.cpu_tokens_per_second
+        self.replay = self.keys.replay  # a request sent again under its Idempotency-Key
 
     # ------------------------------------------------------------------------------ making the job
     def as_workers_take(self, kind: str, body: dict[str, Any], entry: ModelEntry) -> dict[str, Any]:
@@ -245,6 +232,15 @@ class Jobs:
         self.registry.add(job)
         return job
 
+    async def count_inputs(self, model_file: str, inputs: list[Any]) -> list[int]:
+        """The tokens of each input of an embeddings request, on model file `model_file` ("": the main
+        model's)."""
+        return await self.input_tokens.count(model_file, inputs)
+
+    async def run_embedding(self, job: Job) -> dict[str, Any]:
+        """Run an embeddings job made by `embed`: the answer, or JobFailed (the job failed)."""
+        return await self.embeddings.run(job)
+
     def _fitted_budget(self, entry: ModelEntry, prompt_tokens: int, max_tokens: int) -> int:
         """`max_tokens` as an upper bound: at most what the slot that can read the prompt leaves, a GPU
         slot's if the prompt fits one, else the CPU's (where admission then sends it)."""
@@ -316,6 +312,10 @@ class Jobs:
         job.task = asyncio.create_task(work, name=name)
         return job.task
 
+    async def drain(self, job: Job) -> None:
+        """Run a job nobody streams to its end, in this task."""
+        await self.executor.drain(job)
+
     def start(self, job: Job, held_slot: float | None = None) -> asyncio.Task[Any]:
         """Run a job that no client streams, as its own task."""
         return self.run_task(job, self.executor.drain(job, held_slot), f"job-{job.id}")
@@ -335,6 +335,43 @@ class Jobs:
             job.task.cancel()
             return True
         return False
+
+    def outcomes(self, job: Job, admission: Admission) -> AsyncGenerator[Outcome, None]:
+        """A streamed job's outcomes as its client reads them: its run on the slot admission held, or, put
+        in the user's hands, what follows their decision. Close it however the stream ends: the job then
+        ends too and frees its slot."""
+        if admission.approval:
+            return self.executor.desk.wait_for_final(job, True, admission.approval)
+        return self.executor.run(job, deliver=True, held_slot=admission.held)
+
+    @property
+    def stall_seconds(self) -> float:
+        """How long a stream's client may read nothing before it is dropped (drop_stalled)."""
+        return self.executor.settings.stall_seconds
+
+    def drop_stalled(self, job: Job) -> None:
+        """The client read nothing of its stream for `stall_seconds`: the job ends (its slot is free)."""
+        stall = self.stall_seconds
+        log.warning("job %s: the client read nothing for %.0f s; dropped", job.id, stall)
+        self.registry.fail(
+            job,
+            "cancelled",
+            {"message": f"the client stopped reading for {stall:.0f} s", "code": "client_stalled"},
+            Reason.CLIENT_DISCONNECTED,  # dropped by the router: the slot is free again
+        )
+        self.stop(job)
+
+    def note_delivered(self, job: Job) -> None:
+        """A tool call of the job was written to its client whole (an API that holds them, Ollama's): its
+        action may run from now on, so the job is never run again (jobs.idempotency)."""
+        self.registry.note_effects_delivered(job)
+
+    def first_output_written(self, job: Job) -> None:
+        """The stream's first output reached its client: the router's own time on its way is recorded, if
+        the first attempt brought it (jobs.path_timing)."""
+        path = job.path
+        if path is not None and path.from_worker:
+            self.path_timings.record(path, time.perf_counter())
 
     def cancel(self, job_id: str) -> Job | None:
         """`DELETE /v1/jobs/{id}`: end a live job as cancelled; None when no live job has this id."""
@@ -369,58 +406,6 @@ class Jobs:
         stand_in = await self.stand_in(job, chosen=True) if job.stand_in_offer else None
         return stand_in is not None and self.executor.desk.run_stand_in(job, stand_in)
 
-    # ------------------------------------------------------------------------------ idempotency
-    def made_under(self, key: str) -> tuple[Job | None, StoredJob | None]:
-        """The latest job made under this Idempotency-Key: live, or else from the journal (24 h)."""
-        live = self.registry.by_key(key)
-        if live is not None:
-            return live, None
-        return None, self.journal.job_by_key(key, time.time() - idempotency.RETENTION_SECONDS)
-
-    def replay(self, key: str, body_hash: str) -> Replay | None:
-        """The stored answer for a repeated request, None when it is new under its key; Refused (409, 422)
-        when the key is taken by another body, a running job, or a job whose tool call was delivered."""
-        live, stored = self.made_under(key)
-        previous = live or stored
-        record = idempotency.record_of(previous) if previous is not None else None
-        verdict = idempotency.decide(record, body_hash, time.time())
-        if verdict == "new" or record is None:
-            return None
-        self._refuse_reuse(key, verdict, record.job_id, background=None)
-        result = previous.result if previous is not None else None
-        token = previous.read_token if previous is not None else ""
-        return Replay(record.job_id, result, token) if result is not None else None
-
-    def _refuse_reuse(self, key: str, verdict: str, job_id: str, background: bool | None) -> None:
-        if verdict == "effects_delivered":
-            raise refused(
-                409,
-                "idempotency_key_effects_delivered",
-                f"the request with Idempotency-Key {key!r} (job {job_id}) failed after its tool call reached "
-                "the client, so the tool's action may have run; it is not run again under this key. Send a "
-                "new Idempotency-Key to run it again.",
-                type="invalid_request_error",
-                param="Idempotency-Key",
-            )
-        if verdict == "mismatch" or background is False:
-            raise refused(
-                422,
-                "idempotency_key_reused",
-                f"Idempotency-Key {key!r} was used with a different request"
-                + (" body" if background is None else "" if background else " (not a background job)"),
-                type="invalid_request_error",
-                param="Idempotency-Key",
-            )
-        if verdict == "in_progress" and background is None:
-            raise refused(
-                409,
-                "idempotency_key_in_progress",
-                f"a request with Idempotency-Key {key!r} is still running (job {job_id})",
-                type="invalid_request_error",
-                param="Idempotency-Key",
-                retry_after=1,
-            )
-
     # ------------------------------------------------------------------------------ background jobs
     async def submit_background(self, request: JobRequest) -> Accepted:
         """`POST /v1/jobs`: a job made, routed and started, or the one made earlier under the request's
@@ -430,7 +415,7 @@ class Jobs:
         prompt_tokens = await self.count_request(request)  # before the key check: see below
         key = request.idempotency_key
         if key:
-            existing = self._existing_background(key, request.body_hash)
+            existing = self.keys.existing_background(key, request.body_hash)
             if existing is not None:
                 return existing
         limit = self.config().server.jobs_max
@@ -463,27 +448,28 @@ class Jobs:
             )
             self.stop(job)
             raise journal_unavailable(self.journal.failure)
-        return Accepted(dict(job.summary()), 202, job.id, job.request_id, job, job.read_token)
+        return Accepted(job.summary(), 202, job.id, job.request_id, job, job.read_token)
 
-    def _existing_background(self, key: str, body_hash: str) -> Accepted | None:
-        """The rules chat uses (idempotency.decide): the same key and body give the job already made under
-        it (202 while it is unfinished, 200 once completed; never a second job), another body is 422; a
-        key whose job ended without an answer may make a new one."""
-        live, stored = self.made_under(key)
-        previous = live or stored
-        record = idempotency.record_of(previous) if previous is not None else None
-        verdict = idempotency.decide(record, body_hash, time.time())
-        if verdict == "new" or record is None or previous is None:
-            return None
-        self._refuse_reuse(key, verdict, record.job_id, background=previous.background)
-        if live is not None:
-            summary: dict[str, Any] = dict(live.summary())
-        else:
-            summary = stored_summary(stored, self.journal.attempts(record.job_id)) if stored else {}
-        status = 202 if verdict == "in_progress" else 200
-        # The same key and body: the same client asking again, who gets the same read token.
-        token = live.read_token if live is not None else stored.read_token if stored is not None else ""
-        return Accepted(summary, status, record.job_id, str(summary.get("request_id") or ""), None, token)
+    # ------------------------------------------------------------------------------ reads
+    def get(self, job_id: str) -> Job | None:
+        """A live job (running, waiting, or ended a moment ago and still held)."""
+        return self.registry.get(job_id)
+
+    def by_state(self, state: str | None = None) -> list[Job]:
+        """The live jobs in `state` (all of them: None), oldest first."""
+        return self.registry.by_state(state)
+
+    def stored(self, job_id: str) -> LiveOrStored | None:
+        """A job live, or else as the journal keeps it (its answer, for a stored response)."""
+        return self.registry.get(job_id) or self.journal.job(job_id)
+
+    def path_timing(self) -> PathTiming:
+        """The router's own time on the recent streams' way to their first token."""
+        return self.path_timings.snapshot()
+
+    def in_flight(self, role: str) -> int:
+        """Requests on worker `role`'s slots now."""
+        return self.slots.in_flight(role)
 
     def read_token(self, job_id: str) -> str | None:
         """The token that reads job `job_id` back (None: no such job; "": made before tokens, admin only)."""
@@ -493,90 +479,21 @@ class Jobs:
         stored = self.journal.job(job_id)
         return stored.read_token if stored is not None else None
 
-    async def summary(self, job_id: str) -> dict[str, Any] | None:
+    async def summary(self, job_id: str) -> JobSummary | None:
         """A job as `GET /v1/jobs/{id}` shows it, live or from the journal, with its attempts."""
         job = self.registry.get(job_id)
         await asyncio.to_thread(self.journal.flush)
         attempts = self.journal.attempts(job_id)
         if job is not None:
-            return {**job.summary(), "attempt_log": attempts}
+            summary = job.summary()
+            summary["attempt_log"] = attempts
+            return summary
         stored = self.journal.job(job_id)
         return stored_summary(stored, attempts) if stored is not None else None
 
-    # ------------------------------------------------------------------------------ restart
     def resume_unfinished(self) -> None:
-        """Jobs the journal holds as unfinished were accepted by an earlier run: a background job (or one in
-        the user's hands) goes on, on the model it asked for (its body names it) and routed again as a new
-        request would be, once its GPU worker has started; an interactive one, whose client is gone, ends
-        (jobs.resume)."""
-        for stored in self.journal.unfinished():
-            entry = self.models.find(stored.body.get("model"))
-            roles = self.models.roles(entry) if entry is not None else {}
-            ending = resume.client_gone(stored)
-            attempts = self.journal.attempts(stored.id)
-            job = resume.resumed_job(
-                stored,
-                entry,
-                roles,
-                attempts=attempts,
-                background=ending is None or stored.background,
-                deadline_seconds=BACKGROUND_DEADLINE,
-            )
-            self.registry.add(job, journaled=True)
-            for number in resume.open_attempts(attempts):
-                self.registry.end_attempt(job, number, "cancelled", resume.ATTEMPT_CUT_OFF)
-            if ending is not None:
-                self.registry.fail(job, ending.state, ending.error, ending.reason)
-                continue
-            if entry is None or not roles:
-                error = {"message": f"its model {stored.body.get('model')!r} is no longer served here"}
-                self.registry.fail(job, "failed", error, Reason.NO_WORKER_FOR_MODEL)
-                continue
-            if job.state == "awaiting_approval":
-                # Still the user's call; counted for the run they may approve.
-                self.run_task(job, self._count_resumed(job), f"count-{job.id}")
-                continue
-            self.run_task(job, self._route_and_run(job), f"job-{job.id}")
-
-    async def _route_and_run(self, job: Job) -> None:
-        """A resumed job's prompt counted again (the journal keeps no count) and its route decided again (a
-        long prompt goes to the CPU, as it did the first time) once its GPU worker has started."""
-        if not await self._count_resumed(job):
-            return
-        try:
-            await self._gpu_started(job)
-            decision = await self.route(job, BACKGROUND_DEADLINE)
-            if decision.action == "refuse":
-                self.refusal(job, decision)
-                return
-            if decision.action == "approval":
-                self.registry.name_fallback(job, decision.reason)
-                await self.ask_approval(job, decision)
-                return
-        except Refused:
-            return  # the job ended with the reason
-        self.registry.set_route(job, decision.action, decision.reason or None)
-        await self.executor.drain(job)
-
-    async def _count_resumed(self, job: Job) -> bool:
-        """Count a resumed job's prompt tokens (the journal keeps no count); False, the job failed, when the
-        tokenizer cannot count them."""
-        try:
-            tokens = await self.models.prompts(job.asked_model).count(job.kind, job.body)
-        except TokenizerFailed as error:
-            refused_error = tokenizer_refusal(error).error
-            self.registry.fail(job, "failed", refused_error.record(), refused_error.code)
-            return False
-        self.registry.set_prompt_tokens(job, tokens)
-        return True
-
-    async def _gpu_started(self, job: Job) -> None:
-        """Wait until the main model's GPU worker has started (jobs.resume.gpu_started)."""
-        entry = self.models.find(job.asked_model)
-        role = job.worker_role("gpu")
-        if entry is not None and entry.main and role is not None:
-            wait = min(max(job.time_left(), 0.0), self.config().supervisor.start_timeout)
-            await resume.gpu_started(self.workers(role), wait)
+        """Jobs an earlier run accepted and did not finish go on, or end saying why (jobs.resume)."""
+        resume.resume_unfinished(self)
 
 
 def _worker_compatible(message: dict[str, Any]) -> dict[str, Any]:

@@ -34,11 +34,14 @@ from typing import Any
 from tray_app.config import CpuConfig
 from tray_app.contract.status import MirrorStatus
 from tray_app.jobs import policy
-from tray_app.jobs.admission import SlotPool
 from tray_app.jobs.assemble import Assembler
+from tray_app.jobs.attempt import AttemptListener
+from tray_app.jobs.context import JobsContext
+from tray_app.jobs.cpu_speed_meter import CpuSpeedMeter
+from tray_app.jobs.outcomes import Piece
 from tray_app.jobs.progress import Progress, constrained_output, continues_chat
 from tray_app.jobs.registry import Job, worker_fields
-from tray_app.jobs.relay import Relay, UpstreamError
+from tray_app.jobs.relay import UpstreamError
 from tray_app.jobs.replay import (
     COMPLETION_PATH,
     completion_prompt,
@@ -125,10 +128,11 @@ def mirror_settings(cpu: CpuConfig) -> MirrorSettings:
 class Following:
     """One GPU attempt of a mirrored job: hands the mirror its answer as it grows (a stream's), and whole."""
 
-    def __init__(self, mirror: Mirror, target: _Target, job: Job, prompts: Prompts, extend: bool) -> None:
+    def __init__(self, mirror: Mirror, target: _Target, prompts: Prompts, extend: bool) -> None:
+        assert target.job is not None  # a job being attempted is not final: its target holds it
         self._mirror = mirror
         self._target = target
-        self._job = job  # the attempt's own: the target lets go of it once the job is final
+        self._job = target.job  # the attempt's own: the target lets go of it once the job is final
         self._prompts = prompts
         self._extend = extend  # a stream that a resume could continue: its answer so far is worth reading
         self._new = 0
@@ -161,22 +165,46 @@ class Following:
             self._mirror.answered(self._target, self._job, self._prompts, assembler.text)
 
 
+class MirrorListener(AttemptListener):
+    """The mirror's part in one attempt of a job: a CPU attempt settles the mirror's read of the job before
+    it asks for a slot (asking stops the mirror's reads at once) and takes the job from the mirror as it
+    starts; a GPU attempt is followed (`Following`), its answer handed over as it grows and whole."""
+
+    def __init__(self, mirror: Mirror, prompts: Callable[[str], Prompts], deliver: bool) -> None:
+        self._mirror = mirror
+        self._prompts = prompts  # by model name: a stand-in's are not the main model's
+        self._deliver = deliver
+        self._following: Following | None = None
+
+    async def before_slot(self, job: Job, on_cpu: bool) -> None:
+        if on_cpu:
+            await self._mirror.settle(job)
+
+    def started(self, job: Job, worker_role: str, on_cpu: bool) -> None:
+        if on_cpu:
+            self._mirror.taken(job)
+        else:
+            self._following = self._mirror.follow(job, self._prompts(job.model), self._deliver)
+
+    def delivered(self, job: Job, progress: Progress, piece: Piece) -> None:
+        if self._following is not None and piece.output:
+            self._following.grew(progress)
+
+    def completed(self, job: Job, progress: Progress) -> None:
+        if self._following is not None:
+            self._following.finished(progress.assembler)  # a conversation's next turn starts with it
+
+
 class Mirror:
     """The CPU mirror (module doc). `settings` is read at each decision: a config reload takes effect."""
 
-    def __init__(
-        self,
-        settings: Callable[[], MirrorSettings],
-        workers: Callable[[str], Worker | None],
-        slots: SlotPool,
-        relay: Relay,
-        speed: CpuSpeed,
-    ) -> None:
+    def __init__(self, ctx: JobsContext, settings: Callable[[], MirrorSettings], speed: CpuSpeed) -> None:
         self.settings = settings
-        self._workers = workers
-        self._slots = slots
-        self._relay = relay
+        self._workers = ctx.workers
+        self._slots = slots = ctx.slots
+        self._relay = ctx.relay
         self.speed = speed  # the CPU worker's measured speeds, shared with the executor
+        self._meter = CpuSpeedMeter(speed)  # the mirror's reads measure how fast the CPU reads a prompt
         self._targets: dict[str, _Target] = {}  # job id -> its target, oldest first
         self._reading: dict[str, tuple[str, asyncio.Task[None]]] = {}  # job id -> (CPU role, its read)
         self._held: dict[str, list[array[int]]] = {}  # CPU role -> sequences it was given, oldest first
@@ -219,7 +247,7 @@ class Mirror:
             if target is None:
                 return None
         resumable = streaming and (job.kind != "chat" or not constrained_output(job.body))
-        return Following(self, target, job, prompts, resumable)
+        return Following(self, target, prompts, resumable)
 
     def _new_target(self, job: Job, role: str, prompts: Prompts) -> _Target | None:
         exact: tuple[str, bytes] | None = None
@@ -499,10 +527,9 @@ class Mirror:
         async with aclosing(stream) as chunks:
             async for chunk in chunks:
                 timings = chunk.obj.get("timings") or timings
-        read, seconds = timings.get("prompt_n"), timings.get("prompt_ms")
-        if isinstance(read, int) and isinstance(seconds, int | float):
+        read = self._meter.prompt_read(timings)
+        if read is not None:
             self.read_tokens += read
-            self.speed.record_prompt(read, seconds / 1000.0)
 
     # ------------------------------------------------------------------------------ status
     def status(self) -> MirrorStatus:

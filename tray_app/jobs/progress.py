@@ -7,6 +7,8 @@ from typing import Any
 
 from tray_app.jobs.assemble import Assembler
 from tray_app.jobs.registry import Job
+from tray_app.jobs.worker_port import Prompts
+from tray_app.tokenizer.wire import TokenizerFailed
 
 
 @dataclass
@@ -33,6 +35,21 @@ class Progress:
     def reset_undelivered(self, kind: str) -> None:
         """A non-streamed replay starts from nothing: the failed attempt's output never left the router."""
         self.assembler = Assembler(kind)
+
+
+async def delivered_tokens(progress: Progress, tokens: Prompts) -> int:
+    """The tokens of what the client already has: its reasoning's and text's own count, or the chunks they
+    came in where those are more. A chunk may carry more than one token, so counting chunks alone would leave
+    a resumed answer a budget beyond the request's `max_tokens`."""
+    counted = 0
+    for text in (progress.delivered_reasoning, progress.delivered_text):
+        if not text:
+            continue
+        try:
+            counted += await tokens.count_text(text, special=False, add_bos=False)
+        except TokenizerFailed:
+            return progress.delivered_tokens  # the chunks' count: at worst a budget a little too long
+    return max(progress.delivered_tokens, counted)
 
 
 def constrained_output(body: dict[str, Any]) -> bool:

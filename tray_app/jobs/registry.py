@@ -15,7 +15,14 @@ from typing import Any
 from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
 from tray_app.contract.roles import ChatRole
 from tray_app.contract.status import JobSummary
-from tray_app.contract.vocabulary import ENDED_WITHOUT_ANSWER, FINAL_JOB_STATES, JOB_STATES, JobKind, JobState
+from tray_app.contract.vocabulary import (
+    ENDED_WITHOUT_ANSWER,
+    FINAL_JOB_STATES,
+    JOB_STATES,
+    RESPONSE_NOTE,
+    JobKind,
+    JobState,
+)
 from tray_app.engine.argv import PROMPT_BATCH
 from tray_app.engine.request_fields import forwarded
 from tray_app.jobs.excerpt import body_excerpt
@@ -23,6 +30,7 @@ from tray_app.jobs.ids import random_hex
 from tray_app.jobs.journal import Journal, StoredJob
 from tray_app.jobs.path_timing import FirstTokenPath
 from tray_app.jobs.weight import approx_bytes
+from tray_app.jobs.worker_port import retry_after_seconds
 
 FINAL_STATES = FINAL_JOB_STATES
 STATES = JOB_STATES
@@ -57,9 +65,6 @@ def upstream_stream(prompt_tokens: int) -> dict[str, bool]:
     return {"stream": True, "return_progress": prompt_tokens > PROMPT_BATCH}
 
 
-# The translated body's note of the Responses request a job came from (server.responses.translate), kept
-# with the job so a later request can continue its conversation.
-RESPONSE_NOTE = "failsoft_response"
 # Fields of a job's body for the router alone: the client's stream options (the router streams from every
 # worker and counts the usage itself) and that note.
 ROUTER_FIELDS = frozenset({"stream_options", RESPONSE_NOTE})
@@ -167,12 +172,6 @@ class Job:
 
     def summary(self) -> JobSummary:
         """The job as /v1/jobs/{id} and /failsoft/jobs show it."""
-        messages = self.body.get("messages") or []
-        last = (
-            messages[-1].get("content")
-            if messages and isinstance(messages[-1], dict)
-            else self.body.get("prompt")
-        )
         return {
             "id": self.id,
             "request_id": self.request_id,
@@ -189,31 +188,47 @@ class Job:
             "created_at": self.created_at,
             "background": self.background,
             "seed": self.body.get("seed"),
-            "preview": str(last or "")[:200],
+            "preview": preview(self.body),
             "error": self.error,
             "result": self.result,
         }
 
+    def retry_after(self) -> int:
+        """Seconds a client told to come back (503) waits: about the job's estimate, when it has one."""
+        return retry_after_seconds(self.estimated_seconds)
 
-def stored_summary(stored: StoredJob, attempts: list[dict[str, Any]]) -> dict[str, Any]:
-    """A job no longer held in memory, from the journal; who answered comes from its stored answer."""
+
+def preview(body: dict[str, Any]) -> str:
+    """A request's opening words, as the admin routes show it: its last message, or its prompt."""
+    messages = body.get("messages") or []
+    last = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else body.get("prompt")
+    return str(last or "")[:200]
+
+
+def stored_summary(stored: StoredJob, attempts: list[dict[str, Any]]) -> JobSummary:
+    """A job no longer held in memory, from the journal, in the live job's shape and with its attempts;
+    who answered, and where, comes from its stored answer."""
     answered = (stored.result or {}).get("failsoft") or {}
     return {
-        "model": answered.get("model") or stored.body.get("model"),
-        "stand_in_for": answered.get("stand_in_for"),
         "id": stored.id,
         "request_id": stored.request_id,
         "kind": stored.kind,
         "state": stored.state,
+        "route": answered.get("device") or "",
         "worker": stored.worker,
+        "model": answered.get("model") or stored.body.get("model") or "",
+        "stand_in_for": answered.get("stand_in_for"),
+        "stand_in_offer": None,
         "attempts": stored.attempts,
-        "attempt_log": attempts,
         "fallback_reason": stored.fallback_reason,
         "estimated_seconds": stored.estimated_seconds,
         "created_at": stored.created_at,
         "background": stored.background,
+        "seed": stored.seed,
+        "preview": preview(stored.body),
         "error": {"message": stored.error} if stored.error else None,
         "result": stored.result,
+        "attempt_log": attempts,
     }
 
 
@@ -414,15 +429,10 @@ class JobRegistry:
                 prompt_tokens=job.prompt_tokens,
                 reason=job.fallback_reason or reason,
                 stand_in=stand_in_offer,
-                prompt_preview=self.summary_preview(job),
+                prompt_preview=preview(job.body),
             )
         )
         return True
-
-    @staticmethod
-    def summary_preview(job: Job) -> str:
-        """The prompt's opening, as the admin routes show it (summary's `preview`)."""
-        return str(job.summary()["preview"])
 
     def complete(self, job: Job, result: dict[str, Any]) -> bool:
         """Store the answer; False (nothing changes) unless the job is running: a late answer is dropped."""

@@ -12,15 +12,44 @@ stores its answer (the registry stores an answer once).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from tray_app.config import Config
 from tray_app.contract.vocabulary import JobState, Reason, job_kind
-from tray_app.jobs.journal import StoredJob
-from tray_app.jobs.registry import Job
+from tray_app.jobs import policy
+from tray_app.jobs.journal import Journal, StoredJob
+from tray_app.jobs.registry import Job, JobRegistry
+from tray_app.jobs.routing import Models, Refused, tokenizer_refusal
 from tray_app.jobs.worker_port import Worker
 from tray_app.library.catalog import ModelEntry
+from tray_app.tokenizer.wire import TokenizerFailed
+
+
+class Jobs(Protocol):
+    """What resuming asks of the jobs facade (jobs.intake.Jobs)."""
+
+    journal: Journal
+    registry: JobRegistry
+    models: Models
+    workers: Callable[[str], Worker | None]
+    config: Callable[[], Config]
+
+    def run_task(self, job: Job, work: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+
+    async def route(self, job: Job, deadline: float) -> policy.Decision: ...
+
+    def refusal(self, job: Job, decision: policy.Decision) -> Refused: ...
+
+    async def ask_approval(self, job: Job, decision: policy.Decision) -> None: ...
+
+    async def drain(self, job: Job) -> None: ...
+
+
+BACKGROUND_DEADLINE = 24 * 3600.0  # a background job's client collects it later: a day to finish
 
 RESUMED_MAX_TOKENS = 256  # a resumed job whose body names no budget (it was counted at its first start)
 ATTEMPT_CUT_OFF = "service_restarted: the service stopped during this attempt"
@@ -107,3 +136,81 @@ async def gpu_started(worker: Worker | None, wait: float) -> None:
     starts nothing that would not start anyway; another model's GPU worker loads when the route asks."""
     if worker is not None and worker.state != "ready":
         await worker.ensure_ready(wait)
+
+
+def resume_unfinished(jobs: Jobs) -> None:
+    """Jobs the journal holds as unfinished were accepted by an earlier run: a background job (or one in
+    the user's hands) goes on, on the model it asked for (its body names it) and routed again as a new
+    request would be, once its GPU worker has started; an interactive one, whose client is gone, ends
+    (below)."""
+    for stored in jobs.journal.unfinished():
+        entry = jobs.models.find(stored.body.get("model"))
+        roles = jobs.models.roles(entry) if entry is not None else {}
+        ending = client_gone(stored)
+        attempts = jobs.journal.attempts(stored.id)
+        job = resumed_job(
+            stored,
+            entry,
+            roles,
+            attempts=attempts,
+            background=ending is None or stored.background,
+            deadline_seconds=BACKGROUND_DEADLINE,
+        )
+        jobs.registry.add(job, journaled=True)
+        for number in open_attempts(attempts):
+            jobs.registry.end_attempt(job, number, "cancelled", ATTEMPT_CUT_OFF)
+        if ending is not None:
+            jobs.registry.fail(job, ending.state, ending.error, ending.reason)
+            continue
+        if entry is None or not roles:
+            error = {"message": f"its model {stored.body.get('model')!r} is no longer served here"}
+            jobs.registry.fail(job, "failed", error, Reason.NO_WORKER_FOR_MODEL)
+            continue
+        if job.state == "awaiting_approval":
+            # Still the user's call; counted for the run they may approve.
+            jobs.run_task(job, _count_resumed(jobs, job), f"count-{job.id}")
+            continue
+        jobs.run_task(job, _route_and_run(jobs, job), f"job-{job.id}")
+
+
+async def _route_and_run(jobs: Jobs, job: Job) -> None:
+    """A resumed job's prompt counted again (the journal keeps no count) and its route decided again (a
+    long prompt goes to the CPU, as it did the first time) once its GPU worker has started."""
+    if not await _count_resumed(jobs, job):
+        return
+    try:
+        await _gpu_started(jobs, job)
+        decision = await jobs.route(job, BACKGROUND_DEADLINE)
+        if decision.action == "refuse":
+            jobs.refusal(job, decision)
+            return
+        if decision.action == "approval":
+            jobs.registry.name_fallback(job, decision.reason)
+            await jobs.ask_approval(job, decision)
+            return
+    except Refused:
+        return  # the job ended with the reason
+    jobs.registry.set_route(job, decision.action, decision.reason or None)
+    await jobs.drain(job)
+
+
+async def _count_resumed(jobs: Jobs, job: Job) -> bool:
+    """Count a resumed job's prompt tokens (the journal keeps no count); False, the job failed, when the
+    tokenizer cannot count them."""
+    try:
+        tokens = await jobs.models.prompts(job.asked_model).count(job.kind, job.body)
+    except TokenizerFailed as error:
+        refused_error = tokenizer_refusal(error).error
+        jobs.registry.fail(job, "failed", refused_error.record(), refused_error.code)
+        return False
+    jobs.registry.set_prompt_tokens(job, tokens)
+    return True
+
+
+async def _gpu_started(jobs: Jobs, job: Job) -> None:
+    """Wait until the main model's GPU worker has started (gpu_started, above)."""
+    entry = jobs.models.find(job.asked_model)
+    role = job.worker_role("gpu")
+    if entry is not None and entry.main and role is not None:
+        wait = min(max(job.time_left(), 0.0), jobs.config().supervisor.start_timeout)
+        await gpu_started(jobs.workers(role), wait)

@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
 import psutil
 
 from tray_app.budget.plan import Plan
-from tray_app.config import Config
-from tray_app.contract.events import EventBus, RouteDecided
+from tray_app.contract.events import RouteDecided
 from tray_app.contract.vocabulary import Reason
 from tray_app.jobs import gpu_policy, policy
-from tray_app.jobs.admission import SlotPool
+from tray_app.jobs.context import HostHooks, JobsContext
 from tray_app.jobs.engine import Executor
 from tray_app.jobs.outcomes import JobError
-from tray_app.jobs.registry import Job, JobRegistry
-from tray_app.jobs.worker_port import Prompts, StandIn, Worker
+from tray_app.jobs.registry import Job
+from tray_app.jobs.worker_port import Prompts, StandIn
 from tray_app.library.catalog import ModelEntry
 from tray_app.library.errors import LoadRefused
 from tray_app.tokenizer.wire import TokenizerFailed
@@ -75,29 +73,13 @@ class Models(Protocol):
 class Routing:
     """Route decisions for the jobs facade (jobs.intake.Jobs), over the same collaborators."""
 
-    def __init__(
-        self,
-        models: Models,
-        registry: JobRegistry,
-        executor: Executor,
-        slots: SlotPool,
-        bus: EventBus,
-        workers: Callable[[str], Worker | None],
-        config: Callable[[], Config],
-        cpu_speed_ready: Callable[[], asyncio.Task[None] | None],
-        count: Callable[[str, str], None],
-        gpu_path: Callable[[], tuple[gpu_policy.GpuPath, str]] = lambda: ("normal", ""),
-    ) -> None:
+    def __init__(self, ctx: JobsContext, models: Models, executor: Executor, hooks: HostHooks) -> None:
+        self.ctx = ctx
         self.models = models
-        self.registry = registry
         self.executor = executor
-        self.slots = slots
-        self.bus = bus
-        self.workers = workers
-        self.config = config
-        self.cpu_speed_ready = cpu_speed_ready  # the first CPU speed measurement, while it runs
-        self.count = count  # requests by route and outcome (the service's metrics)
-        self.gpu_path = gpu_path  # the device side's path state and why (host.gpu_path owns it)
+        self.cpu_speed_ready = hooks.cpu_speed_ready  # the first CPU speed measurement, while it runs
+        self.count = hooks.count  # requests by route and outcome (the service's metrics)
+        self.gpu_path = hooks.gpu_path  # the device side's path state and why (host.gpu_path owns it)
 
     def model(self, name: str | None) -> ModelEntry:
         """The model a request names (none: the main model); 404 listing what exists otherwise."""
@@ -126,7 +108,7 @@ class Routing:
             decision = policy.decide_route(request, cpu, self.executor.settings.policy)
         decision = self._with_gpu_path(decision)
         route = "refused" if decision.refused else decision.action
-        self.bus.publish(
+        self.ctx.bus.publish(
             RouteDecided(job_id=job.id, route=route, reason=decision.reason, detail=decision.detail)
         )
         return decision
@@ -146,20 +128,20 @@ class Routing:
         if entry.main:
             return self._gpu_worker_up(job)
         role = job.worker_role("gpu")
-        if role is None or self.workers(role) is None:
+        if role is None or self.ctx.workers(role) is None:
             return False
         if job.prompt_tokens + job.max_tokens > n_ctx:
             return False
-        wait = min(max(job.time_left(), 0.0), self.config().supervisor.start_timeout)
+        wait = min(max(job.time_left(), 0.0), self.ctx.config().supervisor.start_timeout)
         try:
             return await self.models.load(entry, "gpu", wait)
         except LoadRefused as refused:
-            self.registry.name_fallback(job, refused.code)
+            self.ctx.registry.name_fallback(job, refused.code)
             return False
 
     def _gpu_worker_up(self, job: Job) -> bool:
         role = job.worker_role("gpu")
-        worker = self.workers(role) if role else None
+        worker = self.ctx.workers(role) if role else None
         return worker is not None and worker.state not in ("failed", "stopped")
 
     def start_at_once(self, job: Job, entry: ModelEntry, deadline: float) -> float | None:
@@ -176,7 +158,7 @@ class Routing:
         )
         if policy.route_on_gpu(gpu) is None:
             return None
-        return self.slots.try_acquire(job.worker_role("gpu") or "gpu")
+        return self.ctx.slots.try_acquire(job.worker_role("gpu") or "gpu")
 
     async def _stand_in_route(self, job: Job) -> policy.Decision | None:
         """The ladder's middle rung at admission: the asked model cannot use the GPU, its stand-in can."""
@@ -186,7 +168,7 @@ class Routing:
         fits = stand_in.prompt_tokens + job.max_tokens <= stand_in.n_ctx_per_seq
         if not policy.stand_in_first(policy.StandInCase(allowed=True, available=True, fits=fits)):
             return None
-        self.registry.substitute(
+        self.ctx.registry.substitute(
             job, stand_in.model, stand_in.gpu_role, stand_in.prompt_tokens, policy.STAND_IN
         )
         return policy.Decision("gpu", policy.STAND_IN)
@@ -209,7 +191,7 @@ class Routing:
                 retry_after=5,
                 details={"job_id": job.id, "reason": decision.reason},
             )
-        self.registry.fail(job, "failed", error.record(), decision.reason)
+        self.ctx.registry.fail(job, "failed", error.record(), decision.reason)
         self.count("refused", decision.reason)
         return Refused(error)
 
@@ -219,7 +201,7 @@ class Routing:
         model, could be loaded). Which question: may it answer on its own (library.stand_in "auto"), may
         the approval window offer it (`offer`, "ask": checked, not loaded), or the user picked it
         (`chosen`: loaded now)."""
-        cfg = self.config()
+        cfg = self.ctx.config()
         wanted = "ask" if offer or chosen else "auto"
         if job.stand_in_for or not job.may_stand_in or cfg.library.stand_in != wanted:
             return None
@@ -239,7 +221,7 @@ class Routing:
         if chosen:
             wait = cfg.supervisor.start_timeout  # the user is waiting for exactly this
         if stand.main or offer:
-            worker = self.workers(role)
+            worker = self.ctx.workers(role)
             if stand.main and (worker is None or worker.state != "ready"):
                 return None
         else:
@@ -251,7 +233,7 @@ class Routing:
         return StandIn(stand.name, role, prompt_tokens, n_ctx)
 
     def cpu_tokens_per_second(self) -> float:
-        fixed = self.config().failover.cpu_tokens_per_second
+        fixed = self.ctx.config().failover.cpu_tokens_per_second
         return fixed if fixed > 0 else self.executor.cpu_speed.tokens_per_second
 
     async def cpu_state(
@@ -260,7 +242,7 @@ class Routing:
         """The CPU worker `role` (the main model's, or a library model's "cpu@name") as the policy sees it.
         A worker that is starting is waited for: a few seconds, or (`patient`: a job no client waits on)
         as long as a start may take, since a start that takes longer fails."""
-        worker = self.workers(role) if role else None
+        worker = self.ctx.workers(role) if role else None
         plan = self.models.cpu_plan(role)
         if worker is None or plan is None:
             return policy.CpuState(False, False, False, 0.0, plan.n_ctx_per_seq if plan else 0)
@@ -272,14 +254,14 @@ class Routing:
         # Read after that wait, not before: the worker it waited for may be ready now.
         ready = worker.state == "ready"
         if not ready and worker.state in ("starting", "restarting", "unhealthy"):
-            start = self.config().supervisor.start_timeout if patient else STARTING_CPU_WAIT
+            start = self.ctx.config().supervisor.start_timeout if patient else STARTING_CPU_WAIT
             ready = await worker.ensure_ready(min(max(time_left, 0.0), start))
         ram_ok = (
             ready
             or psutil.virtual_memory().available >= plan.weights_bytes + plan.kv_bytes + plan.compute_bytes
         )
         if not ready and ram_ok and worker.state == "stopped":
-            start = self.config().supervisor.start_timeout
+            start = self.ctx.config().supervisor.start_timeout
             ready = await worker.ensure_ready(min(max(time_left, 0.0), start))
         return policy.CpuState(True, ready, ram_ok, self.cpu_tokens_per_second(), plan.n_ctx_per_seq)
 

@@ -90,7 +90,8 @@ class ExecutorSettings:
 @dataclass
 class CpuSpeed:
     """Measured CPU generation speed (tokens per second), a moving average over successful CPU attempts;
-    and its prompt-reading speed, from llama-server's own timings (the mirror's reads, CPU attempts)."""
+    and its prompt-reading speed, from llama-server's own timings (the mirror's reads, CPU attempts). Read by
+    anyone; recorded only through its meter (jobs.cpu_speed_meter), the one writer."""
 
     tokens_per_second: float = 0.0
     samples: int = 0

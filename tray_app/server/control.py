@@ -21,13 +21,13 @@ from tray_app import config
 from tray_app.contract.events import Event
 from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
 from tray_app.contract.sizes import parse_size
+from tray_app.contract.vocabulary import JOB_STATES as STATES
 from tray_app.engine.faults import FAULT_KINDS
-from tray_app.jobs.registry import STATES
 from tray_app.library.errors import LoadRefused
 from tray_app.reach import admin_token
 from tray_app.server.errors import ApiError
 from tray_app.server.origin_guard import CONTROL_MAX_BODY
-from tray_app.server.ports import ServiceView
+from tray_app.server.ports import ControlView
 from tray_app.server.status_page import session
 
 KEEPALIVE_SECONDS = 15.0
@@ -86,7 +86,7 @@ def event_frame(event: Event) -> bytes:
 
 
 class Control:
-    def __init__(self, service: ServiceView) -> None:
+    def __init__(self, service: ControlView) -> None:
         self.svc = service
         self.subscribers = 0  # open /failsoft/events streams
         self.client_subscribers = 0  # of those, opened without the admin token or a page session
@@ -121,7 +121,7 @@ class Control:
 
     async def timing(self, request: Request) -> Response:
         """The router's own time on the recent streams' way to their first token (jobs.path_timing)."""
-        return JSONResponse(self.svc.path_timings.snapshot())
+        return JSONResponse(self.svc.jobs.path_timing())
 
     async def device_history(self, request: Request) -> Response:
         """The device watcher's readings of the last 15 minutes (`?since=` a Unix time: only later ones)."""
@@ -301,7 +301,7 @@ class Control:
         return JSONResponse(self._model_status(entry.name))
 
     def _model_status(self, name: str) -> dict[str, Any]:
-        statuses = self.svc.library.status(self.svc.plan_set, self.svc.slots.in_flight)
+        statuses = self.svc.library.status(self.svc.plan_set, self.svc.jobs.in_flight)
         return dict(next(status for status in statuses if status["name"] == name))
 
     async def jobs(self, request: Request) -> Response:
@@ -312,13 +312,13 @@ class Control:
             )
         jobs = [
             {key: value for key, value in job.summary().items() if key != "result"}
-            for job in self.svc.registry.by_state(state)
+            for job in self.svc.jobs.by_state(state)
         ]
         return JSONResponse({"object": "list", "data": jobs})
 
     async def job_action(self, request: Request) -> Response:
         job_id, action = request.path_params["job_id"], request.path_params["action"]
-        job = self.svc.registry.get(job_id)
+        job = self.svc.jobs.get(job_id)
         if job is None:
             return _error(404, f"no live job {job_id}", "job_not_found")
         if action not in ("approve", "reject", "stand-in"):
@@ -337,7 +337,7 @@ class Control:
 
     async def approve_all(self, request: Request) -> Response:
         approved = [
-            job.id for job in self.svc.registry.by_state("awaiting_approval") if self.svc.jobs.approve(job)
+            job.id for job in self.svc.jobs.by_state("awaiting_approval") if self.svc.jobs.approve(job)
         ]
         return JSONResponse({"approved": approved})
 

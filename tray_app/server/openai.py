@@ -9,7 +9,6 @@ import contextlib
 import functools
 import json
 import logging
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,12 +18,9 @@ from starlette.types import ASGIApp
 
 from tray_app.contract.roles import CHAT_ROLES
 from tray_app.contract.sizes import parse_size
-from tray_app.contract.vocabulary import Reason
-from tray_app.jobs.embeddings import InputTokens
 from tray_app.jobs.intake import BACKGROUND_DEADLINE, Admission, JobRequest, Refused
 from tray_app.jobs.outcomes import JobFailed, Piece
 from tray_app.jobs.registry import Job
-from tray_app.jobs.worker_port import retry_after_seconds
 from tray_app.server.embedding_requests import check_tokens, parse_embedding_request
 from tray_app.server.errors import ApiError, from_job_error
 from tray_app.server.event_stream import SSE_HEADERS, EventStreamResponse, Writer
@@ -37,7 +33,7 @@ from tray_app.server.http import (
     read_body,
     wait_for_disconnect,
 )
-from tray_app.server.ports import ServiceView
+from tray_app.server.ports import GenerationView
 from tray_app.server.requests import (
     Kind,
     ParsedRequest,
@@ -111,10 +107,9 @@ def job_request(
 class Router:
     """The OpenAI routes. One instance per service; handlers are bound methods."""
 
-    def __init__(self, service: ServiceView) -> None:
+    def __init__(self, service: GenerationView) -> None:
         self.svc = service
         self.jobs = service.jobs
-        self.input_tokens = InputTokens(self.jobs.models.prompts, self.jobs.models.file_prompts)
 
     @property
     def max_body(self) -> int:
@@ -189,7 +184,7 @@ class Router:
 
     async def _answer(self, request: Request, job: Job, admission: Admission) -> ASGIApp:
         if job.stream:
-            return self._stream(job, admission.held, admission.approval)
+            return self._stream(job, admission)
         task = (
             self.jobs.wait_for_approval(job, admission.approval)
             if admission.approval
@@ -211,30 +206,26 @@ class Router:
         status = int(error.pop("status", 503))
         headers = job_headers(job)
         if status == 503:
-            headers["Retry-After"] = str(retry_after_seconds(job.estimated_seconds))
+            headers["Retry-After"] = str(job.retry_after())
         return Response(
             json.dumps({"error": error}), status_code=status, media_type="application/json", headers=headers
         )
 
-    def _stream(self, job: Job, held: float | None, approval: str) -> EventStreamResponse:
+    def _stream(self, job: Job, admission: Admission) -> EventStreamResponse:
         writer = Writer()
-        executor = self.svc.executor
+        jobs = self.jobs
 
         async def pump() -> None:
             timed = job.path is None  # the first output's way is recorded once
             try:
-                source = (
-                    executor.desk.wait_for_final(job, True, approval)
-                    if approval
-                    else executor.run(job, deliver=True, held_slot=held)
-                )
+                source = jobs.outcomes(job, admission)
                 # Closed however the pump ends: a cancel that lands in a blocked write to the client (it
                 # left, or stopped reading) must still end the job and free its slot, in the generator.
                 async with contextlib.aclosing(source):
                     async for piece in source:
                         # Finished and Ended are always a job's last outcome: they end the response. A
                         # piece with no output (a finish) waits for what comes next: one write, not two.
-                        # (The role comes attached to the first token already, see Executor._attempt.)
+                        # (The role comes attached to the first token already: see jobs.attempt.)
                         output = not isinstance(piece, Piece) or piece.output
                         written = await writer.write(
                             outcome_bytes(job, piece), hold=not output, last=not isinstance(piece, Piece)
@@ -242,32 +233,20 @@ class Router:
                         if not timed and isinstance(piece, Piece) and piece.output:
                             timed = True
                             if written:
-                                self._first_output_written(job)
+                                jobs.first_output_written(job)
                             else:  # it goes out with the status line: timed then
-                                writer.when_pending_sent(functools.partial(self._first_output_written, job))
+                                writer.when_pending_sent(functools.partial(jobs.first_output_written, job))
             finally:
                 writer.close()
 
-        self.jobs.run_task(job, pump(), f"stream-{job.id}")
+        jobs.run_task(job, pump(), f"stream-{job.id}")
 
         def stop_job() -> None:
-            self.jobs.stop(job)  # the client went away mid-stream
+            jobs.stop(job)  # the client went away mid-stream
 
         def count() -> None:
             stop_job()  # the response ended early (an error while writing): nobody reads the job any more
             self.svc.metrics.requests.labels(route=job.worker or job.route, outcome=job.state).inc()
-
-        stall = self.svc.executor.settings.stall_seconds
-
-        def drop_stalled_client() -> None:
-            log.warning("job %s: the client read nothing for %.0f s; dropped", job.id, stall)
-            self.svc.registry.fail(
-                job,
-                "cancelled",
-                {"message": f"the client stopped reading for {stall:.0f} s", "code": "client_stalled"},
-                Reason.CLIENT_DISCONNECTED,  # dropped by the router: the slot is free again
-            )
-            stop_job()
 
         return EventStreamResponse(
             writer,
@@ -275,17 +254,9 @@ class Router:
             on_disconnect=stop_job,
             on_end=count,
             keepalive=self.svc.cfg.server.keepalive_seconds,
-            stall=stall,
-            on_stall=drop_stalled_client,
+            stall=jobs.stall_seconds,
+            on_stall=functools.partial(jobs.drop_stalled, job),
         )
-
-    def _first_output_written(self, job: Job) -> None:
-        """The stream's first output went to the client (now, or with the status line if it came before
-        the response started): the router's own time on its way is recorded if the first attempt brought
-        it (see jobs.path_timing)."""
-        path = job.path
-        if path is not None and path.from_worker:
-            self.svc.path_timings.record(path, time.perf_counter())
 
     async def embeddings(self, request: Request) -> ASGIApp:
         try:
@@ -302,11 +273,11 @@ class Router:
             parsed = parse_embedding_request(raw)
             asked = parsed.model
             served = check_model_name(asked, self.svc.model_names)
-            counts = await self.input_tokens.count(self.svc.cfg.embeddings.model, parsed.inputs)
+            counts = await self.jobs.count_inputs(self.svc.cfg.embeddings.model, parsed.inputs)
             tokens = check_tokens(counts, self.svc.cfg)
             deadline = self.deadline_seconds(request)
             job = self.jobs.embed(parsed.body, tokens, deadline, request.headers.get("x-request-id"))
-            answer = await self.svc.embeddings.run(job)
+            answer = await self.jobs.run_embedding(job)
         except JobFailed as failed:
             return error_response(from_job_error(failed.error), job_headers(job) if job else None)
         except ApiError as error:
@@ -324,7 +295,7 @@ class Router:
 
     async def models(self, request: Request) -> Response:
         """Every model a request may name, the main one first, each with where it is loaded now."""
-        statuses = self.svc.library.status(self.svc.plan_set, self.svc.slots.in_flight)
+        statuses = self.svc.library.status(self.svc.plan_set, self.jobs.in_flight)
         started = datetime.fromtimestamp(self.svc.started_at, UTC).isoformat().replace("+00:00", "Z")
         data = []
         for status in statuses:

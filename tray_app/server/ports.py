@@ -12,13 +12,7 @@ from tray_app.budget.plan_set import PlanSet
 from tray_app.config import Config
 from tray_app.contract.events import EventBus
 from tray_app.contract.status import ModelStatus, ServiceStatus, WorkerStatus
-from tray_app.jobs.admission import SlotPool
-from tray_app.jobs.embeddings import EmbeddingRunner
-from tray_app.jobs.engine import Executor
 from tray_app.jobs.intake import Jobs
-from tray_app.jobs.journal import Journal
-from tray_app.jobs.path_timing import PathTimings
-from tray_app.jobs.registry import JobRegistry
 from tray_app.library.catalog import Catalog, ModelEntry
 from tray_app.reach.capability import Signer
 
@@ -79,19 +73,12 @@ class ConfigChange(Protocol):
     def restarted(self) -> bool: ...
 
 
-class ServiceView(Protocol):
-    """Everything `server/` reads or asks: one narrow view of the service."""
+class GenerationView(Protocol):
+    """What the dialects' routes read (OpenAI's, Ollama's, Anthropic's, Responses, the jobs API): the jobs
+    facade, the models a request may name, the settings."""
 
     jobs: Jobs
-    registry: JobRegistry
-    executor: Executor
-    embeddings: EmbeddingRunner
-    journal: Journal
-    slots: SlotPool
-    bus: EventBus
-    path_timings: PathTimings
     admin_token: str
-    signer: Signer  # the phone's Approve/Reject links and the status page's login (reach.capability)
 
     @property
     def cfg(self) -> Config: ...
@@ -109,9 +96,6 @@ class ServiceView(Protocol):
     def started_at(self) -> float: ...
 
     @property
-    def enable_faults(self) -> bool: ...
-
-    @property
     def catalog(self) -> Catalog: ...
 
     @property
@@ -120,23 +104,37 @@ class ServiceView(Protocol):
     @property
     def plan_set(self) -> PlanSet: ...
 
+    def caps(self) -> dict[str, int]: ...
+
+    def worker_status(self, role: str) -> WorkerStatus: ...
+
+
+class StatusView(Protocol):
+    """What the status page and the phone's action links read: the status, the recent events, the jobs
+    waiting for a decision, the signer of links and logins."""
+
+    jobs: Jobs
+    bus: EventBus
+    admin_token: str
+    signer: Signer  # the phone's Approve/Reject links and the status page's login (reach.capability)
+
+    @property
+    def cfg(self) -> Config: ...
+
+    def status(self) -> ServiceStatus: ...
+
+
+class ControlView(GenerationView, StatusView, Protocol):
+    """The control API: what the others read, and the service's own levers (workers, GPU, config)."""
+
+    @property
+    def enable_faults(self) -> bool: ...
+
     @property
     def workers(self) -> Mapping[str, WorkerActions]: ...
 
     @property
     def simulated_device(self) -> SimulatedDevice | None: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def caps(self) -> dict[str, int]: ...
-
-    def status(self) -> ServiceStatus: ...
-
-    def worker_status(self, role: str) -> WorkerStatus: ...
-
-    def replan(self) -> PlanSet: ...
 
     async def yield_gpu(self, wait: bool = True) -> dict[str, Any]:
         """Give the GPU to other programs (drain, then stop the GPU workers); the GPU path after it."""
@@ -159,3 +157,11 @@ class ServiceView(Protocol):
     async def change_config(
         self, changes: dict[str, dict[str, Any]], *, restart: bool
     ) -> tuple[ConfigChange, list[str]]: ...
+
+
+class ServiceView(ControlView, Protocol):
+    """The whole service as the app factory takes it: every view, and its start and stop."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...

@@ -44,12 +44,6 @@ def create_app(service: ServiceView, *, manage_lifecycle: bool = True) -> ASGIAp
     responses = ResponsesRoute(router)
     messages = MessagesRoutes(router)
     ctl = control.Control(service)
-    retention = service.cfg.journal
-    if (retention.retention_days, retention.max_jobs) != (
-        service.journal.retention_days,
-        service.journal.max_jobs,
-    ):
-        service.journal.set_retention(retention.retention_days, retention.max_jobs)
     generation: dict[str, Handler] = {
         "/v1/chat/completions": router.chat,
         "/chat/completions": router.chat,  # llama-server's path too: clients given a base URL without /v1

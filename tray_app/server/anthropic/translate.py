@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tray_app.jobs.policy import CONTEXT_EXCEEDED
+from tray_app.contract.vocabulary import Reason
 from tray_app.server.errors import ApiError, bad_request
 from tray_app.server.input_bounds import check_count, check_messages, check_schema, check_tools
 from tray_app.server.rewrite import cached_tokens
@@ -301,6 +301,6 @@ def error_message(status: int, body: bytes) -> str:
     except (ValueError, AttributeError):
         return body.decode("utf-8", "replace") or f"HTTP {status}"
     message = str(error.get("message") or f"HTTP {status}") if isinstance(error, dict) else str(error)
-    if isinstance(error, dict) and error.get("code") == CONTEXT_EXCEEDED:
+    if isinstance(error, dict) and error.get("code") == Reason.CONTEXT_EXCEEDED:
         return f"prompt is too long: {message}"
     return message

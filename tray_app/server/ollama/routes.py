@@ -59,7 +59,7 @@ from tray_app.server.ollama.request import (
 )
 from tray_app.server.ollama.stream import StreamTranslator
 from tray_app.server.openai import Router
-from tray_app.server.ports import ServiceView
+from tray_app.server.ports import GenerationView
 from tray_app.server.rewrite import Headers, RewrittenAnswer, header
 
 PathKind = Literal["chat", "generate"]
@@ -125,7 +125,7 @@ class OllamaRoutes:
     """Ollama's API for one service. `chat` and `generate` are POST handlers the outermost layer calls
     directly (as it does the OpenAI generation routes); the rest are ordinary Starlette routes."""
 
-    def __init__(self, service: ServiceView, router: Router) -> None:
+    def __init__(self, service: GenerationView, router: Router) -> None:
         self.svc = service
         self.router = router
 
@@ -164,9 +164,9 @@ class OllamaRoutes:
         return OllamaAnswer(answer, path_kind, model, timing, self._calls_written)
 
     def _calls_written(self, job_id: str) -> None:
-        job = self.svc.registry.get(job_id)
+        job = self.svc.jobs.get(job_id)
         if job is not None:
-            self.svc.registry.note_effects_delivered(job)
+            self.svc.jobs.note_delivered(job)
 
     # ------------------------------------------------------------------------------ embeddings
     async def embed(self, request: Request) -> Response:
@@ -285,7 +285,7 @@ class OllamaRoutes:
         """The models loaded now: on a GPU worker (size_vram: what its plan puts on the device) or only on
         a CPU worker (size_vram 0); expires_at from each one's keep-alive (the main model's: never)."""
         loaded = []
-        for status in self.svc.library.status(self.svc.plan_set, self.svc.slots.in_flight):
+        for status in self.svc.library.status(self.svc.plan_set, self.svc.jobs.in_flight):
             if status["where"] in ("not loaded", "loading"):
                 continue
             entry = self._entry(status["name"])

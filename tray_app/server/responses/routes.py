@@ -11,8 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
-from tray_app.jobs.journal import StoredJob
-from tray_app.jobs.registry import Job
+from tray_app.jobs.intake import LiveOrStored
 from tray_app.server.errors import ApiError, bad_request
 from tray_app.server.http import error_response, read_translated
 from tray_app.server.openai import Router
@@ -76,16 +75,15 @@ class ResponsesRoute:
             raise ApiError(404, message, param="previous_response_id", code="previous_response_not_found")
         return history_of(job.body, job.result)
 
-    def _stored(self, response_id: str) -> Job | StoredJob | None:
+    def _stored(self, response_id: str) -> LiveOrStored | None:
         """The job behind a stored response (None: no such response, not this id's (its read token is part
         of the id: the job's own id, which the event stream shows, is not enough), or `store: false`)."""
         job_hex, _, token = response_id.removeprefix("resp_").partition("_")
         if not response_id.startswith("resp_") or not token:
             return None
         job_id = "job-" + job_hex
-        svc = self.router.svc
         # A job that just ended is held in memory; the journal keeps older ones.
-        job: Job | StoredJob | None = svc.registry.get(job_id) or svc.journal.job(job_id)
+        job = self.router.jobs.stored(job_id)
         if job is None or job.kind != "chat" or not stored_response(job.body):
             return None
         if not job.read_token or not hmac.compare_digest(token.encode(), job.read_token.encode()):

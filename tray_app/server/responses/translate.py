@@ -11,11 +11,11 @@ stored one (`previous_response_id`, see `history_of`) unless it was made with `s
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from typing import Any
 
-from tray_app.jobs.ids import random_hex
-from tray_app.jobs.registry import RESPONSE_NOTE
+from tray_app.contract.vocabulary import RESPONSE_NOTE
 from tray_app.server.errors import ApiError, bad_request
 from tray_app.server.input_bounds import check_count, check_messages, check_schema, check_tools
 from tray_app.server.rewrite import cached_tokens
@@ -225,7 +225,7 @@ def _format(text: Any) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------------------------------- answers
 def new_item_id(prefix: str) -> str:
-    return f"{prefix}_{random_hex(12)}"
+    return f"{prefix}_{secrets.token_hex(12)}"
 
 
 def response_shell(request: dict[str, Any], response_id: str, model: str, status: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from tray_app.jobs.registry import Job
 from tray_app.reach.capability import Action, Refused
-from tray_app.server.ports import ServiceView
+from tray_app.server.ports import StatusView
 from tray_app.view.state import format_duration
 
 PATH = "/ui/act/{token}"
@@ -44,7 +44,7 @@ def _answer(request: Request, status: int, title: str, text: str, form: str = ""
 
 
 class Actions:
-    def __init__(self, service: ServiceView) -> None:
+    def __init__(self, service: StatusView) -> None:
         self.svc = service
 
     def routes(self) -> list[Route]:
@@ -56,7 +56,7 @@ class Actions:
             action = self.svc.signer.check(token)
         except Refused as refused:
             return _answer(request, 403, "Link refused", f"refused: {refused}; nothing changed")
-        job = self.svc.registry.get(action.job_id)
+        job = self.svc.jobs.get(action.job_id)
         if job is None or job.state != "awaiting_approval":
             text = f"{action.job_id} " + (
                 "is no longer known" if job is None else f"was already decided: {_state_words(job)}"
@@ -75,7 +75,7 @@ class Actions:
             action = self.svc.signer.use(request.path_params["token"])  # checked and used up in one step
         except Refused as refused:
             return _answer(request, 403, "Link refused", f"refused: {refused}; nothing changed")
-        job = self.svc.registry.get(action.job_id)
+        job = self.svc.jobs.get(action.job_id)
         if job is None:
             return _answer(
                 request, 404, "Unknown job", f"{action.job_id} is no longer known; nothing changed"

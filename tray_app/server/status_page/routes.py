@@ -17,7 +17,7 @@ from tray_app.contract.events import ApprovalNeeded, FallbackCompleted, Fallback
 from tray_app.contract.sizes import format_size
 from tray_app.server.errors import ApiError
 from tray_app.server.http import error_response, read_body
-from tray_app.server.ports import ServiceView
+from tray_app.server.ports import StatusView
 from tray_app.server.status_page import session
 from tray_app.server.status_page.actions import Actions
 from tray_app.view.budget_split import caps_text, status_segments
@@ -46,7 +46,7 @@ def _file(name: str) -> bytes:
 
 
 class StatusPage:
-    def __init__(self, service: ServiceView) -> None:
+    def __init__(self, service: StatusView) -> None:
         self.svc = service
         self.actions = Actions(service)
 
@@ -121,7 +121,7 @@ class StatusPage:
         jobs = [
             _summary(job)
             for state in ("awaiting_approval", "queued", "running")
-            for job in self.svc.registry.by_state(state)
+            for job in self.svc.jobs.by_state(state)
         ]
         failovers = [event.to_dict() for event in self.svc.bus.recent() if isinstance(event, FAILOVER_EVENTS)]
         return JSONResponse(
