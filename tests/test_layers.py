@@ -48,6 +48,24 @@ FORBIDDEN = {
     "tokenizer": {"budget", "device", "library", "supervisor", "jobs", "server", "host", "ui"},
     # Notifications and the signed links: told by events, asked by the server, wired by the host.
     "reach": {"host", "server", "supervisor", "jobs", "budget", "engine", "library", "ui"},
+    # Other machines' servers as workers: they stand on the config and the contract; the engine takes a
+    # Peer as a Worker by its shape, the host wires them in.
+    "peers": {
+        "server",
+        "host",
+        "supervisor",
+        "jobs",
+        "ui",
+        "library",
+        "budget",
+        "device",
+        "engine",
+        "reach",
+        "tokenizer",
+        "view",
+        "console",
+        "cli",
+    },
 }
 
 

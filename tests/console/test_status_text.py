@@ -65,6 +65,52 @@ def test_a_failed_worker_says_why_and_when_it_is_tried_again() -> None:
     assert "next try in 30 s" in text
 
 
+def test_peers_are_a_block_of_their_own_after_the_workers() -> None:
+    status = make_status()
+    status["peers"] = [
+        {
+            "name": "gaming-pc",
+            "url": "http://192.168.1.20:8750",
+            "state": "ready",
+            "gpu_ready": True,
+            "priority": 0,
+            "slots": 2,
+            "models": [],
+            "last_failure": None,
+            "next_probe_in": 30.0,
+        },
+        {
+            "name": "nas",
+            "url": "http://192.168.1.30:8080",
+            "state": "down",
+            "gpu_ready": None,
+            "priority": 1,
+            "slots": 1,
+            "models": ["qwen3-8b"],
+            "last_failure": {
+                "kind": "unreachable",
+                "message": "no answer to GET /health within 3 s",
+                "at": 0,
+            },
+            "next_probe_in": 12.0,
+        },
+    ]
+    text = render_status(status, URL, NOW)
+    block = text.split("\n\nPeers:\n", 1)[1].split("\n\n", 1)[0]
+    assert block.splitlines() == [
+        "  gaming-pc  ready (GPU)  http://192.168.1.20:8750",
+        "      priority 0 · 2 slots · serves the main model",
+        "  nas  down: unreachable (next try in 12 s)  http://192.168.1.30:8080",
+        "      priority 1 · 1 slot · serves qwen3-8b",
+        "      last failure: unreachable: no answer to GET /health within 3 s",
+    ]
+    assert text.index("Workers:") < text.index("Peers:") < text.index("Models:")
+
+
+def test_without_peers_there_is_no_peers_block() -> None:
+    assert "Peers" not in render_status(make_status(), URL, NOW)
+
+
 def test_without_a_gpu_there_is_no_budget_bar_but_the_reason() -> None:
     status = make_status()
     status["plan"] = {"total_bytes": 0, "reason": "no NVIDIA driver found (NVML: not loaded)"}

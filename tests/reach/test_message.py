@@ -103,6 +103,44 @@ def test_a_burst_is_one_message_led_by_the_worst() -> None:
     assert [(a.label, a.method) for a in message.actions] == [("Open", "GET")]
 
 
+def test_a_move_to_a_peer_names_the_peer_and_never_the_cpu() -> None:
+    event = FallbackStarted(job_id="job-1", reason="oom_decode", to="peer:gaming-pc").to_dict()
+    message = compose([event], links, PAGE)
+    assert message is not None and message.level == "warning"
+    assert message.title == "Moved to gaming-pc"
+    assert message.body == (
+        "job-1 continues on gaming-pc, another machine's GPU: the GPU ran out of memory while generating "
+        "(oom_decode)."
+    )
+    assert "CPU" not in message.title + message.body
+
+
+def test_a_move_to_the_cpu_reads_as_before() -> None:
+    message = compose([FallbackStarted(job_id="job-1", reason="crash_abort").to_dict()], links, PAGE)
+    assert message is not None
+    assert (message.title, message.body) == (
+        "Moved to the CPU",
+        "job-1 continues on the CPU: the GPU worker crashed (crash_abort).",
+    )
+
+
+def test_a_burst_counts_moves_to_the_cpu_and_to_peers_apart() -> None:
+    events = [
+        FallbackStarted(job_id="job-1", reason="oom_decode", to="peer:gaming-pc").to_dict(),
+        FallbackStarted(job_id="job-2", reason="oom_decode", to="peer:nas").to_dict(),
+        FallbackStarted(job_id="job-3", reason="peer_failed").to_dict(),
+    ]
+    message = compose(events, links, PAGE)
+    assert message is not None
+    assert message.body.splitlines() == ["1 job moved to the CPU", "2 jobs moved to another machine"]
+    only_peer = compose([events[0], approval("job-4")], links, PAGE)
+    assert only_peer is not None
+    assert only_peer.body.splitlines() == [
+        "1 job waits for approval: decide on the status page",
+        "1 job moved to another machine",
+    ]
+
+
 def test_nothing_worth_a_message_gives_none() -> None:
     assert compose([JobStateChanged(job_id="j", state="queued").to_dict()], links, PAGE) is None
 

@@ -8,7 +8,7 @@ from pytestqt.qtbot import QtBot
 
 from tests.ui.chat_helpers import ask, open_chat, stream_answer
 from tests.ui.local_server import LocalService
-from tests.view.test_answer import LONG_MODEL, STAND_IN
+from tests.view.test_answer import LONG_MODEL, PEER, STAND_IN
 from tray_app.ui.chat import ChatWindow
 
 
@@ -31,6 +31,16 @@ def test_the_chat_window_shows_both_badges_for_a_stand_in_answer(
     assert answer.badge.text().startswith("GPU")
     assert answer.model_badge.text() == "gemma3-270m on GPU · stand-in for qwen3-8b"
     assert not answer.model_badge.isHidden()
+
+
+def test_an_answer_from_a_peer_is_badged_with_the_peer(qtbot: QtBot, local_service: LocalService) -> None:
+    chat = _chat_answering(qtbot, local_service, ["Hello"], PEER, width=640)
+    ask(qtbot, chat, "Hi")
+    answer = chat.answers[-1]
+    qtbot.waitUntil(lambda: answer.badge.isVisible(), timeout=5_000)
+    assert answer.badge.text().startswith("Failed over to gaming-pc: GPU out of memory")
+    assert answer.model_badge.text() == "qwen3-8b on gaming-pc"
+    assert "CPU" not in answer.badge.text() + answer.model_badge.text()
 
 
 def test_long_badges_wrap_inside_the_answer_instead_of_widening_the_chat(

@@ -10,8 +10,10 @@ from pytestqt.qtbot import QtBot
 from tray_app.ui.notifications import Notice, NotificationCenter, coalesce
 
 
-def fallback(job: str, reason: str = "oom_decode") -> dict[str, Any]:
-    return {"type": "fallback_started", "job_id": job, "reason": reason, "at": time.time()}
+def fallback(job: str, reason: str = "oom_decode", to: str | None = None) -> dict[str, Any]:
+    """As an older service sends it without `to` (the CPU), else with it."""
+    event = {"type": "fallback_started", "job_id": job, "reason": reason, "at": time.time()}
+    return event if to is None else {**event, "to": to}
 
 
 def approval(job: str, seconds: float = 42.0) -> dict[str, Any]:
@@ -33,6 +35,29 @@ def test_single_fallback_says_why() -> None:
         "warning",
         False,
     )
+
+
+def test_a_move_to_a_peer_names_the_peer_and_never_the_cpu() -> None:
+    notice = coalesce([fallback("job-1", to="peer:gaming-pc")])
+    assert notice == Notice(
+        "Moved to gaming-pc",
+        "Job job-1 continues on gaming-pc, another machine's GPU: the GPU ran out of memory while generating "
+        "(oom_decode).",
+        "warning",
+        False,
+    )
+    said_cpu = coalesce([fallback("job-1", to="cpu")])
+    assert said_cpu is not None and said_cpu.title == "Moved to the CPU"
+
+
+def test_a_burst_counts_moves_to_the_cpu_and_to_peers_apart() -> None:
+    events = [fallback("c1"), fallback("p1", to="peer:gaming-pc"), fallback("p2", to="peer:nas")]
+    notice = coalesce(events)
+    assert notice is not None and notice.title == "Moved to the CPU"  # the first one's
+    assert notice.body.splitlines() == ["1 job moved to the CPU", "2 jobs moved to another machine"]
+    only_peers = coalesce(events[1:])
+    assert only_peers is not None
+    assert (only_peers.title, only_peers.body) == ("Moved to gaming-pc", "2 jobs moved to another machine")
 
 
 def test_single_approval_gives_estimate_model_and_size_and_opens_approvals() -> None:

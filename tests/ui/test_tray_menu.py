@@ -78,6 +78,39 @@ def test_menu_shows_state_budget_workers_and_approvals(tray: TrayIcon) -> None:
     assert tray.quit_action.text() == "&Quit Failsoft"
 
 
+def test_each_peer_is_a_read_only_line_under_the_workers(tray: TrayIcon) -> None:
+    status = make_status()
+    ready = {"name": "gaming-pc", "url": "http://192.168.1.20:8750", "state": "ready", "gpu_ready": True}
+    down = {
+        "name": "nas",
+        "url": "http://192.168.1.30:8080",
+        "state": "down",
+        "last_failure": {"kind": "unreachable", "message": "refused"},
+        "next_probe_in": 12.0,
+    }
+    status["peers"] = [{**ready, "priority": 0, "slots": 2, "models": ["qwen3-8b"]}, down]
+    show(tray, status)
+    assert [menu.title() for menu in tray.peers.values()] == [
+        "Peer gaming-pc: ready (GPU)",
+        "Peer nas: down: unreachable (next try in 12 s)",
+    ]
+    gaming_pc = tray.peers["gaming-pc"]
+    lines = [action.text() for action in gaming_pc.actions()]
+    assert lines == ["http://192.168.1.20:8750", "priority 0 · 2 slots · serves qwen3-8b"]
+    assert not any(action.isEnabled() for action in gaming_pc.actions())  # nothing to do to a peer
+    entries = [action.text() for action in tray.menu.actions()]
+    assert entries.index(tray.workers["cpu"].title()) < entries.index(gaming_pc.title())
+    assert entries.index(tray.peers["nas"].title()) < entries.index(tray.library.title())
+    # A config reload that drops a peer drops its line; a service without peers has none.
+    status["peers"] = [down]
+    show(tray, status)
+    assert list(tray.peers) == ["nas"]
+    assert sum(1 for action in tray.menu.actions() if action.text().startswith("Peer ")) == 1
+    show(tray, make_status())
+    assert tray.peers == {}
+    assert not any(action.text().startswith("Peer ") for action in tray.menu.actions())
+
+
 def test_stopped_worker_can_be_started_not_stopped(tray: TrayIcon) -> None:
     status = make_status(cpu="stopped")
     status["workers"]["cpu"]["last_failure"] = {"kind": "killed", "reason": "killed by SIGKILL"}

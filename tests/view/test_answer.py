@@ -9,6 +9,7 @@ from tray_app.view.answer import (
     MODEL_NAME_CHARS,
     Badge,
     answer_badge,
+    job_info,
     model_badge,
     short_model_name,
     with_header_model,
@@ -124,3 +125,51 @@ def test_a_long_model_name_is_cut_in_the_middle_and_kept_whole_in_the_tooltip() 
     assert badge is not None
     assert badge.text == f"{short} on GPU · stand-in for {short}"
     assert badge.detail.count(LONG_MODEL) == 2
+
+
+PEER = {
+    "worker": "peer:gaming-pc",
+    "attempts": 2,
+    "fallback_reason": "oom_decode",
+    "model": "qwen3-8b",
+    "device": None,
+    "route": "peer",
+    "peer": "gaming-pc",
+    "stand_in_for": None,
+}
+
+
+def test_a_peers_answer_is_badged_with_the_peer_never_this_machines_gpu_or_cpu() -> None:
+    badge = answer_badge(PEER, tokens=80, seconds=2.0)
+    assert (badge.kind, badge.text) == (
+        "failover",
+        "Failed over to gaming-pc: GPU out of memory · 40.0 tok/s",
+    )
+    assert badge.detail == (
+        "Answered on gaming-pc, another machine's GPU. Reason: the GPU ran out of memory while generating "
+        "(oom_decode); attempts: 2"
+    )
+    named = model_badge(PEER)
+    assert named is not None and (named.kind, named.text) == ("failover", "qwen3-8b on gaming-pc")
+    assert named.detail == "Answered by qwen3-8b on gaming-pc, another machine's GPU"
+    for text in (badge.text, named.text, badge.detail, named.detail):
+        assert "CPU" not in text and " on GPU" not in text
+
+
+def test_a_job_routed_to_a_peer_at_admission_and_one_read_back_name_the_peer() -> None:
+    admitted = {**PEER, "attempts": 1, "fallback_reason": "gpu_unavailable"}
+    assert answer_badge(admitted, 80, 2.0).text == "On gaming-pc: GPU worker unavailable · 40.0 tok/s"
+    # A job read back has no failsoft object: its worker's role names the peer.
+    read_back = job_info({"worker": "peer:nas", "route": "peer", "attempts": 1, "fallback_reason": None})
+    assert answer_badge(read_back, 0, 0.0).text == "On nas"
+    # The first headers said this GPU; the answer came from the peer.
+    headers = {"x-failsoft-model": "qwen3-8b", "x-failsoft-device": "gpu"}
+    info = with_header_model({"route": "peer", "peer": "nas", "attempts": 2}, headers)
+    assert "device" not in info
+    named = model_badge(info)
+    assert named is not None and named.text == "qwen3-8b on nas"
+
+
+def test_after_a_peer_failed_the_cpu_answer_is_the_cpus() -> None:
+    info = {"worker": "cpu", "route": "cpu", "attempts": 3, "fallback_reason": "peer_failed", "device": "cpu"}
+    assert answer_badge(info, 80, 2.0).text == "Failed over to CPU: other machine failed · 40.0 tok/s"

@@ -22,6 +22,8 @@ from tray_app.bench.measure import failover_figures, planner_figures, profile_fi
 from tray_app.bench.mirror import mirror_figures
 from tray_app.bench.mirror_report import mirror_lines
 from tray_app.bench.overhead import measure_overhead
+from tray_app.bench.peer import peer_figures
+from tray_app.bench.peer_report import peer_lines
 from tray_app.bench.report import against_lines, text
 from tray_app.bench.split import split_profile, split_worker
 from tray_app.bench.start_time import start_figures, start_lines
@@ -31,7 +33,14 @@ from tray_app.config import Config, load_config
 from tray_app.contract.status import ServiceStatus
 from tray_app.device.cost import watcher_cost_figures
 from tray_app.drill.client import DrillError, ServiceClient
-from tray_app.drill.launcher import DRILL_SUPERVISOR, LONG_HEALTH_TIMEOUT, LaunchError, launched_service
+from tray_app.drill.launcher import (
+    DRILL_SUPERVISOR,
+    LONG_HEALTH_TIMEOUT,
+    LaunchError,
+    drill_config,
+    launched_service,
+    long_slot_config,
+)
 from tray_app.drill.service_check import default_simulated_vram, service_summary
 from tray_app.engine import binary
 
@@ -221,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.peer:
+        return _peer_only(args, cfg, progress)
     settings = bench_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
     if args.start:
         return _start_only(args, settings, cfg.model_path(), progress)
@@ -272,6 +283,22 @@ def _mirror_only(args: argparse.Namespace, url: str, progress: Progress, key: st
     figures = asyncio.run(mirror_figures(url, rounds, args.tokens, progress, key, admin))
     results = {"started_at": started, "seconds": round(time.time() - started, 1), "mirror": figures}
     _report(args, "bench-mirror", results, "\n".join(mirror_lines(figures)).strip())
+    return 0
+
+
+def _peer_only(args: argparse.Namespace, cfg: Config, progress: Progress) -> int:
+    """`--peer`: only the failover pause by the next rung, a peer's GPU against this machine's CPU, in a
+    sixth of --rounds rounds (3 by default; at least 1). On services of its own with the drill's long slots
+    (scenario l's): prompts up to 2,000 tokens, each read at CPU speed on a simulated GPU, minutes a round."""
+    started = time.time()
+    settings = long_slot_config(drill_config(cfg, args.simulate_vram or default_simulated_vram(cfg)))
+    try:
+        figures = peer_figures(settings, max(args.rounds // 6, 1), progress)
+    except (DrillError, LaunchError, RuntimeError, httpx.HTTPError) as error:
+        print(f"failsoft bench: {error}", file=sys.stderr)
+        return 2
+    results = {"started_at": started, "seconds": round(time.time() - started, 1), "peer": figures}
+    _report(args, "bench-peer", results, "\n".join(peer_lines(figures)))
     return 0
 
 

@@ -3,8 +3,9 @@
 By concern: `schema.py` (the sections and `Config`), `validation.py` (`from_dict`, the checks, the command
 line's overrides), `files.py` (`load`, `save`, `write_private`, `edit_file`), `live.py` (what a running
 service takes over without a restart, what only the file sets), `view.py` (`public_view`), `command.py`
-(`load_config` for the commands, `failsoft config`); `notify.py` (the `[[notify]]` tables) and `origins.py`
-(host names and origins, for the checks here and the request guard)."""
+(`load_config` for the commands, `failsoft config`); `notify.py` (the `[[notify]]` tables), `peers.py` (the
+`[[peers]]` tables and where plain HTTP may go) and `origins.py` (host names and origins, for the checks here
+and the request guard)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tray_app.config.live import (
     with_live_changes,
 )
 from tray_app.config.notify import NotifyConfig
+from tray_app.config.peers import PeerConfig
 from tray_app.config.schema import (
     BudgetConfig,
     CacheType,
@@ -71,6 +73,7 @@ __all__ = [
     "LibraryModelConfig",
     "ModelConfig",
     "NotifyConfig",
+    "PeerConfig",
     "Pooling",
     "ServerConfig",
     "StandInPolicy",

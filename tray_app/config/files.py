@@ -29,19 +29,20 @@ def load(path: Path | None = None) -> Config:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     config = from_dict(data, source=str(path))
-    if config.server.api_key:
+    if config.server.api_key or any(peer.api_key for peer in config.peers):
         _make_private(path)
     return config
 
 
 def _make_private(path: Path) -> None:
-    """A config holding the API key that others can read is narrowed to 0600 (best effort)."""
+    """A config holding an API key (its own, a peer's) that others can read is narrowed to 0600 (best
+    effort)."""
     try:
         mode = path.stat().st_mode & 0o777
         if mode & 0o077 and path.stat().st_uid == os.getuid():
             os.chmod(path, mode & 0o700)
             logging.getLogger(__name__).warning(
-                "%s holds server.api_key and was readable by others (%o): now %o", path, mode, mode & 0o700
+                "%s holds an API key and was readable by others (%o): now %o", path, mode, mode & 0o700
             )
     except OSError:
         pass

@@ -40,6 +40,7 @@ FILE_ONLY = frozenset(
         ("server", "api_key"),
         ("server", "public_url"),  # its host is let through the Host check (server/origin_guard.py)
         ("notify", "*"),  # where the service sends what it knows, and its tokens
+        ("peers", "*"),  # where the service sends prompts, and the keys it sends with them
     }
 )
 
@@ -49,7 +50,7 @@ def file_only(changes: dict[str, Any]) -> list[str]:
     names = []
     for section, values in changes.items():
         if (section, "*") in FILE_ONLY:
-            names.append(f"{section}.*" if section != "models" else "models")
+            names.append(section if section in ("models", "peers") else f"{section}.*")
         elif isinstance(values, dict):
             names += [f"{section}.{key}" for key in values if (section, key) in FILE_ONLY]
     return names

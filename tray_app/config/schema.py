@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from tray_app import paths
 from tray_app.config.notify import NotifyConfig
+from tray_app.config.peers import PeerConfig
 
 CacheType = Literal["f16", "q8_0", "q4_0"]
 FallbackPolicy = Literal["auto", "approval", "never"]
@@ -208,6 +209,7 @@ class Config:
     library: LibraryConfig = field(default_factory=LibraryConfig)
     models: list[LibraryModelConfig] = field(default_factory=list)  # [[models]]
     notify: list[NotifyConfig] = field(default_factory=list)  # [[notify]]: notify.py
+    peers: list[PeerConfig] = field(default_factory=list)  # [[peers]]: peers.py
     source: str = ""  # the file this came from, for messages
     # Command-line values ("section.key" -> value) that win over the file, also when it is read again.
     overrides: dict[str, Any] = field(default_factory=dict)

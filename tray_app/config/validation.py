@@ -8,7 +8,7 @@ import math
 from dataclasses import fields
 from typing import Any, Literal, get_args, get_type_hints
 
-from tray_app.config import notify
+from tray_app.config import notify, peers
 from tray_app.config.origins import normalize_origin
 from tray_app.config.schema import Config, ConfigError, LibraryModelConfig
 from tray_app.contract.sizes import parse_size
@@ -60,6 +60,9 @@ def from_dict(data: dict[str, Any], source: str = "config") -> Config:
         if section_name == "models":
             config.models = _library_models(source, section_value)
             continue
+        if section_name == "peers":
+            config.peers = _peers(source, section_value)
+            continue
         if section_name == "notify":
             try:
                 config.notify = notify.channels_from_config(source, section_value)
@@ -110,6 +113,29 @@ def _library_models(source: str, value: Any) -> list[LibraryModelConfig]:
         unknown = [device for device in entry.devices if device not in ("gpu", "cpu")]
         if unknown or not entry.devices:
             raise ConfigError(f'{source}: models[{number}].devices must list "gpu" and/or "cpu"')
+        entries.append(entry)
+    return entries
+
+
+def _peers(source: str, value: Any) -> list[peers.PeerConfig]:
+    """The `[[peers]]` tables, each checked as a section is, then its name, URL, key and slots."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ConfigError(f"{source}: peers must be [[peers]] tables")
+    entries: list[peers.PeerConfig] = []
+    for number, table in enumerate(value, 1):
+        entry = peers.PeerConfig()
+        _fill_section(source, f"peers[{number}]", entry, table)
+        found = peers.problem(entry)
+        if found is not None:
+            key, what = found
+            raise ConfigError(f"{source}: peers[{number}].{key} {what}")
+        taken = [index for index, other in enumerate(entries, 1) if other.name == entry.name]
+        if taken:
+            raise ConfigError(
+                f"{source}: peers[{number}].name = {entry.name!r} is taken by peers[{taken[0]}]; "
+                "each peer needs a name of its own"
+            )
+        entry.url = peers.normalized_url(entry.url)
         entries.append(entry)
     return entries
 

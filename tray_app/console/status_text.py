@@ -10,6 +10,7 @@ from tray_app.contract.sizes import format_size, text_bar
 from tray_app.contract.status import ServiceStatus
 from tray_app.view.budget_split import caps_text, status_segments
 from tray_app.view.device_now import device_lines
+from tray_app.view.peers import peer_views
 from tray_app.view.pending import PendingJob
 from tray_app.view.service_run import clock, crash_line, how_it_ended
 from tray_app.view.state import format_duration, library, model_line, summarize, worker_line
@@ -69,6 +70,17 @@ def _worker_lines(status: ServiceStatus, now: float) -> list[str]:
             if isinstance(retry_at, int | float):
                 line += f"\n      next try in {format_duration(retry_at - now)}"
             lines.append("  " + line)
+    return lines
+
+
+def _peer_lines(status: ServiceStatus) -> list[str]:
+    """The peers (other machines' servers, asked between this GPU and this CPU); no block without any."""
+    views = peer_views(status)
+    if not views:
+        return []
+    lines = ["Peers:"]
+    for view in views:
+        lines.append("  " + "\n      ".join([view.line, *view.details]))
     return lines
 
 
@@ -174,8 +186,8 @@ def _restart_lines(status: ServiceStatus) -> list[str]:
 
 
 def render_status(status: ServiceStatus, url: str, now: float) -> str:
-    """The whole status, one block per part: the headline, the device, the budget, the workers, the
-    models, the queue and the jobs, the notify channels."""
+    """The whole status, one block per part: the headline, the device, the budget, the workers, the peers
+    (when there are any), the models, the queue and the jobs, the notify channels."""
     summary = summarize(status, reachable=True)
     uptime = format_duration(float(status.get("uptime_seconds") or 0))
     blocks = [
@@ -187,6 +199,7 @@ def render_status(status: ServiceStatus, url: str, now: float) -> str:
         _device_lines(status),
         _budget_lines(status),
         _worker_lines(status, now),
+        _peer_lines(status),
         ["Models:", *("  " + model_line(model) for model in library(status))],
         _jobs_lines(status),
         _notify_lines(status, now),

@@ -106,6 +106,7 @@ class FallbackEvent(Event):
 @dataclass(frozen=True)
 class FallbackStarted(FallbackEvent):
     type: ClassVar[str] = "fallback_started"
+    to: str = "cpu"  # where the job continues: "cpu", or "peer:<name>" (another machine's GPU, [[peers]])
 
 
 @dataclass(frozen=True)

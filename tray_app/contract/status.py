@@ -120,6 +120,10 @@ class ServiceStatus(TypedDict):
     # Each [[notify]] channel: name, kind, where (its host only), events, quiet_hours, sent, failed, dropped,
     # pending, last_sent_at, last_error, last_error_at.
     notify: NotRequired[list[dict[str, Any]]]
+    # Each [[peers]] entry (another machine's server, a tier between this GPU and this CPU): name, url
+    # (scheme://host:port), state (unknown, ready, down), gpu_ready, priority, slots, models, last_failure
+    # ({kind, message, at} or None), next_probe_in (seconds, or None).
+    peers: NotRequired[list[dict[str, Any]]]
 
 
 class JobSummary(TypedDict):

@@ -77,6 +77,7 @@ class Reason(StrEnum):
     SERVICE_RESTARTED = "service_restarted"  # the service restarted: the job's client is gone
     CPU_ATTEMPT_FAILED = "cpu_attempt_failed"  # the CPU worker failed the job too
     NO_WORKER_FOR_MODEL = "no_worker_for_model"  # the model has no worker on this machine
+    PEER_FAILED = "peer_failed"  # a peer (another machine's server) refused the job: the next rung takes it
 
 
 # The translated body's note of the Responses request a job came from (server.responses.translate), kept

@@ -146,7 +146,9 @@ class GpuSide:
     def _mark(self, event: Event) -> None:
         text = ""
         if isinstance(event, FallbackStarted):
-            kind, text = "failover", f"job {event.job_id[:12]} to the CPU: {event.reason}"
+            # A move to a peer ("peer:gaming-pc") names the peer, never "the CPU": the job left this machine.
+            where = "the CPU" if event.to == "cpu" else event.to.removeprefix("peer:")
+            kind, text = "failover", f"job {event.job_id[:12]} to {where}: {event.reason}"
         elif isinstance(event, WorkerRestarted):
             kind, text = "restart", f"{event.role} worker restarted: {event.reason}"
         elif isinstance(event, WorkerStateChanged) and event.new == "ready" and event.role.startswith("gpu"):

@@ -25,7 +25,7 @@ from tray_app.contract.events import (
     QueueChanged,
     WorkerStateChanged,
 )
-from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES
+from tray_app.contract.roles import CHAT_ROLES, EMBED_ROLES, PEER_ROLE_PREFIX
 from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.engine import binary, tools
 from tray_app.engine.profile import WorkerProfile, WorkerProfiles
@@ -46,6 +46,7 @@ from tray_app.jobs.registry import JobRegistry
 from tray_app.jobs.relay import Relay, UpstreamError
 from tray_app.jobs.worker_port import CpuSpeed, ExecutorSettings, Worker
 from tray_app.library.catalog import ModelEntry, catalog_from_config
+from tray_app.peers.directory import Peers
 from tray_app.reach import admin_token
 from tray_app.reach.capability import signer_for
 from tray_app.reach.dispatcher import Dispatcher
@@ -113,6 +114,8 @@ class Service:
         self._file_tokens: dict[str, ModelTokens] = {}
         self.registry = JobRegistry(self.journal, self.bus)
         self.library = self._library()
+        # Other machines' servers, the tier between this GPU and this CPU ([[peers]]), probed for health.
+        self.peers = Peers(cfg.peers)
         self.slots = SlotPool(self._capacities(), cfg.server.queue_max, self._queue_changed)
         self.relay = Relay()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -149,7 +152,14 @@ class Service:
     def _jobs_engine(self) -> Jobs:
         """The job engine's parts, sharing one context; the jobs facade over them."""
         context = JobsContext(
-            self.registry, self.journal, self.slots, self.relay, self.bus, self.worker, lambda: self.cfg
+            self.registry,
+            self.journal,
+            self.slots,
+            self.relay,
+            self.bus,
+            self.worker,
+            lambda: self.cfg,
+            peer_for=self._peer_for,
         )
         # The CPU mirror: the CPU worker reads GPU jobs' prompts ahead of a failover (jobs.mirror).
         self.mirror = Mirror(context, lambda: mirror_settings(self.cfg.cpu), CpuSpeed())
@@ -181,6 +191,7 @@ class Service:
             "cpu": max(self.plan_set.cpu.n_parallel, 1),
             **{role: embed for role in EMBED_ROLES.values()},
             **library,
+            **{peer.role: peer.slots for peer in self.peers.all()},
         }
 
     def _executor_settings(self) -> ExecutorSettings:
@@ -252,8 +263,15 @@ class Service:
 
     def worker(self, role: str) -> Worker | None:
         """A worker as jobs see it: during a yield, the GPU workers take no new job (host.gpu_yield)."""
+        if role.startswith(PEER_ROLE_PREFIX):
+            return self.peers.get(role)
         worker: Worker | None = self.workers.get(role)
         return self.gpu.yielding.hide(role, worker) if worker is not None else None
+
+    def _peer_for(self, model: str) -> str | None:
+        """The worker role of the peer that would answer `model` now (jobs.context.JobsContext.peer_for)."""
+        peer = self.peers.ready_for(model, self.model_id)
+        return peer.role if peer is not None else None
 
     def in_flight(self, role: str) -> int:
         return self._in_flight(role)
@@ -283,6 +301,7 @@ class Service:
         self._tasks.append(asyncio.create_task(self.executor.desk.run_approved(), name="approved-jobs"))
         self._tasks.append(asyncio.create_task(self.mirror.run(), name="cpu-mirror"))
         self._tasks.append(asyncio.create_task(self.library.reap(), name="keep-alive"))
+        self._tasks.append(asyncio.create_task(self.peers.run(), name="peers"))
         self._tasks.append(asyncio.create_task(self._tell_systemd(), name="systemd-notify"))
         self._speed_task = asyncio.create_task(self._measure_cpu_speed(), name="cpu-speed")
         self._tasks.append(self._speed_task)
@@ -317,6 +336,7 @@ class Service:
         await self.gpu.stop()
         await self.notify.stop()
         await self.relay.aclose()
+        await self.peers.close()
         await self.tokenizer.aclose()
         self.run.end()  # stopped cleanly (uvicorn then re-raises SIGTERM: nothing runs after this)
         self.journal.flush()
@@ -469,6 +489,7 @@ class Service:
                 for role in self.library.roles(entry).values()
             },
             "embedding_workers": {role: self.worker_status(role) for role in EMBED_ROLES.values()},
+            "peers": self.peers.status(),
             "queue": {"depth": self.slots.depth, "limit": self.cfg.server.queue_max},
             "approvals": {"pending": pending},
             "counters": dict(self.registry.counters),

@@ -14,6 +14,7 @@ Whatever else watches an attempt (the CPU mirror, the CPU speed meter, the effec
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -21,12 +22,13 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from tray_app.contract.roles import PEER_ROLE_PREFIX
 from tray_app.jobs.admission import QueueTimeout, SlotPool
 from tray_app.jobs.assemble import chat_chunk
 from tray_app.jobs.continuation import EchoedPrefix
 from tray_app.jobs.outcomes import Piece
 from tray_app.jobs.progress import Progress, continues_chat, delivered_tokens
-from tray_app.jobs.registry import Job, JobRegistry, upstream_stream
+from tray_app.jobs.registry import Job, JobRegistry, upstream_stream, worker_fields
 from tray_app.jobs.relay import Chunk, Relay, Sent, UpstreamError
 from tray_app.jobs.replay import first_path, resume_request
 from tray_app.jobs.worker_port import ExecutorSettings, Prompts, Worker
@@ -118,9 +120,35 @@ class AttemptTools:
     dispatched: DispatchedRequests
 
 
-def first_request(job: Job, worker: Worker) -> tuple[str, bytes]:
+def request_headers(job: Job, worker: Worker, worker_role: str, body: bytes) -> dict[str, str]:
+    """The headers of a request to `worker`. A peer (another machine's server) also gets the job's request
+    id and an Idempotency-Key: the same request sent again (after a lost connection, or by this service
+    started again) finds the answer the peer made, or its run, instead of a second run; a resumed request,
+    another body, is another key."""
+    if not is_peer(worker_role):
+        return worker.request_headers
+    key = f"{job.id}-{hashlib.sha256(body).hexdigest()[:16]}"
+    return {**worker.request_headers, "Idempotency-Key": key, "X-Request-Id": job.request_id}
+
+
+def first_request(job: Job, worker: Worker, worker_role: str) -> tuple[str, bytes]:
     """The job's own request to `worker`: its URL and body."""
-    return (worker.base_url or "") + first_path(job), job.upstream_body()
+    url = (worker.base_url or "") + first_path(job)
+    if is_peer(worker_role):
+        body = {**worker_fields(job.kind, job.body), **stream_fields(worker_role, 0)}
+        return url, json.dumps(body).encode()
+    return url, job.upstream_body()
+
+
+def is_peer(worker_role: str) -> bool:
+    return worker_role.startswith(PEER_ROLE_PREFIX)
+
+
+def stream_fields(worker_role: str, prompt_tokens: int) -> dict[str, bool]:
+    """How an attempt asks for a streamed answer: a local llama-server with its prompt-progress events
+    (registry.upstream_stream); a peer, another server that takes requests as clients send them, with none
+    of llama-server's own fields (a Failsoft peer refuses them)."""
+    return {"stream": True} if is_peer(worker_role) else upstream_stream(prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -236,7 +264,7 @@ class Attempt:
     async def _open(self, worker: Worker, worker_role: str) -> AsyncGenerator[Chunk, None]:
         """The worker's stream of this attempt's answer: its request built, or the dispatched one taken up."""
         job, progress, tools = self.job, self.progress, self._tools
-        self._url, body = await self._request(worker)
+        self._url, body = await self._request(worker, worker_role)
         stall = tools.settings().stall_seconds
         first_timeout = stall + job.prompt_tokens / tools.prompt_rate(worker_role)
         if self._convert and continues_chat(job, progress):
@@ -245,13 +273,14 @@ class Attempt:
         sent = tools.dispatched.take(job, worker_role, self._url, self.resume)
         if sent is None:
             worker.note_tokens(0)  # a drill's fault armed for "before any token" fires here
-        return tools.relay.stream(self._url, body, worker.request_headers, first_timeout, stall, sent)
+        headers = request_headers(job, worker, worker_role, body)
+        return tools.relay.stream(self._url, body, headers, first_timeout, stall, sent)
 
-    async def _request(self, worker: Worker) -> tuple[str, bytes]:
+    async def _request(self, worker: Worker, worker_role: str) -> tuple[str, bytes]:
         """The URL and body to send: the job's own request, or a resumed one that continues the answer."""
         job, progress = self.job, self.progress
         if not self.resume:
-            return first_request(job, worker)
+            return first_request(job, worker, worker_role)
         prompts = self._tools.prompts(job.model)
         delivered = await delivered_tokens(progress, prompts)
         try:
@@ -265,7 +294,7 @@ class Attempt:
             )
         except TokenizerFailed as error:  # not the worker's fault: no unhealthy mark
             raise UpstreamError("unavailable", f"the resumed prompt could not be rendered: {error}") from None
-        body.update(upstream_stream(job.prompt_tokens + delivered))
+        body.update(stream_fields(worker_role, job.prompt_tokens + delivered))
         return (worker.base_url or "") + path, json.dumps(body).encode()
 
     def _take_in(self, chunk: Chunk, worker: Worker) -> Piece | None:

@@ -29,6 +29,9 @@ class JobsContext:
     bus: EventBus
     workers: Callable[[str], Worker | None]  # by role ("gpu", "cpu@name", ...): the supervisors' workers
     config: Callable[[], Config]  # read at each decision: a config reload takes effect
+    # By model name: the worker role ("peer:<name>") of the peer that would answer it now (ready, serving the
+    # model, the first by priority), or None: the ladder's rung between this machine's GPU and its CPU.
+    peer_for: Callable[[str], str | None] = lambda model: None
 
 
 def _no_count(route: str, outcome: str) -> None:

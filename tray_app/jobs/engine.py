@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tray_app.contract.events import (
     FallbackCompleted,
@@ -35,6 +35,7 @@ from tray_app.jobs.attempt import (
     DispatchedRequests,
     EffectsDeliveredNote,
     first_request,
+    request_headers,
 )
 from tray_app.jobs.context import EngineHooks, JobsContext
 from tray_app.jobs.cpu_speed_meter import CpuAttemptMeter, CpuSpeedMeter
@@ -127,9 +128,9 @@ class Executor:
         worker = self.ctx.workers(worker_role) if worker_role else None
         if worker_role is None or worker is None or worker.state != "ready" or not worker.base_url:
             return
-        url, body = first_request(job, worker)
+        url, body = first_request(job, worker, worker_role)
         worker.note_tokens(0)  # as in an attempt: a drill's fault armed for "before any token" fires first
-        sent = self.ctx.relay.dispatch(url, body, worker.request_headers)
+        sent = self.ctx.relay.dispatch(url, body, request_headers(job, worker, worker_role, body))
         self._dispatched.put(job, worker_role, url, sent)
 
     async def run(
@@ -161,6 +162,7 @@ class Executor:
             # (waiting, or approved and running: its answer is kept for GET /v1/jobs/{id}); at shutdown,
             # unfinished jobs stay unfinished in the journal and resume at the next start.
             if not run.handed_over and job.state != "awaiting_approval" and not self.shutting_down:
+                self._name_the_crash(job, run.dropped)  # the supervisor may know by now how it ended
                 self.ctx.registry.fail(
                     job,
                     "cancelled",
@@ -239,30 +241,50 @@ class Executor:
         if failure.kind == "exited" and progress.worker_pid is not None and run.dropped is None:
             role = job.worker_role(run.role) or run.role
             run.dropped = _Dropped(role, progress.worker_pid, job.attempts, failure.message)
+        if run.role == "peer":
+            self._report_peer_failure(job, failure)
         if failure.client_error or run.role == "cpu":
             self._name_the_crash(job, run.dropped)
             return _each(self._fail_upstream(job, failure, deliver, progress.worker_pid))
-        decision = await self._decide_after_failure(job, failure, progress, deliver)
+        decision = await self._decide_after_failure(job, failure, run, deliver)
         if decision.action == "gpu":
             return None  # the GPU worker came back, or the stand-in answers there
-        if decision.action == "cpu":
-            self._fall_back_to_cpu(job, failure, decision, run, deliver)
+        if decision.action in ("peer", "cpu"):
+            self._fall_back(job, failure, decision, run, deliver)
             return None
         self.ctx.registry.name_fallback(job, failure.kind)
         if decision.action == "approval":
             return await self._hand_over(job, decision, run, deliver)
         return _each(self._refuse(job, decision, deliver))
 
-    def _fall_back_to_cpu(
+    def _fall_back(
         self, job: Job, failure: UpstreamError, decision: policy.Decision, run: _Run, deliver: bool
     ) -> None:
-        run.role, run.resume = "cpu", decision.resume
-        self.ctx.registry.set_route(job, "cpu", failure.kind)
-        run.fallback_started_at = time.monotonic()
+        """The next attempt is a peer's (routed there by the decision) or this machine's CPU: told, and the
+        time it takes measured."""
+        if decision.action == "cpu":
+            run.role = "cpu"
+            self.ctx.registry.set_route(job, "cpu", failure.kind)
+        else:
+            run.role = "peer"
+        run.resume = decision.resume
+        if run.fallback_started_at is None:
+            run.fallback_started_at = time.monotonic()
         self._on_fallback("started")
-        self.ctx.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind))
+        to = job.worker_role(run.role) or run.role
+        self.ctx.bus.publish(FallbackStarted(job_id=job.id, reason=failure.kind, to=to))
         if not deliver:
             run.progress.reset_undelivered(job.kind)
+
+    def _report_peer_failure(self, job: Job, failure: UpstreamError) -> None:
+        """A peer's attempt failed: the peer is down until its probe finds it back (jobs that follow go to the
+        next rung). What it refused (401, 404, 429, ...) is the peer's trouble, not the client's: only a 400
+        or 422, a request its server found wrong, stays the client's error."""
+        if failure.client_error and failure.status not in (400, 422):
+            failure.kind = Reason.PEER_FAILED
+        peer = self.ctx.workers(job.worker_role("peer") or "")
+        if peer is not None:
+            peer.mark_unhealthy(failure.message, failure.kind)
 
     async def _hand_over(
         self, job: Job, decision: policy.Decision, run: _Run, deliver: bool
@@ -277,9 +299,10 @@ class Executor:
         return self.desk.wait_for_final(job, deliver, decision.reason)
 
     async def _decide_after_failure(
-        self, job: Job, failure: UpstreamError, progress: Progress, deliver: bool
+        self, job: Job, failure: UpstreamError, run: _Run, deliver: bool
     ) -> policy.Decision:
-        gpu = await self._report_gpu_failure(job, failure, progress)
+        progress = run.progress
+        gpu = await self._report_gpu_failure(job, failure, progress) if run.role == "gpu" else None
         remaining = max(job.max_tokens - await delivered_tokens(progress, self._prompts(job.model)), 1)
         context = policy.FailureContext(
             streaming=deliver,
@@ -292,6 +315,9 @@ class Executor:
             stand_in_answering=job.stand_in_for is not None,
             cached_tokens=self.mirror.held(job) if self.mirror is not None else 0,
         )
+        peer = self._peer_next(job, failure, context) if run.role == "gpu" else None
+        if peer is not None:
+            return peer
         if await self._stand_in_first(job, failure, progress, context, deliver):
             return policy.Decision("gpu", policy.STAND_IN)
         cpu = await self._cpu_state(job.time_left(), job.worker_role("cpu"))
@@ -319,6 +345,19 @@ class Executor:
                 if ended and ended.get("kind") not in (None, "exited"):
                     failure.kind = str(ended["kind"])
         return gpu
+
+    def _peer_next(
+        self, job: Job, failure: UpstreamError, context: policy.FailureContext
+    ) -> policy.Decision | None:
+        """A peer's GPU takes the job over now (routed there: the next attempt is the peer's), if one serves
+        its model and a replay is safe; None: the next rung decides."""
+        decision = policy.peer_takes_over(context, self.settings.policy)
+        role = self.ctx.peer_for(job.asked_model) if decision is not None else None
+        if decision is None or role is None or job.stand_in_for is not None:
+            return None
+        self.ctx.registry.to_peer(job, role, failure.kind)
+        self.ctx.bus.publish(RouteDecided(job_id=job.id, route="peer", reason=failure.kind))
+        return replace(decision, reason=failure.kind)
 
     async def _stand_in_first(
         self,

@@ -18,7 +18,7 @@ from tray_app.contract.vocabulary import Reason
 
 FallbackPolicy = Literal["auto", "approval", "never"]
 StreamFailurePolicy = Literal["resume", "error"]
-Action = Literal["gpu", "cpu", "approval", "refuse"]
+Action = Literal["gpu", "peer", "cpu", "approval", "refuse"]
 
 # Reason codes (tray_app.contract.vocabulary.Reason), by the names this module's decisions use.
 CPU_TOO_SLOW = Reason.CPU_TOO_SLOW
@@ -181,6 +181,31 @@ class FailureContext:
 
 def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) -> Decision:
     """May the failed job continue on the CPU? Checks run from the hardest rule (effects) to the softest."""
+    unsafe = replay_refusal(failure, settings)
+    if unsafe is not None:
+        return unsafe
+    resume = failure.streaming and failure.content_delivered
+    unusable = _cpu_unusable(cpu, failure.prompt_tokens + failure.remaining_tokens)
+    if unusable is not None:
+        return unusable
+    needed = estimate_cpu_seconds(
+        failure.prompt_tokens, failure.remaining_tokens, cpu.tokens_per_second, failure.cached_tokens
+    )
+    return _cpu_route(cpu, settings, needed, failure.time_left, resume=resume)
+
+
+def peer_takes_over(failure: FailureContext, settings: Settings) -> Decision | None:
+    """The ladder's rung after this machine's GPU: a peer's GPU continues a failed job when a replay is safe
+    at all, by the rules a CPU replay follows (effects, a started stream, a stand-in's text, a grammar), and
+    with no approval: it is a GPU, as fast as the one that failed. None: the next rung decides."""
+    if replay_refusal(failure, settings) is not None:
+        return None
+    return Decision("peer", "", resume=failure.streaming and failure.content_delivered)
+
+
+def replay_refusal(failure: FailureContext, settings: Settings) -> Decision | None:
+    """The refusal when a failed job may not continue anywhere (the hardest rules: effects, then what
+    already reached the client); None when a replay is safe."""
     if failure.tool_call_delivered:
         return Decision("refuse", EFFECTS_DELIVERED, detail="a tool call was already delivered")
     resume = failure.streaming and failure.content_delivered
@@ -202,13 +227,7 @@ def decide_replay(failure: FailureContext, cpu: CpuState, settings: Settings) ->
             detail="the streamed answer follows a grammar, JSON schema or tool list, or carries log "
             "probabilities, which a continuation on the CPU cannot keep",
         )
-    unusable = _cpu_unusable(cpu, failure.prompt_tokens + failure.remaining_tokens)
-    if unusable is not None:
-        return unusable
-    needed = estimate_cpu_seconds(
-        failure.prompt_tokens, failure.remaining_tokens, cpu.tokens_per_second, failure.cached_tokens
-    )
-    return _cpu_route(cpu, settings, needed, failure.time_left, resume=resume)
+    return None
 
 
 # Failures that say nothing about a worker's health (it was busy, or not up yet).

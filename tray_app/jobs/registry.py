@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tray_app.contract.events import ApprovalNeeded, EventBus, JobStateChanged
-from tray_app.contract.roles import ChatRole
+from tray_app.contract.roles import PEER_ROLE_PREFIX, Route
 from tray_app.contract.status import JobSummary
 from tray_app.contract.vocabulary import (
     ENDED_WITHOUT_ANSWER,
@@ -97,7 +97,7 @@ class Job:
     # A stream's way to its first token: made with the job, stamped by its first attempt (jobs.path_timing).
     path: FirstTokenPath | None = None
     state: JobState = JobState.QUEUED
-    route: ChatRole = "gpu"  # the device it runs on (an embedding: its embeddings worker's device)
+    route: Route = "gpu"  # where it runs (an embedding: its embeddings worker's device)
     worker: str | None = None
     attempts: int = 0
     fallback_reason: str | None = None
@@ -158,6 +158,12 @@ class Job:
         """The model the client asked for, when another (its stand-in) answers."""
         return self.asked_model if self.asked_model and self.asked_model != self.model else None
 
+    @property
+    def peer(self) -> str | None:
+        """The peer (another machine's server) that answers the job, when it runs on one."""
+        role = self.roles.get("peer") if self.route == "peer" else None
+        return role.removeprefix(PEER_ROLE_PREFIX) if role else None
+
     def failsoft(self) -> dict[str, Any]:
         return {
             "job_id": self.id,
@@ -166,6 +172,8 @@ class Job:
             "fallback_reason": self.fallback_reason,
             "model": self.model,
             "device": self.route if self.route in ("gpu", "cpu") else None,
+            "route": self.route,
+            **({"peer": self.peer} if self.peer else {}),
             "stand_in_for": self.stand_in_for,
             **({"cpu_cached_tokens": self.cpu_cached_tokens} if self.cpu_cached_tokens is not None else {}),
         }
@@ -343,7 +351,7 @@ class JobRegistry:
     def end_attempt(self, job: Job, number: int, outcome: str, error: str | None = None) -> None:
         self.journal.end_attempt(job.id, number, outcome, error)
 
-    def set_route(self, job: Job, route: ChatRole, fallback_reason: str | None = None) -> None:
+    def set_route(self, job: Job, route: Route, fallback_reason: str | None = None) -> None:
         """Where the job runs next (gpu or cpu) and, when it leaves its first choice, why."""
         reason = fallback_reason or job.fallback_reason
         if (job.route, job.fallback_reason) == (route, reason):
@@ -360,6 +368,14 @@ class JobRegistry:
         job.prompt_tokens = max(job.prompt_tokens, prompt_tokens)
         job.route, job.fallback_reason = "gpu", reason
         self.journal.update_job(job.id, route="gpu", fallback_reason=reason)
+
+    def to_peer(self, job: Job, role: str, reason: str) -> None:
+        """The job goes to a peer (worker role "peer:<name>") next, and why; its CPU rung stays this
+        machine's, and the answer's failsoft object names the peer."""
+        job.roles = {**job.roles, "peer": role}
+        job.models = {**job.models, "peer": job.asked_model}
+        job.route, job.fallback_reason = "peer", reason or job.fallback_reason
+        self.journal.update_job(job.id, route="peer", fallback_reason=job.fallback_reason)
 
     def name_fallback(self, job: Job, reason: str) -> None:
         """Record why the job left the GPU, unless a reason is recorded already."""

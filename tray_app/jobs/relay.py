@@ -76,6 +76,11 @@ def _error_message(body: Any, fallback: str) -> str:
     return fallback
 
 
+# One server-sent event's line at most: a token's chunk is well under a kilobyte, a tool call's arguments a
+# few; a peer (another machine's server) that sends more, or never ends its line, is cut off, not buffered.
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+
 class Relay:
     """Streams from the workers over `UpstreamPool` (the hot path)."""
 
@@ -120,7 +125,7 @@ class Relay:
                 received = await response.next_chunk()
                 ended = received is None
                 pending += b"\n" if received is None else received  # the end also ends a last line
-                *lines, pending = pending.split(b"\n")
+                *lines, pending = _lines(pending)
                 for line in lines:
                     if not line.startswith(b"data:"):
                         continue  # blank lines (event ends) and comments (": ping")
@@ -179,6 +184,14 @@ class Relay:
 
 def _json(headers: dict[str, str]) -> dict[str, str]:
     return {"Content-Type": "application/json", **headers}
+
+
+def _lines(received: bytes) -> list[bytes]:
+    """The whole lines received so far, then the unfinished rest (bounded: MAX_EVENT_BYTES)."""
+    lines = received.split(b"\n")
+    if len(lines[-1]) > MAX_EVENT_BYTES:
+        raise UpstreamError("exited", f"the worker sent an event over {MAX_EVENT_BYTES} bytes")
+    return lines
 
 
 def _event(data: bytes) -> tuple[str, Any, bool]:

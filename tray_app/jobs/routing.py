@@ -101,6 +101,8 @@ class Routing:
             job.prompt_tokens, job.max_tokens, n_ctx, await self._gpu_available(job, entry, n_ctx), deadline
         )
         decision = policy.route_on_gpu(request)
+        if decision is None and not request.gpu_available:
+            decision = self._peer_route(job)
         if decision is None:
             decision = await self._stand_in_route(job)
         if decision is None:
@@ -112,6 +114,15 @@ class Routing:
             RouteDecided(job_id=job.id, route=route, reason=decision.reason, detail=decision.detail)
         )
         return decision
+
+    def _peer_route(self, job: Job) -> policy.Decision | None:
+        """The ladder's second rung at admission: this machine's GPU cannot take the job now, a peer's can
+        (another machine's GPU answers sooner than a stand-in's smaller model or the CPU)."""
+        role = self.ctx.peer_for(job.asked_model)
+        if role is None:
+            return None
+        self.ctx.registry.to_peer(job, role, Reason.GPU_UNAVAILABLE)
+        return policy.Decision("peer", Reason.GPU_UNAVAILABLE)
 
     def _with_gpu_path(self, decision: policy.Decision) -> policy.Decision:
         """A job kept off the GPU by the GPU path (squeezed, yielded, lost) says so, naming who."""

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tray_app.reach.events import name_of
-from tray_app.view.reasons import GPU_PATH_TITLES, reason_text
+from tray_app.view.reasons import (
+    GPU_PATH_TITLES,
+    fallback_place,
+    fallback_target,
+    fallback_to,
+    moves_to_peer,
+    reason_text,
+)
 from tray_app.view.state import format_duration
 
 SET_PUBLIC_URL = "Set server.public_url in Failsoft's config to approve from here."
@@ -80,7 +87,9 @@ def _single(event: dict[str, Any], links: Links, page: str | None, preview: str 
     if kind == "approval_needed":
         return _approval(event, links, page, preview)
     if kind == "fallback_started":
-        return Message("Moved to the CPU", f"{job} continues on the CPU: {reason}.", "warning", (), (event,))
+        to = fallback_to(event)
+        title = f"Moved to {fallback_target(to)}"
+        return Message(title, f"{job} continues on {fallback_place(to)}: {reason}.", "warning", (), (event,))
     if kind == "fallback_refused":
         detail = str(event.get("detail") or "")
         body = f"{job} was not moved to the CPU: {reason}." + (f" {detail}" if detail else "")
@@ -99,6 +108,14 @@ def _single(event: dict[str, Any], links: Links, page: str | None, preview: str 
     body = ". ".join(part[:1].upper() + part[1:] for part in parts if part) + "."
     level = {"lost": "critical", "squeezed": "warning", "yielded": "warning"}.get(state, "info")
     return Message(GPU_PATH_TITLES.get(state, "GPU path changed"), body, level, (), (event,))
+
+
+TO_PEER = "fallback_started:peer"  # a burst's count of the jobs moved to a peer
+
+
+def _kind_and_place(event: dict[str, Any]) -> str:
+    """The event's type, a move to a peer told apart (TO_PEER)."""
+    return TO_PEER if moves_to_peer(event) else str(event["type"])
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -124,7 +141,8 @@ def compose(
         preview = (previews or {}).get(str(events[0].get("job_id") or ""), "")
         return _single(events[0], links, page, preview)
     singles = [_single(event, lambda _job: None, None) for event in events]
-    counts = Counter(str(event["type"]) for event in events)
+    # A move to a peer is counted apart from one to the CPU: "moved to the CPU" is never said of a peer.
+    counts = Counter(_kind_and_place(event) for event in events)
     lines = []
     if counts["approval_needed"]:
         waiting = _plural(counts["approval_needed"], "1 job waits", "{} jobs wait")
@@ -132,6 +150,7 @@ def compose(
     for kind, one, many in (
         ("fallback_refused", "1 fallback refused", "{} fallbacks refused"),
         ("fallback_started", "1 job moved to the CPU", "{} jobs moved to the CPU"),
+        (TO_PEER, "1 job moved to another machine", "{} jobs moved to another machine"),
         ("worker_unhealthy", "1 worker failure", "{} worker failures"),
         ("journal_failed", "the journal cannot store jobs", "the journal cannot store jobs"),
     ):

@@ -262,6 +262,7 @@ class TrayApp(QObject):
             "simulated": summary.simulated,
             "reachable": self.model.reachable,
             "workers": {role: str(workers.get(role, {}).get("state")) for role in ("gpu", "cpu")},
+            "peers": {name: menu.title() for name, menu in self.tray.peers.items()},  # "Peer nas: down: …"
             "events_connected": self.events.connected,
             "menu_visible": self.tray.menu.isVisible(),
             "windows": windows,

@@ -22,7 +22,7 @@ from tray_app.view.answer import (
     with_header_model,
 )
 from tray_app.view.pending import as_job
-from tray_app.view.reasons import reason_text
+from tray_app.view.reasons import fallback_place, fallback_to, peer_name, reason_text
 from tray_app.view.state import device_name, format_duration
 
 JOB_POLL_MS = 1000
@@ -132,15 +132,24 @@ class Exchange:
             )
             self.view.set_progress(None)
         elif kind == "fallback_started":
+            where = fallback_place(fallback_to(event), aside=True)
             self.view.set_phase(
-                f"The GPU failed ({reason_text(str(event.get('reason') or ''))}); continuing on the CPU…"
+                f"The GPU failed ({reason_text(str(event.get('reason') or ''))}); continuing on {where}…"
             )
         elif kind == "job_state" and event.get("state") == "running" and event.get("worker") == "cpu":
             self.on_cpu = True
             self.cpu_started = time.monotonic()
             self._show_cpu_progress()
+        elif kind == "job_state" and event.get("state") == "running" and _on_peer(event.get("worker")):
+            self._show_peer_run(str(event["worker"]))
         elif kind == "job_state" and event.get("state") == "rejected":
             self.view.set_phase("Rejected in the Approvals window.")
+
+    def _show_peer_run(self, worker: str) -> None:
+        """A peer (another machine's GPU) runs the job: the CPU's estimate and progress do not apply to it."""
+        self.on_cpu = False
+        if not self.tokens:
+            self.view.set_phase(f"Running on {fallback_place(worker, aside=True)}…")
 
     def _show_cpu_progress(self) -> None:
         if self.estimated_seconds and self.cpu_started is not None:
@@ -168,6 +177,8 @@ class Exchange:
             self.on_cpu = True
             self.cpu_started = time.monotonic()
             self.estimated_seconds = float(job.get("estimated_seconds") or 0)
+        elif state == "running" and _on_peer(job.get("worker")):
+            self._show_peer_run(str(job["worker"]))
         if self.on_cpu and state == "running":
             self._show_cpu_progress()
         if state not in FINAL_JOB_STATES:
@@ -195,3 +206,8 @@ class Exchange:
         self.poll.stop()
         self.view.set_badge(badge, model)
         self.window.exchange_ended(self, badge)
+
+
+def _on_peer(worker: object) -> bool:
+    """A job's worker on a peer ("peer:gaming-pc"): another machine's GPU, never this machine's CPU."""
+    return isinstance(worker, str) and peer_name(worker) is not None

@@ -1,6 +1,7 @@
-"""Tray messages for what a person should know about: a job moved to the CPU, a fallback refused, a job
-waiting for approval, a worker restarted. A burst (a chaos test, a flapping GPU) gives one message, not
-twenty: events are gathered for a moment, and messages keep a minimum distance from each other.
+"""Tray messages for what a person should know about: a job moved to the CPU (or to a peer, another
+machine's GPU), a fallback refused, a job waiting for approval, a worker restarted. A burst (a chaos test, a
+flapping GPU) gives one message, not twenty: events are gathered for a moment, and messages keep a minimum
+distance from each other.
 
 Besides the service's events, the tray adds one of its own: `service_restarted` (the service itself restarted
 after a crash: view/service_run.py says when and how, once per crash)."""
@@ -15,7 +16,15 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from tray_app.view.reasons import GPU_PATH_TITLES, REASON_WORDS, reason_text
+from tray_app.view.reasons import (
+    GPU_PATH_TITLES,
+    REASON_WORDS,
+    fallback_place,
+    fallback_target,
+    fallback_to,
+    moves_to_peer,
+    reason_text,
+)
 
 SERVICE_RESTARTED = "service_restarted"  # the tray's own event: {"type", "at", "pid", "line"}
 NOTIFIED_TYPES = (
@@ -77,8 +86,9 @@ def _single(event: dict[str, Any]) -> Notice:
         body = f"Job {job} was not moved to the CPU: {reason_text(str(event.get('reason') or ''))}."
         return Notice("Fallback refused", body, "critical", False)
     if kind == "fallback_started":
-        body = f"Job {job} continues on the CPU: {reason_text(str(event.get('reason') or ''))}."
-        return Notice("Moved to the CPU", body, "warning", False)
+        to = fallback_to(event)
+        body = f"Job {job} continues on {fallback_place(to)}: {reason_text(str(event.get('reason') or ''))}."
+        return Notice(f"Moved to {fallback_target(to)}", body, "warning", False)
     role = str(event.get("role") or "worker").upper()
     body = (
         f"Restarted after: {reason_text(str(event.get('reason') or ''))} (attempt {event.get('attempt', 1)})."
@@ -118,10 +128,13 @@ def coalesce(events: list[dict[str, Any]]) -> Notice | None:
             _plural(counts["fallback_refused"], "1 fallback refused", "{} fallbacks refused")
             + f" ({', '.join(reasons)})"
         )
-    if counts["fallback_started"]:
-        lines.append(
-            _plural(counts["fallback_started"], "1 job moved to the CPU", "{} jobs moved to the CPU")
-        )
+    # Moves to a peer are counted apart: "moved to the CPU" is never said of another machine's GPU.
+    to_peer = sum(1 for e in events if moves_to_peer(e))
+    to_cpu = counts["fallback_started"] - to_peer
+    if to_cpu:
+        lines.append(_plural(to_cpu, "1 job moved to the CPU", "{} jobs moved to the CPU"))
+    if to_peer:
+        lines.append(_plural(to_peer, "1 job moved to another machine", "{} jobs moved to another machine"))
     if counts["worker_restarted"]:
         roles = sorted({str(e.get("role")).upper() for e in events if e["type"] == "worker_restarted"})
         lines.append(

@@ -17,6 +17,7 @@ from tray_app.contract.status import ServiceStatus
 from tray_app.contract.vocabulary import FINAL_JOB_STATES
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.qt_events import QtEventBridge
+from tray_app.view.reasons import fallback_to, peer_name
 from tray_app.view.state import TraySummary, summarize
 
 RECONCILE_DELAY_MS = 250
@@ -133,7 +134,8 @@ class StatusModel(QObject):
 
     def _track_fallbacks(self, kind: object, event: dict[str, Any]) -> None:
         job_id = str(event.get("job_id") or "")
-        if kind == "fallback_started" and job_id:
+        if kind == "fallback_started" and job_id and peer_name(fallback_to(event)) is None:
+            # A job moved to a peer runs on another machine's GPU: not a CPU fallback of this one.
             self.active_fallbacks.add(job_id)
             self.last_fallback_at = time.time()
         elif kind in ("fallback_completed", "fallback_refused") or (

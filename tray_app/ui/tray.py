@@ -1,5 +1,5 @@
-"""The tray icon and its menu: state at a glance, the budget bar, worker control, the model library, and the
-way into the approvals, chat and settings windows."""
+"""The tray icon and its menu: state at a glance, the budget bar, worker control, the peers (read-only), the
+model library, and the way into the approvals, chat and settings windows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from PySide6.QtGui import QAction, QCursor, QDesktopServices
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSystemTrayIcon, QVBoxLayout, QWidget, QWidgetAction
 
 from tray_app import paths
-from tray_app.contract.status import WorkerStatus
+from tray_app.contract.status import ServiceStatus, WorkerStatus
 from tray_app.ui.api_client import ServiceClient
 from tray_app.ui.budget_bar import BudgetBar
 from tray_app.ui.icons import state_icon, state_pixmap, swatch_icon
@@ -19,6 +19,7 @@ from tray_app.ui.models_menu import ModelsMenu, model_failure
 from tray_app.ui.notifications import Notice
 from tray_app.ui.status_model import StatusModel
 from tray_app.view.device_now import device_now, path_state
+from tray_app.view.peers import PeerView, peer_views
 from tray_app.view.state import caps_label, device_label, worker_line
 
 GIVE_GPU = "Give the &GPU to other programs"
@@ -35,6 +36,7 @@ WORKER_COLORS = {
     "stopped": "#868e96",
     "failed": "#d9403a",
 }
+PEER_COLORS = {"ready": "#2f9e58", "down": "#d9403a"}  # a peer not asked yet is grey
 MESSAGE_ICONS = {
     "information": QSystemTrayIcon.MessageIcon.Information,
     "warning": QSystemTrayIcon.MessageIcon.Warning,
@@ -66,6 +68,25 @@ class WorkerMenu(QMenu):
         self.restart.setEnabled(state not in ("stopping",))
         self.stop.setEnabled(running)
         self.start.setEnabled(state in ("stopped", "failed"))
+
+
+class PeerMenu(QMenu):
+    """One peer (another machine's server): its state as the title, where it is and what it is asked for
+    inside. Read-only: a peer is another machine's, Failsoft only probes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: tuple[str, ...] = ()
+
+    def update_from(self, view: PeerView) -> None:
+        self.setTitle(f"Peer {view.name}: {view.state_text}")
+        self.setIcon(swatch_icon(PEER_COLORS.get(view.state, "#adb5bd")))
+        lines = (view.url, *view.details)
+        if lines != self.lines:  # refilled only on a change: the status comes every 2 s, the menu may be open
+            self.lines = lines
+            self.clear()
+            for line in lines:
+                self.addAction(line).setEnabled(False)
 
 
 class StatusHeader(QWidget):
@@ -140,6 +161,7 @@ class TrayIcon(QObject):
         self.workers = {role: WorkerMenu(role, self.worker_action) for role in ("gpu", "cpu")}
         for worker_menu in self.workers.values():
             menu.addMenu(worker_menu)
+        self.peers: dict[str, PeerMenu] = {}  # by name, in the status's order; placed above the library
         self.library = ModelsMenu(self.model_action)
         menu.addMenu(self.library)
         # Give the GPU to another program (a game, ComfyUI) and take it back: `failsoft yield` / `resume`.
@@ -187,6 +209,7 @@ class TrayIcon(QObject):
         for role, worker_menu in self.workers.items():
             worker_menu.update_from({"state": "unknown", **((workers or {}).get(role) or {})})
             worker_menu.setEnabled(self.model.reachable)
+        self._show_peers(status)
         self.library.update_from(status, self.model.reachable)
         yielded = path_state(status) == "yielded" if status else False
         self.gpu_action.setText(TAKE_GPU if yielded else GIVE_GPU)
@@ -198,6 +221,21 @@ class TrayIcon(QObject):
         self.approvals_action.setText(
             f"&Approvals ({pending} waiting)…" if pending else "&Approvals (none waiting)…"
         )
+
+    def _show_peers(self, status: ServiceStatus | None) -> None:
+        """A line per peer under the workers; made again only when the peers themselves change (a config
+        reload), so an open menu keeps its entries."""
+        views = peer_views(status)
+        if [view.name for view in views] != list(self.peers):
+            for old in self.peers.values():
+                self.menu.removeAction(old.menuAction())
+                old.deleteLater()
+            self.peers = {view.name: PeerMenu() for view in views}
+            for peer_menu in self.peers.values():
+                self.menu.insertMenu(self.library.menuAction(), peer_menu)
+        for view in views:
+            self.peers[view.name].update_from(view)
+            self.peers[view.name].setEnabled(self.model.reachable)
 
     def worker_action(self, role: str, action: str) -> None:
         call = self.client.worker_action(role, action)

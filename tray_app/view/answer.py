@@ -1,5 +1,6 @@
-"""What the chat says under an answer: a badge for who served it (GPU, CPU, failed over, with the reason) and
-how fast, one for the model and device that answered, and a finished job's text read back. No Qt here."""
+"""What the chat says under an answer: a badge for who served it (GPU, CPU, a peer, failed over, with the
+reason) and how fast, one for the model and device that answered, and a finished job's text read back. No Qt
+here."""
 
 from __future__ import annotations
 
@@ -9,18 +10,23 @@ from typing import Any, TypedDict
 
 from tray_app.contract.status import JobSummary
 from tray_app.contract.vocabulary import Reason
-from tray_app.view.reasons import reason_text, short_reason
+from tray_app.view.reasons import UNNAMED_PEER, peer_name, peer_place, reason_text, short_reason
 from tray_app.view.state import device_name, where_text
 
 MODEL_NAME_CHARS = 36  # a badge shows at most this much of a model's name; its tooltip has all of it
+# A peer's answer is neither this machine's GPU's nor its CPU's: its badges take a failover's colours (the
+# chat colours only the kinds in ui/answer_view.py's BADGE_COLORS).
+PEER_BADGE_KIND = "failover"
 
 
 class AnswerInfo(TypedDict, total=False):
     """What the badges read of an answer's `failsoft` object, or of its job read back: any field may be
     missing or None (a service that names no model, a job that never ran)."""
 
-    worker: str | None  # the worker's role: "gpu", "cpu", "cpu@gemma3-270m"
-    device: str | None
+    worker: str | None  # the worker's role: "gpu", "cpu", "cpu@gemma3-270m", "peer:gaming-pc"
+    device: str | None  # this machine's "gpu" or "cpu"; None on a peer
+    route: str | None  # "gpu", "peer" or "cpu"
+    peer: str | None  # the peer's name, when route is "peer"
     model: str | None
     stand_in_for: str | None
     attempts: int | None
@@ -29,7 +35,7 @@ class AnswerInfo(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Badge:
-    kind: str  # gpu, cpu, failover, failed, stopped, stand_in
+    kind: str  # gpu, cpu, failover (also a peer's answer: PEER_BADGE_KIND), failed, stopped, stand_in
     text: str
     detail: str = ""  # the long form, shown as the badge's tooltip
 
@@ -45,9 +51,17 @@ def answered_on(info: AnswerInfo) -> str:
     return str(info.get("device") or str(info.get("worker") or "").partition("@")[0])
 
 
+def answering_peer(info: AnswerInfo) -> str | None:
+    """The peer (another machine's server) that answered: the answer's `peer`, else its worker's role
+    ("peer:gaming-pc", a job read back); None when this machine answered."""
+    if info.get("route") == "peer" or info.get("peer"):
+        return str(info.get("peer") or "") or peer_name(str(info.get("worker") or "")) or UNNAMED_PEER
+    return peer_name(str(info.get("worker") or ""))
+
+
 def answer_badge(info: AnswerInfo, tokens: int, seconds: float, simulated: bool = False) -> Badge:
     """Who served the answer: a replay after a GPU failure is "failed over", a request the GPU profile could
-    not take is "CPU" with its reason."""
+    not take is "CPU" with its reason, a peer's answer names the peer (never this machine's GPU or CPU)."""
     worker = answered_on(info)
     reason = str(info.get("fallback_reason") or "")
     attempts = int(info.get("attempts") or 1)
@@ -55,6 +69,13 @@ def answer_badge(info: AnswerInfo, tokens: int, seconds: float, simulated: bool 
     speed = f" · {rate:.1f} tok/s" if rate is not None else ""
     short = short_reason(reason)
     detail = f"Reason: {reason_text(reason)}; attempts: {attempts}" if reason else f"Attempts: {attempts}"
+    peer = answering_peer(info)
+    if peer is not None:
+        detail = f"Answered on {peer_place(peer)}. {detail}"
+        if attempts > 1:
+            return Badge(PEER_BADGE_KIND, f"Failed over to {peer}: {short}{speed}", detail)
+        because = f": {short}" if reason else ""
+        return Badge(PEER_BADGE_KIND, f"On {peer}{because}{speed}", detail)
     if worker == "cpu" and attempts > 1:
         return Badge("failover", f"Failed over to CPU: {short}{speed}", detail)
     if worker == "cpu" and reason == Reason.APPROVAL_REQUIRED:
@@ -77,6 +98,9 @@ def model_badge(info: AnswerInfo) -> Badge | None:
     short = short_model_name(model)
     text = f"{short} on {device_name(device)}" if device else short
     detail = f"Answered by {model} {where_text(device)}" if device else f"Answered by {model}"
+    peer = answering_peer(info)
+    if peer is not None:
+        text, detail = f"{short} on {peer}", f"Answered by {model} on {peer_place(peer)}"
     stand_in_for = str(info.get("stand_in_for") or "")
     if stand_in_for:
         return Badge(
@@ -84,6 +108,8 @@ def model_badge(info: AnswerInfo) -> Badge | None:
             f"{text} · stand-in for {short_model_name(stand_in_for)}",
             f"{detail}, standing in for {stand_in_for}, which could not answer on the GPU",
         )
+    if peer is not None:
+        return Badge(PEER_BADGE_KIND, text, detail)
     return Badge(device if device in ("gpu", "cpu") else "stopped", text, detail)
 
 
@@ -99,11 +125,11 @@ def short_model_name(name: str, limit: int = MODEL_NAME_CHARS) -> str:
 def with_header_model(info: AnswerInfo, headers: Mapping[str, str]) -> AnswerInfo:
     """The answer's `failsoft` object, with the model from the X-Failsoft-* headers when it names none (a job
     result read back after its stream ended). The header's device only counts when nothing else says where
-    it ran: a failover after the headers moves the answer to the CPU."""
+    it ran: a failover after the headers moves the answer to the CPU, or to a peer."""
     info = info.copy()
     if not info.get("model") and headers.get("x-failsoft-model"):
         info["model"] = headers["x-failsoft-model"]
-        if not answered_on(info) and headers.get("x-failsoft-device"):
+        if not answered_on(info) and answering_peer(info) is None and headers.get("x-failsoft-device"):
             info["device"] = headers["x-failsoft-device"]
     return info
 
@@ -112,6 +138,7 @@ def job_info(job: JobSummary) -> AnswerInfo:
     """Who answered, from a job read back whose result has no `failsoft` object of its own."""
     return {
         "worker": job.get("worker"),
+        "route": job.get("route"),
         "attempts": job.get("attempts"),
         "fallback_reason": job.get("fallback_reason"),
     }

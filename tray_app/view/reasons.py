@@ -3,8 +3,11 @@ the service sends (a `Reason`, a failure kind, a refused load's error code) is w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from tray_app.contract.roles import PEER_ROLE_PREFIX
 from tray_app.contract.vocabulary import Reason
 
 
@@ -51,6 +54,7 @@ REASON_WORDS: dict[str, Words] = {
     Reason.SERVICE_RESTARTED: Words("the service restarted; the client's connection was lost"),
     Reason.CPU_ATTEMPT_FAILED: Words("the CPU worker failed it too", "CPU failed too"),
     Reason.NO_WORKER_FOR_MODEL: Words("the model has no worker here"),
+    Reason.PEER_FAILED: Words("another machine's server failed or refused it", "other machine failed"),
     # Why loading or unloading a library model was refused (the error codes of /failsoft/models/...).
     Reason.MODEL_DOES_NOT_FIT: Words("the model does not fit in the memory free now"),
     "model_not_found": Words("the service has no model by that name"),
@@ -84,3 +88,48 @@ def short_reason(reason: str) -> str:
     """A reason code in a badge's few words, else the code itself."""
     words = REASON_WORDS.get(reason)
     return words.short if words and words.short else reason
+
+
+# A peer ([[peers]]: another machine's server) in a sentence: what it is, beside its name.
+PEER_GPU = "another machine's GPU"
+UNNAMED_PEER = "another machine"  # a peer's place that names none (the route "peer" alone)
+
+
+def peer_name(place: str) -> str | None:
+    """The peer in a place or a worker role: "peer:gaming-pc" is "gaming-pc", the bare route "peer" is
+    UNNAMED_PEER; None for this machine's own workers ("cpu", "gpu", "cpu@gemma3-270m")."""
+    if place in ("peer", PEER_ROLE_PREFIX):
+        return UNNAMED_PEER
+    if place.startswith(PEER_ROLE_PREFIX):
+        return place.removeprefix(PEER_ROLE_PREFIX)
+    return None
+
+
+def fallback_to(event: Mapping[str, Any]) -> str:
+    """Where a `fallback_started` event's job continues; an older service's event names no place: the CPU."""
+    return str(event.get("to") or "cpu")
+
+
+def moves_to_peer(event: Mapping[str, Any]) -> bool:
+    """A `fallback_started` event whose job continues on a peer, not on this machine's CPU."""
+    return event.get("type") == "fallback_started" and peer_name(fallback_to(event)) is not None
+
+
+def fallback_target(to: str) -> str:
+    """Where a job moved, in a title's few words: "the CPU", or the peer's name."""
+    return peer_name(to) or "the CPU"
+
+
+def peer_place(name: str, aside: bool = False) -> str:
+    """A peer by its name in a sentence: "gaming-pc, another machine's GPU" ("gaming-pc (another machine's
+    GPU)" with `aside`, for a line whose clause goes on)."""
+    if name == UNNAMED_PEER:
+        return PEER_GPU
+    return f"{name} ({PEER_GPU})" if aside else f"{name}, {PEER_GPU}"
+
+
+def fallback_place(to: str, aside: bool = False) -> str:
+    """Where a job moved (a `fallback_started` event's `to`), in a sentence: "the CPU", or the peer with
+    what it is (peer_place). Never "the CPU" for a peer: its answer comes from another machine."""
+    name = peer_name(to)
+    return "the CPU" if name is None else peer_place(name, aside)

@@ -9,6 +9,9 @@ const EVENTS = ["worker_state", "worker_unhealthy", "worker_restarted", "budget"
   "gpu_path", "journal_failed"];
 const FAILOVER_WORDS = { fallback_started: "moved to the CPU", fallback_completed: "finished on the CPU",
   fallback_refused: "not moved to the CPU", approval_needed: "asked for approval" };
+// Why a peer is down (its probe's failure kind), in a few words: view/peers.py's PEER_FAILURE_WORDS.
+const PEER_FAILURE_WORDS = { unreachable: "unreachable", unhealthy: "unhealthy", insecure: "insecure address",
+  peer_gpu_unavailable: "its GPU not ready", peer_failed: "other machine failed" };
 const POLL_MS = 15000; // also without events: the uptime moves, and a dropped stream is noticed
 let source = null;
 let pending = null;
@@ -86,6 +89,46 @@ function drawBar(bar) {
   $("caps").textContent = bar.caps;
 }
 
+// A peer ("peer:gaming-pc", a fallback's `to`) by name and what it is; never "the CPU" (view/reasons.py).
+function peerPlace(to) {
+  if (!to || !(to === "peer" || to.startsWith("peer:"))) return null;
+  const name = to.slice("peer:".length);
+  return name ? `${name} (another machine's GPU)` : "another machine's GPU";
+}
+
+// A failover in words: a move to a peer names the peer, and so does its end, found by the start before it
+// (`events` is newest first; only a start says where the job went).
+function failoverWords(event, events) {
+  const started = (e) => e.type === "fallback_started" && e.job_id === event.job_id;
+  const to = event.type === "fallback_started" ? event.to
+    : event.type === "fallback_completed" ? (events.slice(events.indexOf(event) + 1).find(started) || {}).to
+      : null;
+  const peer = peerPlace(to);
+  if (peer) return event.type === "fallback_started" ? `moved to ${peer}` : `finished on ${peer}`;
+  return FAILOVER_WORDS[event.type] || event.type;
+}
+
+// A peer's state in a few words, as `failsoft status` says it (view/peers.py).
+function peerState(p) {
+  if (p.state === "ready") return p.gpu_ready === true ? "ready (GPU)" : "ready";
+  if (p.state !== "down") return p.state === "unknown" || !p.state ? "not asked yet" : p.state;
+  const kind = p.last_failure && p.last_failure.kind;
+  const next = typeof p.next_probe_in === "number" ? ` (next try in ${duration(p.next_probe_in)})` : "";
+  return `down${kind ? `: ${PEER_FAILURE_WORDS[kind] || kind}` : ""}${next}`;
+}
+
+function peerItem(p) {
+  const slots = p.slots ? `${p.slots} slot${p.slots === 1 ? "" : "s"}` : "";
+  const asked = [typeof p.priority === "number" ? `priority ${p.priority}` : "", slots,
+    `serves ${p.models && p.models.length ? p.models.join(", ") : "the main model"}`].filter(Boolean);
+  const failure = p.last_failure && p.state !== "ready" ? p.last_failure.message : "";
+  return el("li", {},
+    el("span", { class: "grow" }, el("strong", {}, p.name), ` · ${peerState(p)} · ${p.url}`,
+      el("span", { class: "preview" }, asked.join(" · ")),
+      failure ? el("span", { class: "preview error" }, failure) : null),
+    stateBadge(p.state || "unknown"));
+}
+
 function stateBadge(state) {
   return el("span", { class: `state ${state}` }, String(state).replace("_", " "));
 }
@@ -142,6 +185,10 @@ function render(view) {
       w.reason && w.state !== "ready" ? ` · ${w.reason}` : ""),
     stateBadge(w.state || "unknown"))));
 
+  const peers = status.peers || [];
+  $("peers-card").hidden = peers.length === 0;
+  fill($("peers"), peers.map(peerItem));
+
   fill($("models"), (status.models || []).map((m) => el("li", {},
     el("span", { class: "grow" }, el("strong", {}, m.name), m.main ? " · main model" : "",
       ` · ${m.where === "not loaded" ? m.where : `on ${m.where.toUpperCase()}`}`,
@@ -155,7 +202,7 @@ function render(view) {
     stateBadge(job.state))));
 
   fill($("failovers"), view.failovers.map((e) => el("li", {},
-    el("span", { class: "grow" }, el("strong", {}, e.job_id), ` · ${FAILOVER_WORDS[e.type] || e.type}`,
+    el("span", { class: "grow" }, el("strong", {}, e.job_id), ` · ${failoverWords(e, view.failovers)}`,
       e.reason ? `: ${e.reason}` : "", e.estimated_seconds ? ` (about ${duration(e.estimated_seconds)})` : "",
       e.seconds ? ` · took ${duration(e.seconds)}` : ""),
     el("span", { class: "muted" }, ago(e.at)))), $("no-failovers"));
