@@ -34,6 +34,7 @@ HANDLERS = {
     "resume": "tray_app.console.command:resume_gpu",
     "hog": "tray_app.device.hog:run",
     "engine": "tray_app.engine_build.command:run",
+    "rpc": "tray_app.engine.rpc_command:run",
     "models": "tray_app.library.models_command:run",
     "install": "tray_app.install.command:install",
     "uninstall": "tray_app.install.command:uninstall",
@@ -134,7 +135,7 @@ def _add_drill_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     _add_model_and_device(drill)
     drill.add_argument("--pressure", metavar="SIZE", help="take this much VRAM away from the GPU worker")
     drill.add_argument(
-        "--scenario", action="append", help="run only these scenarios (a..l, e.g. h,i,j), repeatable"
+        "--scenario", action="append", help="run only these scenarios (a..n, e.g. h,i,j), repeatable"
     )
     drill.add_argument(
         "--soak",
@@ -182,6 +183,12 @@ def _add_bench_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "the GPU worker's throughput beside its work (a sixth of --rounds rounds: 3 by default)",
     )
     bench.add_argument(
+        "--peer",
+        action="store_true",
+        help="only the failover pause when the next rung is a peer's GPU ([[peers]], here a second service) "
+        "against this machine's CPU, by prompt length (a sixth of --rounds rounds: 3 by default)",
+    )
+    bench.add_argument(
         "--start",
         action="store_true",
         help="only the start: seconds from `failsoft serve` to its first answer (a new data folder, then the "
@@ -208,13 +215,15 @@ def _add_hog_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _add_install_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The engine, the models already on this machine, install and uninstall (their modules define their
-    arguments)."""
+    """The engine and its RPC server, the models already on this machine, install and uninstall (their
+    modules define their arguments)."""
+    from tray_app.engine import rpc_command
     from tray_app.engine_build import command as engine_command
     from tray_app.install import command as install_command
     from tray_app.library import models_command
 
     engine_command.add_parser(sub)
+    rpc_command.add_parser(sub)
     models_command.add_parser(sub)
     install_command.add_parsers(sub)
 

@@ -160,6 +160,16 @@ class ServiceClient:
         # A load waits for the worker to be ready (the service's start timeout), longer than a control call.
         return await self._json("POST", f"/failsoft/models/{name}/{action}", body or {}, REQUEST_TIMEOUT)
 
+    async def worker_action(self, role: str, action: str) -> dict[str, Any]:
+        """`POST /failsoft/workers/{role}/{action}` (stop, start, restart); the worker's status. A start waits
+        for the worker to be ready, longer than a control call."""
+        return await self._json("POST", f"/failsoft/workers/{role}/{action}", {}, REQUEST_TIMEOUT)
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        """The jobs the service holds (`GET /failsoft/jobs`), without their results."""
+        data: list[dict[str, Any]] = (await self._json("GET", "/failsoft/jobs"))["data"]
+        return data
+
     async def job(self, job_id: str) -> dict[str, Any]:
         return await self._json("GET", f"/v1/jobs/{job_id}")
 
@@ -227,12 +237,14 @@ class ServiceClient:
         *,
         stop_after: Callable[[Answer], Any] | None = None,
         on_open: Callable[[str], None] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Answer:
         """A streamed chat completion. `stop_after(answer)` is awaited after each chunk; a truthy result
         closes the connection there (a client that goes away). `on_open(job_id)` runs on the headers."""
         answer = Answer(streamed=True, started_at=time.time())
+        body = {**body, "stream": True}
         try:
-            async with self.http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as rsp:
+            async with self.http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as rsp:
                 answer.status = rsp.status_code
                 answer.job_id = rsp.headers.get("x-failsoft-job", "")
                 if on_open is not None:

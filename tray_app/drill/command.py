@@ -20,18 +20,20 @@ from tray_app.drill.client import DrillError, EventLog, ServiceClient
 from tray_app.drill.context import DrillContext
 from tray_app.drill.expected import TITLES
 from tray_app.drill.launcher import LaunchError, drill_config, launched_service, long_slot_config
+from tray_app.drill.peer_pair import PeerSide, launched_pair
 from tray_app.drill.pressure import apply_pressure
 from tray_app.drill.records import ScenarioRecord
-from tray_app.drill.registry import LONG_SLOT_SCENARIOS, SCENARIOS
+from tray_app.drill.registry import LONG_SLOT_SCENARIOS, PEER_SCENARIOS, SCENARIOS
 from tray_app.drill.report import DrillReport, text, write
 from tray_app.drill.service_check import Progress, checked_status, default_simulated_vram, service_summary
 from tray_app.drill.soak import soak_minutes
+from tray_app.host.launch import ServeProcess
 
 SPEED_WAIT = 90.0  # the service measures the CPU worker's speed once it is ready; the policy needs it
 
 
 def selected_scenarios(requested: list[str] | None, *, pressure: bool) -> list[str]:
-    """The scenario keys to run, in order: all (a to l) by default, none with --pressure alone; "h,i,j"
+    """The scenario keys to run, in order: all (a to n) by default, none with --pressure alone; "h,i,j"
     works too."""
     if not requested:
         return [] if pressure else list(SCENARIOS)
@@ -76,7 +78,9 @@ async def drill(
     stand_in_enabled: bool = True,
     max_loaded: int | None = None,
     admin: str = "",
+    peer: PeerSide | None = None,
 ) -> DrillReport:
+    """`peer`: the service's peer the drill started beside it (scenarios m and n), if any."""
     client = ServiceClient(url, api_key, admin=admin)
     events = EventLog(client)
     started = time.time()
@@ -89,7 +93,7 @@ async def drill(
         if pressure is not None:
             progress(f"memory pressure: taking {pressure} bytes")
             report.pressure = await apply_pressure(client, pressure)
-        ctx = DrillContext(client, events, status, stand_in_enabled, max_loaded)
+        ctx = DrillContext(client, events, status, stand_in_enabled, max_loaded, peer=peer)
         for key in keys:
             progress(f"scenario {key}: {TITLES[key]}")
             report.scenarios.append(await _play(ctx, key))
@@ -124,40 +128,57 @@ def _run_drill(
         )
     settings = drill_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
     own = [key for key in keys if key in LONG_SLOT_SCENARIOS]
-    shared = [key for key in keys if key not in LONG_SLOT_SCENARIOS]
-    report: DrillReport | None = None
-    if shared or pressure is not None or not own:
+    paired = [key for key in keys if key in PEER_SCENARIOS]
+    shared = [key for key in keys if key not in own and key not in paired]
+    reports: list[DrillReport] = []
+    if shared or pressure is not None or not (own or paired):
         progress("starting `failsoft serve --enable-faults` for the drill (stopped at the end)")
-        report = _launched_drill(settings, shared, pressure, progress)
+        with launched_service(settings) as service:
+            reports.append(_drill_on(service, settings, shared, pressure, progress))
     if own:
         # The drill's short GPU slots keep a-j quick; a long conversation needs slots of its own.
         progress(f"starting a service with longer GPU slots for scenario {', '.join(own)}")
-        extra = _launched_drill(long_slot_config(settings), own, None, progress)
-        if report is None:
-            return extra
+        with launched_service(long_slot_config(settings)) as service:
+            reports.append(_drill_on(service, settings, own, None, progress))
+    if paired:
+        # A peer must be another service, one the drill may stop and kill: two of their own.
+        progress(f"starting a service and its peer (its [[peers]]) for scenario {', '.join(paired)}")
+        with launched_pair(settings) as (service, peer):
+            reports.append(_drill_on(service, settings, paired, None, progress, peer))
+    return _merged(reports)
+
+
+def _merged(reports: list[DrillReport]) -> DrillReport:
+    """One report of the drills played on the services it started, in the order they ran."""
+    report, *others = reports
+    for extra in others:
         report.scenarios += extra.scenarios
         report.seconds += extra.seconds
-        report.judge()
-    assert report is not None
+    report.judge()
     return report
 
 
-def _launched_drill(
-    settings: dict[str, Any], keys: list[str], pressure: int | None, progress: Progress
+def _drill_on(
+    service: ServeProcess,
+    settings: dict[str, Any],
+    keys: list[str],
+    pressure: int | None,
+    progress: Progress,
+    peer: PeerSide | None = None,
 ) -> DrillReport:
-    with launched_service(settings) as service:
-        return asyncio.run(
-            drill(
-                service.base_url,
-                keys,
-                pressure,
-                admin=service.admin_token,
-                launched=True,
-                progress=progress,
-                stand_in_enabled=settings["library"]["stand_in"] == "auto",
-                max_loaded=int(settings["library"]["max_loaded"]),
-            )
+    return asyncio.run(
+        drill(
+            service.base_url,
+            keys,
+            pressure,
+            admin=service.admin_token,
+            launched=True,
+            progress=progress,
+            stand_in_enabled=settings["library"]["stand_in"] == "auto",
+            max_loaded=int(settings["library"]["max_loaded"]),
+            peer=peer,
         )
+    )
 
 
 def run(args: argparse.Namespace) -> int:

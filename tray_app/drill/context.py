@@ -11,6 +11,7 @@ from typing import Any
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.bodies import FAULT_REQUEST
 from tray_app.drill.client import Answer, EventLog, ServiceClient
+from tray_app.drill.peer_pair import PeerSide
 from tray_app.drill.records import Expectation, JobTrace, ScenarioRecord, account, answerer, explain
 
 
@@ -23,6 +24,8 @@ class DrillContext:
     # against --url they are this machine's config, as for the API key. None: not known.
     stand_in_enabled: bool = True
     max_loaded: int | None = None
+    # The peer the drill started beside this service (its `[[peers]]`); None: none (scenarios m and n skip).
+    peer: PeerSide | None = None
     _reference: dict[str, str] = field(default_factory=dict)
 
     @property

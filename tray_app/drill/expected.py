@@ -6,6 +6,7 @@ expect. A scenario whose situation this service cannot set up is skipped with th
 
 from __future__ import annotations
 
+from tray_app.drill.peer_pair import PEER_NAME
 from tray_app.drill.records import Expectation
 
 TITLES = {
@@ -21,6 +22,8 @@ TITLES = {
     "j": "eviction: an idle model makes room, a busy one never",
     "k": "another program takes the GPU: seen, named, acted on; the GPU back after it exits",
     "l": "a conversation over 1,500 tokens loses its GPU worker mid-stream: the CPU has read it already",
+    "m": "this GPU taken: the peer's GPU answers",
+    "n": "the peer killed mid-stream: this CPU finishes, once",
 }
 
 # How a GPU worker killed by SIGABRT is named: by the failure signature, or by how the process ended once its
@@ -46,6 +49,11 @@ EXPECTED: dict[str, Expectation] = {
     "i": Expectation("cpu", ("gpu_unavailable",), "completed"),
     # The GPU worker is killed (SIGKILL) in the last turn's stream: resumed once on the CPU.
     "l": Expectation("cpu", ABORT_KINDS, "completed", REPLAYED),
+    # The peers (m, n): this machine's GPU worker stopped, so at admission the job goes to the ready peer.
+    "m": Expectation("peer", ("gpu_unavailable",), "completed", (f"peer:{PEER_NAME} completed",)),
+    # The peer's service killed mid-stream: its connection drops ("exited": no supervisor here can say how
+    # another machine's process ended), and this machine's CPU resumes the stream.
+    "n": Expectation("cpu", ("exited",), "completed", (f"peer:{PEER_NAME} failed", "cpu completed")),
 }
 
 # d: every job completes once, and the one on the GPU at the crash is replayed on the CPU (the others may

@@ -133,10 +133,12 @@ def _free_name(base: str, taken: set[str]) -> str:
     return name
 
 
-def service_status(base_url: str) -> dict[str, Any] | None:
-    """`GET /failsoft/status` of the service at `base_url`; None while it does not answer."""
+def service_status(base_url: str, api_key: str = "") -> dict[str, Any] | None:
+    """`GET /failsoft/status` of the service at `base_url` (with its API key, when it has one); None while it
+    does not answer."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
-        response = httpx.get(base_url + "/failsoft/status", timeout=5)
+        response = httpx.get(base_url + "/failsoft/status", headers=headers, timeout=5)
         response.raise_for_status()
         data: dict[str, Any] = response.json()
     except (httpx.HTTPError, ValueError):
@@ -144,12 +146,12 @@ def service_status(base_url: str) -> dict[str, Any] | None:
     return data
 
 
-def _wait_ready(service: ServeProcess, timeout: float) -> None:
+def _wait_ready(service: ServeProcess, timeout: float, api_key: str = "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if service.process.poll() is not None:
             raise LaunchError(f"failsoft serve exited with {service.process.returncode}:\n{service.output()}")
-        if workers_ready(service_status(service.base_url)):
+        if workers_ready(service_status(service.base_url, api_key)):
             return
         time.sleep(0.2)
     raise LaunchError(f"the service's workers were not ready after {timeout:.0f}s:\n{service.output()}")
@@ -185,7 +187,8 @@ def launched_service(
         service = spawn_serve(root, config_path, args=["--enable-faults"])
         try:
             with _terminate_as_exit():
-                _wait_ready(service, ready_timeout)
+                # A service with an API key (a drill's peer) answers its status only with it.
+                _wait_ready(service, ready_timeout, str(settings["server"].get("api_key") or ""))
                 yield service
         finally:
             stop_process_tree(service.process)

@@ -107,9 +107,12 @@ def verdict(record: ScenarioRecord) -> list[str]:
 
 
 def answerer(failsoft: dict[str, Any] | None) -> str:
-    """Who answered, from an answer's failsoft object: "<model> on GPU" (", stand-in for <asked>")."""
+    """Who answered, from an answer's failsoft object: "<model> on GPU" (", stand-in for <asked>"), or
+    "<model> on peer <name>"."""
     if not failsoft:
         return ""
+    if failsoft.get("peer"):
+        return f"{failsoft.get('model') or '?'} on peer {failsoft['peer']}"
     device = str(failsoft.get("device") or str(failsoft.get("worker") or "").partition("@")[0])
     described = f"{failsoft.get('model') or '?'} on {device.upper() or '?'}"
     if failsoft.get("stand_in_for"):
@@ -207,6 +210,11 @@ def explain(
             return _why_on_cpu(reason, streamed=streamed, resumed=resumed, caps=caps)
         case "gpu":
             return "fits the GPU profile: served by the GPU worker"
+        case "peer":
+            return (
+                f"this machine's GPU could not take it ({reason}) and a peer was ready: its GPU answered, "
+                "the rung before this machine's CPU"
+            )
         case "refused":
             return f"refused ({reason}){': ' + detail if detail else ''}"
         case "approval":

@@ -54,6 +54,8 @@ COMMON_CMAKE_ARGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
+    # llama.cpp's RPC backend: `rpc-server` for another machine's device, and `llama-server --rpc` to use it.
+    "-DGGML_RPC=ON",
     "-DCMAKE_INSTALL_BINDIR=llama_cpp/bin",
     "-DCMAKE_INSTALL_LIBDIR=llama_cpp/lib",
     "-DCMAKE_INSTALL_INCLUDEDIR=llama_cpp/include",
