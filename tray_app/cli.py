@@ -147,6 +147,17 @@ def _add_drill_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     _json_flag(drill, "print the JSON report")
 
 
+# `failsoft bench --PART`: only that part of the bench, instead of the whole.
+BENCH_PARTS = {
+    "--mirror": "only the CPU mirror's figures: the failover pause by prompt length with and without it, and "
+    "the GPU worker's throughput beside its work (a sixth of --rounds rounds: 3 by default)",
+    "--peer": "only the failover pause when the next rung is a peer's GPU ([[peers]], here a second service) "
+    "against this machine's CPU, by prompt length (a sixth of --rounds rounds: 3 by default)",
+    "--start": "only the start: seconds from `failsoft serve` to its first answer (a new data folder, then "
+    "the same again), beside llama-server alone on the model (a fifth of --rounds rounds: 4 by default)",
+}
+
+
 def _add_bench_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser(
         "bench", help="router overhead, throughput, failover overhead, profiles and planner accuracy"
@@ -176,24 +187,8 @@ def _add_bench_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--url",
         help="with --against: a Failsoft service already running (default: start one from the config)",
     )
-    bench.add_argument(
-        "--mirror",
-        action="store_true",
-        help="only the CPU mirror's figures: the failover pause by prompt length with and without it, and "
-        "the GPU worker's throughput beside its work (a sixth of --rounds rounds: 3 by default)",
-    )
-    bench.add_argument(
-        "--peer",
-        action="store_true",
-        help="only the failover pause when the next rung is a peer's GPU ([[peers]], here a second service) "
-        "against this machine's CPU, by prompt length (a sixth of --rounds rounds: 3 by default)",
-    )
-    bench.add_argument(
-        "--start",
-        action="store_true",
-        help="only the start: seconds from `failsoft serve` to its first answer (a new data folder, then the "
-        "same again), beside llama-server alone on the model (a fifth of --rounds rounds: 4 by default)",
-    )
+    for flag, what in BENCH_PARTS.items():
+        bench.add_argument(flag, action="store_true", help=what)
     _json_flag(bench, "print JSON")
 
 

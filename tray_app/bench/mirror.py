@@ -83,8 +83,9 @@ async def _mirror_caught_up(client: ServiceClient) -> None:
         await asyncio.sleep(0.2)
 
 
-def _body(messages: list[dict[str, str]]) -> dict[str, Any]:
-    # Every answer its whole length (no end of text): the kill always lands mid-stream.
+def failover_body(messages: list[dict[str, str]]) -> dict[str, Any]:
+    """A failover bench's request: every answer its whole length (no end of text), so the kill always lands
+    mid-stream."""
     return {
         "model": "default",
         "messages": messages,
@@ -108,7 +109,7 @@ async def _killed_stream(client: ServiceClient, messages: list[dict[str, str]]) 
             times.append(time.monotonic())
         return False
 
-    answer = await client.stream_chat(_body(messages), stop_after=stamp)
+    answer = await client.stream_chat(failover_body(messages), stop_after=stamp)
     return answer, times
 
 
@@ -146,7 +147,7 @@ async def _follow_up(
 ) -> Pause | None:
     first = conversation(tokens, seed)
     await client.wait_ready()
-    answer = await client.stream_chat(_body(first))
+    answer = await client.stream_chat(failover_body(first))
     device = (answer.failsoft or {}).get("device")
     if answer.error is not None or device != "gpu":
         progress(f"  {FOLLOW_UP_CASE}: not measured (the first turn: {answer.error or device})")
@@ -224,7 +225,7 @@ async def _level(client: ServiceClient, clients: int, requests: int, seed: int, 
     async def one_client(number: int) -> None:
         for index in range(requests):
             messages = conversation(THROUGHPUT_PROMPT, seed + number * requests + index)
-            body = {**_body(messages), "max_tokens": tokens, "temperature": 0.7, "stream": True}
+            body = {**failover_body(messages), "max_tokens": tokens, "temperature": 0.7, "stream": True}
             await _one(client.http, client.base_url + "/v1/chat/completions", body, {}, run)
 
     started = time.perf_counter()

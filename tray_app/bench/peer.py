@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from tray_app.bench.mirror import ANSWER_TOKENS, failover_body
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import Answer, DrillError, ServiceClient
 from tray_app.drill.conversation import conversation
@@ -35,7 +36,6 @@ from tray_app.host.launch import ServeProcess
 SIZES = (100, 1000, 2000)
 SIDES = ("peer", "cpu", "cpu+mirror")
 KILL_AFTER = 5  # streamed tokens before the local GPU worker is killed
-ANSWER_TOKENS = 40
 SPEED_WAIT = 120.0  # until each service has measured its CPU worker (a failover waits for that)
 PEER_WAIT = 60.0  # until A's probe finds B ready
 Progress = Callable[[str], None]
@@ -55,18 +55,6 @@ def sizes_that_fit(sizes: tuple[int, ...], n_ctx_per_seq: int) -> list[int]:
     from the start, with no GPU to kill."""
     room = n_ctx_per_seq - ANSWER_TOKENS - 100  # the filler's count is a few per cent off
     return [min(size, room) for size in sizes]
-
-
-def _body(messages: list[dict[str, str]]) -> dict[str, Any]:
-    # Every answer its whole length (no end of text): the kill always lands mid-stream.
-    return {
-        "model": "default",
-        "messages": messages,
-        "max_tokens": ANSWER_TOKENS,
-        "temperature": 0,
-        "seed": 1,
-        "ignore_eos": True,
-    }
 
 
 async def _set_mirror(client: ServiceClient, on: bool) -> None:
@@ -107,7 +95,7 @@ async def _killed_stream(client: ServiceClient, messages: list[dict[str, str]]) 
             times.append(time.monotonic())
         return False
 
-    answer = await client.stream_chat(_body(messages), stop_after=stamp)
+    answer = await client.stream_chat(failover_body(messages), stop_after=stamp)
     return answer, times
 
 
