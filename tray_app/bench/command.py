@@ -207,19 +207,27 @@ def _router_overheads(
     return {"router_fixed_cost": fixed_cost, "byte_proxy": proxy, "router_overhead": overhead}
 
 
-def run(args: argparse.Namespace) -> int:
-    def progress(message: str) -> None:
-        print(f"failsoft bench: {message}", file=sys.stderr, flush=True)
-
+def _clients(args: argparse.Namespace) -> tuple[int, ...]:
+    """The client counts of --clients; () when the arguments are wrong (said on stderr)."""
     if args.rounds < 1 or args.tokens < 1:
         print("failsoft bench: --rounds and --tokens must be at least 1", file=sys.stderr)
-        return 2
+        return ()
     try:
         clients = tuple(int(part) for part in args.clients.split(","))
     except ValueError:
         clients = ()
     if not clients or min(clients) < 1:
         print("failsoft bench: --clients takes whole numbers >= 1, e.g. 1,4,8", file=sys.stderr)
+        return ()
+    return clients
+
+
+def run(args: argparse.Namespace) -> int:
+    def progress(message: str) -> None:
+        print(f"failsoft bench: {message}", file=sys.stderr, flush=True)
+
+    clients = _clients(args)
+    if not clients:
         return 2
     cfg = load_config(args)
     if args.against:

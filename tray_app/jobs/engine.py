@@ -162,13 +162,7 @@ class Executor:
             # (waiting, or approved and running: its answer is kept for GET /v1/jobs/{id}); at shutdown,
             # unfinished jobs stay unfinished in the journal and resume at the next start.
             if not run.handed_over and job.state != "awaiting_approval" and not self.shutting_down:
-                self._name_the_crash(job, run.dropped)  # the supervisor may know by now how it ended
-                self.ctx.registry.fail(
-                    job,
-                    "cancelled",
-                    {"message": "the client went away", "code": "cancelled"},
-                    Reason.CLIENT_DISCONNECTED,
-                )
+                self._client_gone(job, run)
             raise
         except Exception as error:
             # A fault in the router itself must not leave the job running forever: it ends, with a reason.
@@ -184,6 +178,13 @@ class Executor:
                 yield Ended(internal)
         finally:
             self._dispatched.drop(job)
+
+    def _client_gone(self, job: Job, run: _Run) -> None:
+        """The job ends with its client (cancelled); a GPU crash it met is named, now that its supervisor may
+        know how the process ended."""
+        self._name_the_crash(job, run.dropped)
+        gone = {"message": "the client went away", "code": "cancelled"}
+        self.ctx.registry.fail(job, "cancelled", gone, Reason.CLIENT_DISCONNECTED)
 
     async def drain(self, job: Job, held_slot: float | None = None) -> None:
         """Run a job nobody streams (non-streamed requests, background jobs, approved CPU runs)."""
