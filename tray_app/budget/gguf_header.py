@@ -13,7 +13,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -74,8 +74,10 @@ class StringArray:
         return self.count
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
+    """One tensor's name and size. A tuple, not a frozen dataclass: a model has up to hundreds of thousands
+    of them, and a frozen dataclass's constructor costs several times a tuple's."""
+
     name: str
     n_bytes: int
 

@@ -74,13 +74,13 @@ class DeviceSnapshot:
 
 
 def measured_snapshot(
-    *,
     at: float,
     source: SourceKind,
     device: str,
     simulated: bool,
     total_bytes: int,
     free_bytes: int,
+    *,
     processes: tuple[DeviceProcess, ...] = (),
     processes_known: bool = True,
     reason: str = "",
@@ -108,12 +108,12 @@ def unknown_snapshot(
 ) -> DeviceSnapshot:
     """A reading that could not be made: no memory figures, nothing known about processes."""
     return measured_snapshot(
-        at=at,
-        source=source,
-        device=device,
-        simulated=simulated,
-        total_bytes=0,
-        free_bytes=0,
+        at,
+        source,
+        device,
+        simulated,
+        0,
+        0,
         processes_known=False,
         reason=reason,
         state=state,

@@ -121,12 +121,12 @@ class LedgerSource:
             return unknown_snapshot(at, self.kind, "simulated GPU", True, str(error))
         holders = (Holder(h.pid, h.num_bytes, h.label) for h in state.holdings)
         return measured_snapshot(
-            at=at,
-            source=self.kind,
-            device=state.name,
-            simulated=True,
-            total_bytes=state.total_bytes,
-            free_bytes=state.free_bytes,
+            at,
+            self.kind,
+            state.name,
+            True,
+            state.total_bytes,
+            state.free_bytes,
             processes=device_processes(holders, set(self._own_pids()), self._names),
         )
 
@@ -196,12 +196,12 @@ class NvmlSource:
                 return unknown_snapshot(at, self.kind, self.name, False, f"NVML: {error}", state="lost")
             known, reason = False, f"NVML does not list the processes here: {error}"
         return measured_snapshot(
-            at=at,
-            source=self.kind,
-            device=self.name,
-            simulated=False,
-            total_bytes=total,
-            free_bytes=free,
+            at,
+            self.kind,
+            self.name,
+            False,
+            total,
+            free,
             processes=device_processes(holders, set(self._own_pids()), self._names),
             processes_known=known,
             reason=reason,
@@ -277,12 +277,12 @@ class FreeMemorySource:
         except (OSError, ValueError) as error:
             return unknown_snapshot(at, self.kind, self.device, False, f"free memory unreadable: {error}")
         return measured_snapshot(
-            at=at,
-            source=self.kind,
-            device=self.device,
-            simulated=False,
-            total_bytes=total,
-            free_bytes=free,
+            at,
+            self.kind,
+            self.device,
+            False,
+            total,
+            free,
             processes_known=False,
             reason="only free memory is known for this device, not which processes hold the rest",
         )
