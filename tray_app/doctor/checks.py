@@ -95,6 +95,9 @@ def engine_checks(cfg: Config, nvidia: bool) -> list[Check]:
             f"{info.describe()} at {info.path}, but the Python binding llama-cpp-python is not installed"
         )
         return [Check("engine", "blocking", summary, fix="failsoft engine build", details=info.to_dict())]
+    # llama.cpp counts its RPC backend (another machine's device; every engine is built with it) as offload,
+    # so a CPU build says yes: this machine's own GPU offload is a GPU backend's.
+    offload = offload and variant.get("backend") != "cpu"
     details: dict[str, Any] = {**info.to_dict(), **variant, "binding_supports_gpu_offload": offload}
     summary = f"{info.describe()} at {info.path}; built for {variant.get('backend', 'an unknown backend')}"
     summary += f", binding GPU offload: {'yes' if offload else 'no' if offload is False else 'not installed'}"
