@@ -131,6 +131,7 @@ def test_past_its_deadline_the_client_gets_503_and_collects_the_result_later(
         "fallback_reason": "crash_abort",
         "model": model_path.name,  # the model that answered, on the device that answered
         "device": "cpu",
+        "route": "cpu",
         "stand_in_for": None,
     }
     wait_replaced(svc, armed["pid"])

@@ -126,7 +126,10 @@ async def test_a_build_that_lists_a_gpu_but_loads_on_the_cpu_fails_after_load(
     assert not await supervisor.start()
     status = supervisor.status()
     assert_never_a_gpu(status, recorder)
-    assert "printed no 'offloaded N/M layers to GPU' line" in status["last_failure"]["message"]
+    message = status["last_failure"]["message"]
+    # A CPU-only build prints no offload line; a build with llama.cpp's RPC backend (every engine's) prints
+    # one, but its weights land in host buffers: either proof refuses the worker.
+    assert "printed no 'offloaded N/M layers to GPU' line" in message or "only host buffers" in message
     assert supervisor.pid is None
 
 
