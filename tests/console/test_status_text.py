@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.support.status_samples import MiB, make_library_status, make_status
+from tests.support.status_samples import GAMING_PC, NAS, MiB, make_library_status, make_status, with_peers
 from tray_app.config.notify import NotifyConfig
 from tray_app.console.status_text import render_pending, render_status
 from tray_app.contract.sizes import format_size
@@ -66,35 +66,9 @@ def test_a_failed_worker_says_why_and_when_it_is_tried_again() -> None:
 
 
 def test_peers_are_a_block_of_their_own_after_the_workers() -> None:
-    status = make_status()
-    status["peers"] = [
-        {
-            "name": "gaming-pc",
-            "url": "http://192.168.1.20:8750",
-            "state": "ready",
-            "gpu_ready": True,
-            "priority": 0,
-            "slots": 2,
-            "models": [],
-            "last_failure": None,
-            "next_probe_in": 30.0,
-        },
-        {
-            "name": "nas",
-            "url": "http://192.168.1.30:8080",
-            "state": "down",
-            "gpu_ready": None,
-            "priority": 1,
-            "slots": 1,
-            "models": ["qwen3-8b"],
-            "last_failure": {
-                "kind": "unreachable",
-                "message": "no answer to GET /health within 3 s",
-                "at": 0,
-            },
-            "next_probe_in": 12.0,
-        },
-    ]
+    unreachable = {"kind": "unreachable", "message": "no answer to GET /health within 3 s", "at": 0}
+    nas = {**NAS, "models": ["qwen3-8b"], "last_failure": unreachable}
+    status = with_peers({**GAMING_PC, "models": [], "next_probe_in": 30.0}, nas)
     text = render_status(status, URL, NOW)
     block = text.split("\n\nPeers:\n", 1)[1].split("\n\n", 1)[0]
     assert block.splitlines() == [

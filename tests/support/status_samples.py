@@ -163,3 +163,35 @@ def make_library_status(gemma_in_flight: int = 0) -> ServiceStatus:
         "cpu@gemma3-270m": {"state": "stopped", "pid": None, "rss_bytes": None, "restarts": 0},
     }
     return status
+
+
+# Two [[peers]] as the status shows them: one ready with its GPU, one down.
+GAMING_PC: dict[str, Any] = {
+    "name": "gaming-pc",
+    "url": "http://192.168.1.20:8750",
+    "state": "ready",
+    "gpu_ready": True,
+    "priority": 0,
+    "slots": 2,
+    "models": ["qwen3-8b"],
+    "last_failure": None,
+    "next_probe_in": 28.5,
+}
+NAS: dict[str, Any] = {
+    "name": "nas",
+    "url": "http://192.168.1.30:8080",
+    "state": "down",
+    "gpu_ready": None,
+    "priority": 1,
+    "slots": 1,
+    "models": [],
+    "last_failure": {"kind": "unreachable", "message": "GET /health: ConnectError: refused", "at": 1.0},
+    "next_probe_in": 12.0,
+}
+
+
+def with_peers(*peers: dict[str, Any]) -> ServiceStatus:
+    """A status with these peers (status samples as make_status makes them)."""
+    status = make_status()
+    status["peers"] = list(peers)
+    return status

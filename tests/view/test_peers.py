@@ -3,40 +3,8 @@ Plain data, no Qt."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.support.status_samples import make_status
-from tray_app.contract.status import ServiceStatus
+from tests.support.status_samples import GAMING_PC, NAS, make_status, with_peers
 from tray_app.view.peers import peer_lines, peer_views
-
-GAMING_PC: dict[str, Any] = {
-    "name": "gaming-pc",
-    "url": "http://192.168.1.20:8750",
-    "state": "ready",
-    "gpu_ready": True,
-    "priority": 0,
-    "slots": 2,
-    "models": ["qwen3-8b"],
-    "last_failure": None,
-    "next_probe_in": 28.5,
-}
-NAS: dict[str, Any] = {
-    "name": "nas",
-    "url": "http://192.168.1.30:8080",
-    "state": "down",
-    "gpu_ready": None,
-    "priority": 1,
-    "slots": 1,
-    "models": [],
-    "last_failure": {"kind": "unreachable", "message": "GET /health: ConnectError: refused", "at": 1.0},
-    "next_probe_in": 12.0,
-}
-
-
-def with_peers(*peers: dict[str, Any]) -> ServiceStatus:
-    status = make_status()
-    status["peers"] = list(peers)
-    return status
 
 
 def test_a_ready_peer_says_its_gpu_and_a_down_one_why_and_when_it_is_tried_again() -> None:
