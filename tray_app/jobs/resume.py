@@ -29,7 +29,7 @@ from tray_app.library.catalog import ModelEntry
 from tray_app.tokenizer.wire import TokenizerFailed
 
 
-class Jobs(Protocol):
+class JobsFacade(Protocol):
     """What resuming asks of the jobs facade (jobs.intake.Jobs)."""
 
     journal: Journal
@@ -138,7 +138,7 @@ async def gpu_started(worker: Worker | None, wait: float) -> None:
         await worker.ensure_ready(wait)
 
 
-def resume_unfinished(jobs: Jobs) -> None:
+def resume_unfinished(jobs: JobsFacade) -> None:
     """Jobs the journal holds as unfinished were accepted by an earlier run: a background job (or one in
     the user's hands) goes on, on the model it asked for (its body names it) and routed again as a new
     request would be, once its GPU worker has started; an interactive one, whose client is gone, ends
@@ -173,7 +173,7 @@ def resume_unfinished(jobs: Jobs) -> None:
         jobs.run_task(job, _route_and_run(jobs, job), f"job-{job.id}")
 
 
-async def _route_and_run(jobs: Jobs, job: Job) -> None:
+async def _route_and_run(jobs: JobsFacade, job: Job) -> None:
     """A resumed job's prompt counted again (the journal keeps no count) and its route decided again (a
     long prompt goes to the CPU, as it did the first time) once its GPU worker has started."""
     if not await _count_resumed(jobs, job):
@@ -194,7 +194,7 @@ async def _route_and_run(jobs: Jobs, job: Job) -> None:
     await jobs.drain(job)
 
 
-async def _count_resumed(jobs: Jobs, job: Job) -> bool:
+async def _count_resumed(jobs: JobsFacade, job: Job) -> bool:
     """Count a resumed job's prompt tokens (the journal keeps no count); False, the job failed, when the
     tokenizer cannot count them."""
     try:
@@ -207,7 +207,7 @@ async def _count_resumed(jobs: Jobs, job: Job) -> bool:
     return True
 
 
-async def _gpu_started(jobs: Jobs, job: Job) -> None:
+async def _gpu_started(jobs: JobsFacade, job: Job) -> None:
     """Wait until the main model's GPU worker has started (gpu_started, above)."""
     entry = jobs.models.find(job.asked_model)
     role = job.worker_role("gpu")
