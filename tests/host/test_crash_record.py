@@ -12,8 +12,10 @@ from tray_app.console.status_text import _restart_lines
 from tray_app.host.crash_record import (
     CRASH_LOG,
     MARKER_FILE,
+    STACK_LINES_LOGGED,
     begin_run,
     fatal_signal,
+    last_crash,
     previous_crash,
 )
 
@@ -72,3 +74,14 @@ def test_the_signal_is_read_from_the_last_fatal_error() -> None:
     assert fatal_signal(text) == 11
     assert fatal_signal("Fatal Python error: Bus error\n") == 7
     assert fatal_signal("no crash here") is None
+
+
+def test_a_long_report_is_logged_from_its_signal_line_on() -> None:
+    # Many threads: the head names the signal and the crashing thread; the tail is counted, not shown.
+    earlier = ["Fatal Python error: Aborted", "  File old"]
+    report = ["Fatal Python error: Segmentation fault", ""] + [f'  File "x.py", line {n}' for n in range(200)]
+    shown = last_crash(earlier + report)
+    assert shown[0] == "Fatal Python error: Segmentation fault"
+    assert len(shown) == STACK_LINES_LOGGED + 1
+    assert shown[-1] == f"... {len(report) - STACK_LINES_LOGGED} more lines in the file"
+    assert last_crash(["a", "b"]) == ["a", "b"]  # no header: the tail, as it is

@@ -209,15 +209,20 @@ def test_models_are_loaded_and_unloaded_from_a_terminal(svc: ServiceHandle, mode
     assert unknown.returncode == 1 and f"no model 'nope'; models are {model_path.name}" in unknown.stderr
 
 
-def test_a_gpu_failure_of_the_big_model_is_answered_by_its_stand_in_on_the_gpu(
-    svc: ServiceHandle, model_path: Path
-) -> None:
-    httpx.post(
-        f"{svc.base_url}/failsoft/models/{GEMMA}/load",
+def load_on_the_gpu(svc: ServiceHandle, name: str) -> None:
+    loaded = httpx.post(
+        f"{svc.base_url}/failsoft/models/{name}/load",
         json={"device": "gpu"},
         timeout=120,
         headers=svc.headers(),
     )
+    assert loaded.status_code == 200 and loaded.json()["where"] == "gpu", loaded.text
+
+
+def test_a_gpu_failure_of_the_big_model_is_answered_by_its_stand_in_on_the_gpu(
+    svc: ServiceHandle, model_path: Path
+) -> None:
+    load_on_the_gpu(svc, GEMMA)
     arm(svc, "abort", role=f"gpu@{GEMMA}")
     answer = ask(svc, GEMMA).json()
     failsoft = answer["failsoft"]
@@ -226,12 +231,7 @@ def test_a_gpu_failure_of_the_big_model_is_answered_by_its_stand_in_on_the_gpu(
     assert failsoft["fallback_reason"] == "stand_in" and answer["model"] == model_path.name
     # Refused by the request: the big model on the CPU instead (the ladder's last rung).
     wait_until(lambda: model_status(svc, GEMMA)["where"] != "loading", what="Gemma back")
-    httpx.post(
-        f"{svc.base_url}/failsoft/models/{GEMMA}/load",
-        json={"device": "gpu"},
-        timeout=120,
-        headers=svc.headers(),
-    )
+    load_on_the_gpu(svc, GEMMA)
     arm(svc, "abort", role=f"gpu@{GEMMA}")
     refused = ask(svc, GEMMA, **{"X-Failsoft-Stand-In": "no"}).json()["failsoft"]
     assert (refused["model"], refused["worker"], refused["stand_in_for"]) == (GEMMA, f"cpu@{GEMMA}", None)

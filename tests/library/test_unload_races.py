@@ -106,3 +106,26 @@ async def test_a_load_during_an_unload_waits_for_it_then_starts_the_worker_again
     cpu.release.set()
     assert await unloading is True
     assert await loading is True and cpu.starts == 1 and cpu.state == "ready"
+
+
+class SlowStartWorker(SlowStopWorker):
+    """A stopped worker whose start takes `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.state, self.seconds = "stopped", seconds
+
+    async def ensure_ready(self, timeout: float) -> bool:
+        await asyncio.sleep(self.seconds)
+        return await super().ensure_ready(timeout)
+
+
+async def test_a_load_slower_than_its_keep_alive_is_kept_from_its_ready(registry: JobRegistry) -> None:
+    # The keep-alive counts from the moment the model is ready, not from the request that asked for it.
+    cpu = SlowStartWorker(0.3)
+    library = library_with({"cpu@notes": cpu}, registry)
+    library.roles = lambda entry: {"cpu": "cpu@notes"}  # type: ignore[method-assign]
+    library.touch("notes", keep_alive=0.2)
+    assert await library.load(NOTES, "cpu", 5.0) is True
+    left = library.unload_in(NOTES)
+    assert left is not None and left > 0.1

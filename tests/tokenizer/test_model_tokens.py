@@ -4,7 +4,6 @@ started again at the cost of the requests it was reading."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.waits import wait_until_async
 from tray_app.tokenizer.counter import TokenCounter
 from tray_app.tokenizer.model_tokens import ModelTokens
 from tray_app.tokenizer.process import TokenizerProcess
@@ -119,7 +119,7 @@ async def test_a_helper_that_dies_on_a_request_twice_fails_it_and_the_next_is_se
     assert helper.last_exit is not None and helper.last_exit["signal"] == signal.SIGSEGV
 
 
-async def test_a_helper_killed_while_idle_is_started_again_for_the_next_request(
+async def test_a_helper_killed_while_idle_is_started_again_before_the_next_request(
     helper: TokenizerProcess, model_path: Path
 ) -> None:
     tokens = ModelTokens(helper, model_path)
@@ -127,6 +127,8 @@ async def test_a_helper_killed_while_idle_is_started_again_for_the_next_request(
     first = helper.pid
     assert first is not None
     os.kill(first, signal.SIGKILL)
-    await asyncio.sleep(0.2)
+    await wait_until_async(lambda: helper.pid not in (None, first), 10, "a helper started by itself")
+    second = helper.pid
+    assert helper.restarts == 1 and helper.last_exit is not None
     assert await tokens.count("completion", {"prompt": "Two"}) > 0
-    assert helper.pid not in (None, first)
+    assert helper.pid == second and helper.restarts == 1  # the request used it: no second start

@@ -148,10 +148,22 @@ def _log_stack(note: CrashNote) -> None:
     if note["stack_log"] is None:
         return
     try:
-        text = Path(note["stack_log"]).read_text(errors="replace").splitlines()[-STACK_LINES_LOGGED:]
+        lines = Path(note["stack_log"]).read_text(errors="replace").splitlines()
     except OSError:
         return
-    log.warning("the crashed run's stack (%s):\n%s", note["stack_log"], "\n".join(text))
+    log.warning("the crashed run's stack (%s):\n%s", note["stack_log"], "\n".join(last_crash(lines)))
+
+
+def last_crash(lines: list[str]) -> list[str]:
+    """The last crash in a crash log, from its "Fatal Python error" line (which names the signal) on.
+
+    Many threads make a long report; its head names the signal and the crashing thread, so that is kept.
+    """
+    starts = [index for index, line in enumerate(lines) if line.startswith("Fatal Python error: ")]
+    first = starts[-1] if starts else max(0, len(lines) - STACK_LINES_LOGGED)
+    shown = lines[first : first + STACK_LINES_LOGGED]
+    left_out = len(lines) - first - len(shown)
+    return [*shown, f"... {left_out} more lines in the file"] if left_out > 0 else shown
 
 
 def _new_text(path: Path, offset: int) -> str:

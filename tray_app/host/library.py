@@ -179,6 +179,7 @@ class Library:
             return await worker.ensure_ready(timeout)
         finally:
             self._loading.discard(entry.name)
+            self.touch(entry.name)  # its keep-alive counts from ready: a slow load is not unloaded at once
 
     def _refuse_if_no_room_now(self, entry: ModelEntry, role: str) -> None:
         """The share says it fits; the device now may not (another program took memory since the plan)."""

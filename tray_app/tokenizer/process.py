@@ -93,6 +93,7 @@ class TokenizerProcess:
         self._quick_deaths = 0
         self._not_before = 0.0
         self.restarts = 0
+        self._restart: asyncio.Task[None] | None = None
         self.last_exit: dict[str, Any] | None = None
         self._closed = False
 
@@ -141,16 +142,14 @@ class TokenizerProcess:
         async with self._lock:
             if self._closed:
                 raise TokenizerFailed("the service is stopping", "crashed")
-            run = self._run
-            if run is None or run.ended is not None:
+            while (run := self._run) is None or run.ended is not None:
                 wait = self._not_before - time.monotonic()
                 if wait > 0:
-                    await asyncio.sleep(wait)
+                    await asyncio.sleep(wait)  # the restart `_ended` scheduled may come first
+                    continue
                 if run is not None:
                     self.restarts += 1
                 self._spawn()
-                run = self._run
-                assert run is not None
             if run.writer is None:
                 assert self._own_end is not None
                 run.reader, run.writer = await asyncio.open_unix_connection(sock=self._own_end)
@@ -194,10 +193,20 @@ class TokenizerProcess:
             signum = -returncode if returncode is not None and returncode < 0 else None
             self.last_exit = {"at": time.time(), "returncode": returncode, "signal": signum}
             log.warning("tokenizer helper (pid %d) ended: %s", run.process.pid, died)
+        if not self._closed:  # started again now, not at the next request: it loads its models first
+            self._restart = asyncio.get_running_loop().create_task(self._restart_if_gone(run))
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(died)
+
+    async def _restart_if_gone(self, gone: _Run) -> None:
+        """A successor for `gone`, connected so that its own end is noticed too (after the backoff)."""
+        await asyncio.sleep(max(0.0, self._not_before - time.monotonic()))
+        if self._closed or self._run is not gone:  # stopping, or a request started one already
+            return
+        with contextlib.suppress(TokenizerFailed, OSError):
+            await self._live()
 
     # ------------------------------------------------------------------------------------ requests
     async def request(
@@ -235,6 +244,8 @@ class TokenizerProcess:
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._restart is not None:
+            self._restart.cancel()
         run = self._run
         if run is None:
             return
