@@ -77,3 +77,19 @@ def test_text_without_sizes_gives_zeros() -> None:
 def test_as_printed_matches_llama_cpp_precision() -> None:
     assert as_printed(45 * MIB) == "45.00"
     assert as_printed(53084160) == "50.62"  # a q4_0 cache is not a whole number of MiB
+
+
+def test_a_device_on_another_machine_is_named_with_its_address_and_kept_apart() -> None:
+    log = """\
+load_tensors:          CPU model buffer size =    83.65 MiB
+load_tensors: RPC0[192.168.1.30:50052] model buffer size =    37.14 MiB
+llama_kv_cache: RPC0[192.168.1.30:50052] KV buffer size =     6.00 MiB
+sched_reserve: RPC0[192.168.1.30:50052] compute buffer size =    11.76 MiB
+sched_reserve:        CPU compute buffer size =    14.01 MiB
+"""
+    sizes = parse_buffer_sizes(log)
+    assert sizes.model_buffer("RPC0[192.168.1.30:50052]") == round(37.14 * 1024**2)
+    assert sizes.kv_bytes == 6 * 1024**2
+    # This machine's compute buffers alone: what a simulated GPU on it holds.
+    assert sizes.local_compute_bytes() == round(14.01 * 1024**2)
+    assert sizes.compute_bytes == round(11.76 * 1024**2) + round(14.01 * 1024**2)

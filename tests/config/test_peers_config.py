@@ -4,6 +4,7 @@ plain HTTP only on the local network, set in the file only, and their keys kept 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,26 @@ def test_a_file_holding_a_peer_key_is_made_private(tmp_path: Path) -> None:
     os.chmod(path, 0o644)
     config.load(path)
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_rpc_box_needs_no_url_and_is_read_with_its_memory_cap() -> None:
+    [peer] = peers_of({"name": "nas", "rpc": "192.168.1.30:50052", "rpc_memory": "6GiB"})
+    assert (peer.url, peer.rpc, peer.rpc_memory) == ("", "192.168.1.30:50052", "6GiB")
+    [both] = peers_of({**GAMING_PC, "rpc": "gaming-pc.local:50052"})  # a peer and its device, one machine
+    assert both.url == GAMING_PC["url"] and both.rpc == "gaming-pc.local:50052"
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ({"name": "nas"}, "peers[1].url is required"),
+        ({"name": "nas", "rpc": "192.168.1.30"}, "peers[1].rpc = '192.168.1.30' must be host:port"),
+        ({"name": "nas", "rpc": "192.168.1.30:0"}, "has port 0; use 1..65535"),
+        ({"name": "nas", "rpc": "8.8.8.8:50052"}, "not a local address or a LAN name"),
+        ({"name": "nas", "rpc": "ai.example.org:50052"}, "llama.cpp's RPC is for a LAN only"),
+        ({"name": "nas", "rpc": "10.0.0.3:50052", "rpc_memory": "lots"}, "peers[1].rpc_memory = 'lots'"),
+    ],
+)
+def test_a_wrong_rpc_box_names_its_key(table: dict[str, Any], says: str) -> None:
+    with pytest.raises(config.ConfigError, match=re.escape(says)):
+        peers_of(table)

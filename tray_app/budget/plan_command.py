@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 from tray_app import config
 from tray_app.budget import speed
@@ -106,6 +107,7 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
             f"in system RAM for this worker: weights {format_size(plan.host_weights_bytes)}, "
             f"KV cache {format_size(plan.host_kv_bytes)}, logits {format_size(plan.output_bytes)}"
         )
+    lines.extend(remote_lines(plans))
     lines.extend(candidate_lines(plan))
     cpu = plans.cpu
     lines.append(
@@ -120,6 +122,30 @@ def render_table(plans: PlanSet, notes: list[str]) -> str:
         lines.append(f"RAM for both workers: {plans.ram_together().words()}")
     lines.extend(f"note: {note}" for note in notes)
     return "\n".join(lines)
+
+
+def _layers(count: int) -> str:
+    return f"{count} layer" + ("" if count == 1 else "s")
+
+
+def remote_lines(plans: PlanSet) -> list[str]:
+    """Each device's layers when RPC boxes are configured: the local GPU, each box, the CPU."""
+    if not plans.boxes:
+        return []
+    plan = plans.gpu
+    on_cpu = plan.n_layers - plan.n_gpu_layers - plans.remote_layers
+    lines = [f"layers by device ({plan.n_layers} in all):"]
+    lines.append(f"  {plans.target.label}: {_layers(plan.n_gpu_layers)}")
+    for share in plans.remote:
+        lines.append(f"  {share.device} {share.placement_words()}")
+        lines.append(f"  {'':<9} {text_bar(share.used_bytes, share.usable_bytes)} of its usable memory")
+    lines.append(f"  CPU (system RAM): {_layers(on_cpu)}")
+    used = {share.endpoint for share in plans.remote}
+    for box in plans.boxes:
+        if box.endpoint not in used:
+            why = box.problem or "the local GPU holds every layer, or no layer fits there"
+            lines.append(f"  {box.peer} at {box.endpoint}: not used - {why}")
+    return lines
 
 
 def candidate_lines(plan: Plan) -> list[str]:
@@ -190,6 +216,8 @@ def plan_json(plans: PlanSet) -> dict[str, object]:
         "ram": plans.ram.to_dict(),
         "embeddings_plan": plans.embeddings.to_dict() if plans.embeddings else None,
         "ram_check": plans.ram_together().to_dict(),
+        "boxes": [asdict(box) for box in plans.boxes],
+        "remote": [share.to_dict() for share in plans.remote],
     }
 
 

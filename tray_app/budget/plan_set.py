@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,13 @@ from tray_app.budget.model_info import ModelInfo, inspect_model
 from tray_app.budget.plan import Plan, PlanRequest
 from tray_app.budget.planner import plan_cpu, plan_gpu
 from tray_app.budget.ram_check import RamCheck, both_workers
+from tray_app.budget.remote import RemoteDevice, RemoteShare, remote_shares
 from tray_app.budget.target import PlanTarget, plan_target
 from tray_app.config import Config
+from tray_app.config.peers import PeerConfig
 from tray_app.contract.sizes import format_size, parse_size
 from tray_app.engine import binary
-from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices
+from tray_app.engine.devices import DeviceListError, DeviceListing, list_devices, rpc_device
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,12 @@ class PlanSet:
     target: PlanTarget  # the device the GPU plan is for, as llama.cpp's build sees it
     # The GPU embeddings worker's plan, in what the chat plan leaves free; None: embeddings on the CPU only.
     embeddings: Plan | None = None
+    boxes: tuple[RemoteDevice, ...] = ()  # the configured RPC boxes as probed for this plan
+    remote: tuple[RemoteShare, ...] = ()  # the layers they hold for the GPU worker, in its --rpc order
+
+    @property
+    def remote_layers(self) -> int:
+        return sum(share.n_layers for share in self.remote)
 
     def ram_together(self) -> RamCheck:
         """RAM for both workers at once; the GPU worker on a simulated device loads its weights into its own
@@ -46,6 +54,8 @@ class PlanSet:
             "cpu": self.cpu.to_dict(),
             "ram": self.ram.to_dict(),
             "embeddings": self.embeddings.to_dict() if self.embeddings else None,
+            "boxes": [asdict(box) for box in self.boxes],
+            "remote": [share.to_dict() for share in self.remote],
             "ram_check": self.ram_together().to_dict(),
         }
 
@@ -112,10 +122,49 @@ def engine_devices(cfg: Config) -> tuple[DeviceListing | None, str]:
         return None, str(error)
 
 
+def _rpc_peers(cfg: Config) -> list[PeerConfig]:
+    return sorted((peer for peer in cfg.peers if peer.rpc), key=lambda peer: peer.priority)
+
+
+def configured_endpoints(cfg: Config) -> list[str]:
+    """The RPC boxes the config names, in the order they are probed and filled."""
+    return [peer.rpc for peer in _rpc_peers(cfg)]
+
+
+def probe_boxes(cfg: Config) -> tuple[RemoteDevice, ...]:
+    """The `[[peers]]` with `rpc`, in priority order, each as llama.cpp lists its device now (or why not)."""
+    configured = _rpc_peers(cfg)
+    if not configured:
+        return ()
+    try:
+        engine = binary.locate(cfg.engine.llama_server)
+    except binary.EngineError as error:
+        return tuple(RemoteDevice(peer.name, peer.rpc, problem=str(error)) for peer in configured)
+    boxes = []
+    for peer in configured:
+        cap = parse_size(peer.rpc_memory) if peer.rpc_memory else 0
+        try:
+            device = rpc_device(engine, peer.rpc)
+        except DeviceListError as error:
+            boxes.append(RemoteDevice(peer.name, peer.rpc, cap_bytes=cap, problem=str(error)))
+            continue
+        boxes.append(
+            RemoteDevice(
+                peer.name, peer.rpc, device.description, device.total_bytes, device.free_bytes, cap_bytes=cap
+            )
+        )
+    return tuple(boxes)
+
+
 def plan_from_config(
-    cfg: Config, *, vram_override: int | None = None, gpu: GpuDevice | None = None
+    cfg: Config,
+    *,
+    vram_override: int | None = None,
+    gpu: GpuDevice | None = None,
+    boxes: tuple[RemoteDevice, ...] | None = None,
 ) -> PlanSet:
-    """Probe the devices, inspect the model and plan both workers (with measured compute buffers if known)."""
+    """Probe the devices, inspect the model and plan both workers (with measured compute buffers if known).
+    `boxes`: the RPC boxes as last probed (None: probe them now; a what-if plan leaves them out)."""
     model_path = cfg.model_path()
     model = inspect_model(model_path)
     measured = calibration.measured_compute(model_path)
@@ -130,6 +179,17 @@ def plan_from_config(
         ram=ram,
         target=plan_target(device, listing, list_error, what_if=vram_override is not None),
     )
+    if vram_override is None:
+        boxes = probe_boxes(cfg) if boxes is None else boxes
+        shares = remote_shares(
+            model,
+            gpu_request(cfg),
+            plans.gpu,
+            list(boxes),
+            local_device_in_build=plans.target.kind == "gpu",
+            measured=measured,
+        )
+        plans = replace(plans, boxes=boxes, remote=shares)
     return replace(plans, embeddings=embeddings_gpu_plan(cfg, plans))
 
 

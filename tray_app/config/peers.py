@@ -1,5 +1,6 @@
 """The `[[peers]]` tables of the config: other machines' OpenAI-compatible servers (best another Failsoft)
-asked between the local GPU and the local CPU, and the rule for where plain HTTP may go.
+asked between the local GPU and the local CPU, other machines' devices the GPU worker spans through
+llama.cpp's RPC backend (`rpc`), and the rule for where plain HTTP may go.
 
 Kept apart from the sections (schema.py): validation.py fills a `PeerConfig` as it fills any section, then
 asks `problem` what else is wrong; `tray_app.peers` reuses the address rule when it probes a peer."""
@@ -10,6 +11,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from tray_app.contract.sizes import parse_size
 
 MAX_SLOTS = 64
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,40}")
@@ -27,11 +30,14 @@ class PeerConfig:
     """One `[[peers]]` table: another machine's server, used as a worker tier."""
 
     name: str = ""  # for the status and the log; [A-Za-z0-9._-]{1,40}, unique (required)
-    url: str = ""  # scheme://host[:port], no path (required); stored without a trailing "/"
+    url: str = ""  # scheme://host[:port], no path (required unless rpc is set); no trailing "/"
     api_key: str = ""  # the peer's server.api_key, sent as Authorization: Bearer
     models: list[str] = field(default_factory=list)  # local model names it is asked for; empty: the main one
     priority: int = 0  # lower is asked first
     slots: int = 4  # requests sent to it at once
+    # host:port of `failsoft rpc serve` on that machine: its device takes layers the local GPU cannot hold.
+    rpc: str = ""
+    rpc_memory: str = ""  # the most of that device the plan may use, e.g. "6GiB" (default: all it has free)
 
 
 def is_local_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -80,11 +86,16 @@ def problem(peer: PeerConfig) -> tuple[str, str] | None:
         return "name", 'is required: what the status and the log call the peer, e.g. "gaming-pc"'
     if not _NAME.fullmatch(peer.name):
         return "name", f"= {peer.name!r} must be 1 to 40 of A-Z, a-z, 0-9, '.', '_' and '-'"
-    if not peer.url:
-        return "url", 'is required: the peer\'s server, e.g. "http://192.168.1.20:8750"'
-    url_problem = _url_problem(peer.url)
+    if not peer.url and not peer.rpc:
+        return "url", 'is required: the peer\'s server, e.g. "http://192.168.1.20:8750" (or rpc alone)'
+    url_problem = _url_problem(peer.url) if peer.url else None
     if url_problem:
         return "url", f"= {peer.url!r} {url_problem}"
+    rpc_problem = _rpc_problem(peer.rpc) if peer.rpc else None
+    if rpc_problem:
+        return "rpc", f"= {peer.rpc!r} {rpc_problem}"
+    if peer.rpc_memory and not _size_ok(peer.rpc_memory):
+        return "rpc_memory", f'= {peer.rpc_memory!r} must be a size such as "6GiB" or "6000MiB"'
     if not peer.api_key.isascii() or not peer.api_key.isprintable() or " " in peer.api_key:
         return "api_key", "must be printable ASCII without spaces (it is sent in an HTTP header)"
     if any(not model or model != model.strip() for model in peer.models):
@@ -117,3 +128,36 @@ def _url_problem(url: str) -> str | None:
     if parts.scheme == "http" and not plain_http_allowed_host(host):
         return f"goes to {host}, not a local address or a LAN name: {PLAIN_HTTP_RULE}"
     return None
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """`host:port` ("[::1]:50052" for IPv6) as (host, port); ValueError when it is not one."""
+    host, colon, port = endpoint.rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise ValueError("is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def _rpc_problem(endpoint: str) -> str | None:
+    example = "e.g. 192.168.1.20:50052 (what `failsoft rpc serve` prints there)"
+    if any(char.isspace() or not char.isprintable() for char in endpoint):
+        return "must have no spaces or control characters"
+    try:
+        host, port = split_endpoint(endpoint)
+    except ValueError:
+        return f"must be host:port, {example}"
+    if not 1 <= port <= 65535:
+        return f"has port {port}; use 1..65535"
+    if literal_address(host) is None and not _HOST_NAME.fullmatch(host.lower()):
+        return f"has no valid host name ({host!r})"
+    # llama.cpp's RPC has no authentication and no encryption: never beyond the local network.
+    if not plain_http_allowed_host(host):
+        return f"goes to {host}, not a local address or a LAN name: llama.cpp's RPC is for a LAN only"
+    return None
+
+
+def _size_ok(text: str) -> bool:
+    try:
+        return parse_size(text) > 0
+    except ValueError:
+        return False

@@ -135,7 +135,7 @@ def _peers(source: str, value: Any) -> list[peers.PeerConfig]:
                 f"{source}: peers[{number}].name = {entry.name!r} is taken by peers[{taken[0]}]; "
                 "each peer needs a name of its own"
             )
-        entry.url = peers.normalized_url(entry.url)
+        entry.url = peers.normalized_url(entry.url) if entry.url else ""
         entries.append(entry)
     return entries
 

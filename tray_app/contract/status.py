@@ -124,6 +124,9 @@ class ServiceStatus(TypedDict):
     # (scheme://host:port), state (unknown, ready, down), gpu_ready, priority, slots, models, last_failure
     # ({kind, message, at} or None), next_probe_in (seconds, or None).
     peers: NotRequired[list[dict[str, Any]]]
+    rpc: NotRequired[
+        dict[str, Any]
+    ]  # other machines' devices the GPU worker spans (llama.cpp RPC): boxes, remote
 
 
 class JobSummary(TypedDict):

@@ -24,6 +24,8 @@ ALL_LAYERS = 999  # llama-server takes a number (or auto/all); more than any mod
 
 def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[str]:
     layers = ALL_LAYERS if profile.n_gpu_layers < 0 else profile.n_gpu_layers
+    if profile.rpc:
+        layers = rpc_offload(profile)
     argv = [
         str(binary),
         "--model", str(profile.model_path),
@@ -56,6 +58,7 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         # batches to the card (op offload) and hold a context there, memory the plan never gave it.
         argv += ["--device", "none"]
     argv += expert_split_args(profile.n_cpu_moe, profile.cpu_expert_tensors)
+    argv += rpc_args(profile)
     if profile.cache_ram_mib is not None:
         # The prompt cache the CPU mirror fills, sized by the planner out of the RAM plan's free part.
         argv += ["--cache-ram", str(profile.cache_ram_mib)]
@@ -72,6 +75,25 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
     if amx_in_a_virtual_machine():
         argv.append("--no-repack")
     return argv
+
+
+def rpc_offload(profile: WorkerProfile) -> int:
+    """`-ngl` with other machines' devices: their layers, and the local GPU's where the build has one (a
+    simulated device is a CPU build: its layers stay in this process, the boxes take the last ones)."""
+    remote = sum(profile.rpc_layers)
+    return remote if profile.simulated_vram_bytes is not None else remote + profile.n_gpu_layers
+
+
+def rpc_args(profile: WorkerProfile) -> list[str]:
+    """`--rpc` and, with a local GPU device, `--tensor-split` in llama.cpp's device order: the RPC servers
+    first, then the local GPU (src/llama.cpp), each given its count of the offloaded layers."""
+    if not profile.rpc:
+        return []
+    argv = ["--rpc", ",".join(profile.rpc)]
+    split = list(profile.rpc_layers)
+    if profile.simulated_vram_bytes is None:
+        split.append(profile.n_gpu_layers)
+    return [*argv, "--tensor-split", ",".join(map(str, split))] if len(split) > 1 else argv
 
 
 def expert_split_args(n_cpu_moe: int, partial: tuple[str, ...] = ()) -> list[str]:

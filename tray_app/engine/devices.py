@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
+import socket
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -154,3 +155,34 @@ def list_devices(binary: Path) -> DeviceListing:
     except OSError as error:
         raise DeviceListError(f"{binary}: {error}") from error
     return _listed(binary, mtime)
+
+
+RPC_PREFIX = "RPC"  # llama.cpp's RPC backend: a device on another machine
+RPC_CONNECT_TIMEOUT_S = 3.0  # llama.cpp's own connect waits for the system's timeout: minutes on a LAN
+
+
+def rpc_device(binary: Path, endpoint: str) -> LlamaDevice:
+    """The device `failsoft rpc serve` offers at `endpoint` (host:port), as this build of llama-server lists
+    it with `--rpc` (its memory is the other machine's, read now); DeviceListError saying why when it does
+    not answer. Not cached: a box on the LAN comes and goes."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RPC_CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as error:
+        raise DeviceListError(f"the RPC server at {endpoint} does not answer: {error}") from error
+    try:
+        done = subprocess.run(
+            # --rpc first: --list-devices prints the devices known when it is read, and exits.
+            [str(binary), "--rpc", endpoint, "--list-devices"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise DeviceListError(f"{binary} --rpc {endpoint} --list-devices could not run: {error}") from error
+    remote = [device for device in parse_device_list(done.stdout).devices if device.prefix == RPC_PREFIX]
+    if done.returncode != 0 or not remote:
+        tail = " / ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
+        raise DeviceListError(f"llama.cpp lists no device at {endpoint} (exit {done.returncode}): {tail}")
+    return remote[0]

@@ -22,11 +22,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from tray_app.engine.devices import RPC_PREFIX
+
 _UNIT_BYTES = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "KB": 1000, "MB": 1000**2, "GB": 1000**3}
 _NUMBER = r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[KMG]i?B|B)\b"
-# One line per backend buffer; the backend name may be followed by one or two spaces ("CPU  output").
+# One line per backend buffer; the backend name may be followed by one or two spaces ("CPU  output"). A device
+# on another machine carries its address: "RPC0[192.168.1.20:50052]".
 _BUFFER_RE = re.compile(
-    r"(?P<backend>[\w.-]+)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*" + _NUMBER
+    r"(?P<backend>[\w.-]+(?:\[[\w.:-]+\])?)\s+(?P<kind>model|KV|compute|output) buffer size\s*=\s*" + _NUMBER
 )
 # The KV summary ("llama_kv_cache: size = ...", older "KV self size = ..."), used only when no KV buffer line
 # was printed: the summary repeats the buffers' total, so counting both would double it.
@@ -46,10 +49,17 @@ class BufferSizes:
     compute_bytes: int = 0
     output_bytes: int = 0
     model_buffers: tuple[tuple[str, int], ...] = ()
+    compute_buffers: tuple[tuple[str, int], ...] = ()  # per backend (a split model has one on each device)
 
     @property
     def total_bytes(self) -> int:
         return self.model_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+
+    def local_compute_bytes(self) -> int:
+        """The compute buffers on this machine: all but those of other machines' devices ("RPC0[...]")."""
+        if not self.compute_buffers:
+            return self.compute_bytes
+        return sum(size for name, size in self.compute_buffers if not name.startswith(RPC_PREFIX))
 
     def model_buffer(self, backend: str) -> int:
         """Bytes of the model buffers whose backend name is `backend` (e.g. "CPU_Mapped", "CUDA0")."""
@@ -114,6 +124,7 @@ def parse_buffer_sizes(text: str) -> BufferSizes:
         compute_bytes=sum(compute.values()),
         output_bytes=totals["output"],
         model_buffers=tuple(model_buffers),
+        compute_buffers=tuple(compute.items()),
     )
 
 

@@ -35,6 +35,9 @@ class WorkerProfile:
     pooling: str = ""  # an embeddings worker (llama-server --embeddings --pooling P); empty: a chat worker
     model_name: str = ""  # what clients call the model: the worker names it so in every answer (--alias)
     cache_ram_mib: int | None = None  # llama-server's prompt cache (--cache-ram); None: its own default
+    # Other machines' devices (llama.cpp RPC, budget.remote) in --rpc order, and the layers each holds.
+    rpc: tuple[str, ...] = ()
+    rpc_layers: tuple[int, ...] = ()
 
     @property
     def embeddings(self) -> bool:

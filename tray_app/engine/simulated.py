@@ -61,7 +61,7 @@ def device_share(
         model_bytes=max(round(buffers.model_bytes * fraction) - experts_in_ram, 0),
         kv_bytes=round(buffers.kv_bytes * fraction),
         output_bytes=buffers.output_bytes if offloaded else 0,
-        compute_bytes=buffers.compute_bytes if offloaded else 0,
+        compute_bytes=buffers.local_compute_bytes() if offloaded else 0,
     )
 
 

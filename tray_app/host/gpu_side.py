@@ -9,10 +9,12 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from tray_app.budget.library_plan import ModelPlans
-from tray_app.budget.plan_set import PlanSet
+from tray_app.budget.plan_set import PlanSet, configured_endpoints, probe_boxes
+from tray_app.budget.remote import RemoteDevice, answering
 from tray_app.config import Config, GpuConfig
 from tray_app.contract.events import (
     DeviceChanged,
@@ -31,6 +33,7 @@ from tray_app.host.gpu_path import GpuPathTracker
 from tray_app.host.gpu_start import GpuStarts, configured_reserve, on_gpu_side, weigh
 from tray_app.host.gpu_watch import GpuWatch
 from tray_app.host.gpu_yield import GpuWorker, GpuYield
+from tray_app.supervisor.profile import profiles_from_plans
 
 log = logging.getLogger(__name__)
 MARKERS = 500
@@ -66,7 +69,7 @@ class Host(Protocol):
 
     def in_flight(self, role: str) -> int: ...
 
-    def replan(self) -> PlanSet: ...
+    def replan(self, boxes: tuple[RemoteDevice, ...] | None = None) -> PlanSet: ...
 
 
 class GpuSide:
@@ -165,12 +168,28 @@ class GpuSide:
     async def gate(self, profile: WorkerProfile) -> WorkerProfile | str:
         """The supervisors' start gate (gpu_start), weighed on a reading taken now (awaited: a driver's
         reading never holds the event loop), then the path's state again."""
+        if profile.role == "gpu" and (profile.rpc or configured_endpoints(self.host.cfg)):
+            profile = await self._follow_rpc_boxes(profile)
         snapshot = await self.watch.read_now_async() if on_gpu_side(profile) else None
         before = dict(self.starts.held_back)
         gated = self.starts.gate_on(profile, snapshot)
         if self.starts.held_back != before:
             self.path_changed()
         return gated
+
+    async def _follow_rpc_boxes(self, profile: WorkerProfile) -> WorkerProfile:
+        """The main GPU worker's RPC boxes, probed again before each of its starts: one that went away is
+        planned without (its layers go back to the CPU), one that came back is planned with again."""
+        boxes = await asyncio.to_thread(probe_boxes, self.host.cfg)
+        if answering(boxes) == answering(self.host.plan_set.boxes):
+            return profile
+        for box in boxes:
+            log.warning(
+                "RPC box %s (%s): %s", box.peer, box.endpoint, box.problem or "answers again: planned with it"
+            )
+        plan_set = self.host.replan(boxes)
+        fresh = profiles_from_plans(self.host.cfg, plan_set, enable_faults=profile.enable_faults).gpu
+        return profile if fresh is None else replace(fresh, fault_load_oom=profile.fault_load_oom)
 
     def gpu_refusal(self, role: str) -> str | None:
         """Why the GPU worker `role` would not start now (a library model's load asks first)."""

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ from tray_app import config as config_module
 from tray_app.budget.device import SimulatedDevice
 from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan import Plan
-from tray_app.budget.plan_set import PlanSet, plan_from_config
+from tray_app.budget.plan_set import PlanSet, configured_endpoints, plan_from_config
+from tray_app.budget.remote import RemoteDevice
 from tray_app.config import Config, ConfigError
 from tray_app.contract.events import (
     BudgetUpdated,
@@ -490,6 +491,11 @@ class Service:
             },
             "embedding_workers": {role: self.worker_status(role) for role in EMBED_ROLES.values()},
             "peers": self.peers.status(),
+            # Other machines' devices the GPU worker spans (llama.cpp RPC): each box as probed, its layers.
+            "rpc": {
+                "boxes": [asdict(box) for box in self.plan_set.boxes],
+                "remote": [share.to_dict() for share in self.plan_set.remote],
+            },
             "queue": {"depth": self.slots.depth, "limit": self.cfg.server.queue_max},
             "approvals": {"pending": pending},
             "counters": dict(self.registry.counters),
@@ -535,13 +541,17 @@ class Service:
             self.replan()
         return self.plan_set
 
-    def replan(self) -> PlanSet:
+    def replan(self, boxes: tuple[RemoteDevice, ...] | None = None) -> PlanSet:
         """Plan again against the device as it is now (another program's memory moved) and tell the tray.
+        `boxes`: the RPC boxes as just probed (else as last probed, or probed now when the config names
+        others).
 
         The running workers keep what they hold; their next start (a restart after a failure, or one the
         user asks for) follows the new plan, as a real GPU would demand.
         """
-        self.plan_set = plan_from_config(self.cfg, gpu=self.device)
+        if boxes is None and configured_endpoints(self.cfg) == [b.endpoint for b in self.plan_set.boxes]:
+            boxes = self.plan_set.boxes
+        self.plan_set = plan_from_config(self.cfg, gpu=self.device, boxes=boxes)
         self.gpu.watch.planned()
         self.library.replan(self.cfg, self.plan_set)
         self.bus.publish(BudgetUpdated(plan=self.plan_set.to_dict()))

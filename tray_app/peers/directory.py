@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class Peers:
-    """The `[[peers]]` of the config as `Peer`s, in config order, and the task that keeps their states."""
+    """The `[[peers]]` with a URL as `Peer`s, in config order, and the task that keeps their states."""
 
     def __init__(
         self,
@@ -27,7 +27,8 @@ class Peers:
         schedule: ProbeSchedule | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._peers = [Peer(config, schedule=schedule, clock=clock) for config in configs]
+        # A peer with `rpc` alone is a device for the GPU worker (budget.remote), not a server to ask.
+        self._peers = [Peer(config, schedule=schedule, clock=clock) for config in configs if config.url]
         self._by_role = {peer.role: peer for peer in self._peers}
         self._wake = asyncio.Event()  # a peer's next probe moved earlier (a failed request)
         self._closed = False

@@ -23,6 +23,8 @@ def record_calibration(profile: WorkerProfile, buffers: BufferSizes, *, gpu_buil
         return
     if profile.n_gpu_layers == 0 and gpu_build:
         return  # with a GPU build a CPU worker's compute buffer is not the one a VRAM plan needs
+    if profile.rpc:
+        return  # a compute buffer on each machine: neither is one device's alone
     try:
         calibration.record_measurement(profile.model_path, compute_settings(profile), buffers)
     except OSError as error:

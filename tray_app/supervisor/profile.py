@@ -11,6 +11,7 @@ from tray_app.budget.library_plan import ModelPlans, library_share
 from tray_app.budget.model_info import inspect_model
 from tray_app.budget.plan import Plan
 from tray_app.budget.plan_set import PlanSet, physical_cores
+from tray_app.budget.remote import RemoteShare
 from tray_app.config import Config
 from tray_app.contract.roles import EMBED_ROLES, Role
 from tray_app.engine.profile import WorkerProfile, WorkerProfiles
@@ -102,10 +103,18 @@ def _from_plan(
     }
 
 
-def gpu_profile(cfg: Config, plan: Plan, model_path: Path, simulated_free_bytes: int | None) -> WorkerProfile:
+def gpu_profile(
+    cfg: Config,
+    plan: Plan,
+    model_path: Path,
+    simulated_free_bytes: int | None,
+    remote: tuple[RemoteShare, ...] = (),
+) -> WorkerProfile:
     return WorkerProfile(
         role="gpu",
         n_gpu_layers=plan.n_gpu_layers,
+        rpc=tuple(share.endpoint for share in remote),
+        rpc_layers=tuple(share.n_layers for share in remote),
         n_cpu_moe=plan.n_cpu_moe,
         cpu_expert_tensors=plan.cpu_expert_tensors,
         simulated_vram_bytes=simulated_free_bytes,
@@ -142,7 +151,7 @@ def profiles_from_plans(cfg: Config, plan_set: PlanSet, *, enable_faults: bool =
     gpu: WorkerProfile | None = None
     if plan_set.device.available:
         simulated_free = plan_set.device.free_bytes if plan_set.device.simulated else None
-        gpu = gpu_profile(cfg, plan_set.gpu, model_path, simulated_free)
+        gpu = gpu_profile(cfg, plan_set.gpu, model_path, simulated_free, plan_set.remote)
     else:
         notes.append(f"no GPU worker: {plan_set.device.reason or 'no GPU device'}")
     cpu: WorkerProfile | None = None
