@@ -28,7 +28,18 @@ def test_default_config_on_a_simulated_gpu(model_path: object) -> None:
     assert plans.cpu.verdict == "cpu" and plans.cpu.device_kind == "ram" and not plans.cpu.simulated
     assert plans.ram.kind == "ram"
     data = plans.to_dict()
-    assert set(data) == {"device", "target", "model", "gpu", "cpu", "ram", "embeddings", "ram_check"}
+    assert set(data) == {
+        "device",
+        "target",
+        "model",
+        "gpu",
+        "cpu",
+        "ram",
+        "embeddings",
+        "ram_check",
+        "boxes",
+        "remote",
+    }
     # Nothing of the GPU worker's weights in RAM beyond the CPU worker's, and no expert split: a dense model.
     assert data["ram_check"]["need_bytes"] >= plans.cpu.used_bytes and plans.gpu.n_cpu_moe == 0
     assert data["embeddings"]["n_gpu_layers"] == data["embeddings"]["n_layers"]  # beside the chat plan

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.helpers import base_settings, client_for, failsoft_of, wait_until
+from tests.support.helpers import base_settings, client_for, failsoft_of, job_state, wait_until
 from tests.support.rpc_box import RpcBox, rpc_box
 from tests.support.service import ServiceHandle, running_service, write_config
 from tray_app.engine.llama_log import as_printed
@@ -119,8 +119,14 @@ def test_the_box_gone_mid_stream_the_answer_goes_on_and_the_plan_is_made_without
     reading = threading.Thread(target=stream)
     reading.start()
     assert first.wait(60)
+    background = submit_background_job(svc)
+    wait_until(lambda: svc.status()["workers"]["gpu"].get("in_flight", 0) == 2, 60, "both on the GPU")
     box.kill()
     reading.join(180)
+    job = wait_until(lambda: (j := job_state(svc, background))["state"] in ("completed", "failed") and j, 180)
+    completed = [attempt for attempt in job["attempt_log"] if attempt["outcome"] == "completed"]
+    assert job["state"] == "completed" and len(completed) == 1, job["attempt_log"]  # once, on the CPU
+    assert job["attempt_log"][0]["worker"] == "gpu" and completed[0]["worker"] == "cpu"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     usage = [c.usage for c in chunks if c.usage]
     assert text and (not usage or usage[-1].completion_tokens == 200)
@@ -141,6 +147,21 @@ def test_the_box_gone_mid_stream_the_answer_goes_on_and_the_plan_is_made_without
         model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=8
     )
     assert failsoft_of(answer)["worker"] == "gpu"
+
+
+def submit_background_job(svc: ServiceHandle) -> str:
+    body = {
+        "kind": "chat",
+        "model": "default",
+        "messages": [{"role": "user", "content": "Write a long poem about rain."}],
+        "max_tokens": 200,
+        "ignore_eos": True,
+    }
+    headers = {**svc.headers(), "Idempotency-Key": "rpc-box-nightly-1"}
+    created = httpx.post(svc.base_url + "/v1/jobs", json=body, headers=headers, timeout=30)
+    assert created.status_code == 202, created.text
+    job_id: str = created.json()["id"]
+    return job_id
 
 
 def test_a_box_back_on_the_lan_is_planned_with_again_at_the_gpu_workers_next_start(

@@ -45,6 +45,13 @@ class PlanSet:
         memory (tray_app.engine.argv), elsewhere llama-server maps the file both workers share."""
         return both_workers(self.gpu, self.cpu, weights_shared=self.target.kind != "simulated")
 
+    def rpc_status(self) -> dict[str, Any]:
+        """Other machines' devices the GPU worker spans (llama.cpp RPC): each box as probed, its layers."""
+        return {
+            "boxes": [asdict(box) for box in self.boxes],
+            "remote": [share.to_dict() for share in self.remote],
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device.to_dict(),
@@ -54,8 +61,7 @@ class PlanSet:
             "cpu": self.cpu.to_dict(),
             "ram": self.ram.to_dict(),
             "embeddings": self.embeddings.to_dict() if self.embeddings else None,
-            "boxes": [asdict(box) for box in self.boxes],
-            "remote": [share.to_dict() for share in self.remote],
+            **self.rpc_status(),
             "ram_check": self.ram_together().to_dict(),
         }
 

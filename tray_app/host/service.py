@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -491,11 +491,7 @@ class Service:
             },
             "embedding_workers": {role: self.worker_status(role) for role in EMBED_ROLES.values()},
             "peers": self.peers.status(),
-            # Other machines' devices the GPU worker spans (llama.cpp RPC): each box as probed, its layers.
-            "rpc": {
-                "boxes": [asdict(box) for box in self.plan_set.boxes],
-                "remote": [share.to_dict() for share in self.plan_set.remote],
-            },
+            "rpc": self.plan_set.rpc_status(),
             "queue": {"depth": self.slots.depth, "limit": self.cfg.server.queue_max},
             "approvals": {"pending": pending},
             "counters": dict(self.registry.counters),
