@@ -135,7 +135,7 @@ def _add_drill_command(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     _add_model_and_device(drill)
     drill.add_argument("--pressure", metavar="SIZE", help="take this much VRAM away from the GPU worker")
     drill.add_argument(
-        "--scenario", action="append", help="run only these scenarios (a..n, e.g. h,i,j), repeatable"
+        "--scenario", action="append", help="run only these scenarios (a..o, e.g. h,i,j), repeatable"
     )
     drill.add_argument(
         "--soak",

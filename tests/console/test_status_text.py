@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.support.status_samples import GAMING_PC, NAS, MiB, make_library_status, make_status, with_peers
+from tests.view.test_remote_bars import ATTIC_BOX, DOWN, NAS_BOX, NAS_SHARE, with_rpc
 from tray_app.config.notify import NotifyConfig
 from tray_app.console.status_text import render_pending, render_status
 from tray_app.contract.sizes import format_size
@@ -91,6 +92,33 @@ def test_without_a_gpu_there_is_no_budget_bar_but_the_reason() -> None:
     text = render_status(status, URL, NOW)
     assert "No GPU budget: no NVIDIA driver found (NVML: not loaded)" in text
     assert "VRAM budget" not in text
+
+
+def test_rpc_boxes_follow_the_budget_a_share_each_and_a_line_per_box_not_used() -> None:
+    text = render_status(with_rpc([NAS_BOX, ATTIC_BOX], [NAS_SHARE]), URL, NOW)
+    budget = text.split("VRAM budget", 1)[1].split("\n\n", 1)[0].splitlines()
+    at = next(i for i, line in enumerate(budget) if "RPC0" in line)
+    assert budget[at - 1].strip().startswith("Context 4,096 per request")  # after the GPU's own caps
+    assert budget[at:] == [
+        "  RPC0 · nas (192.168.1.30:50052): 5 of 31 layers (blocks 26-29 and the output layer)",
+        "                   ######.......................... 1.00 GiB of 5.50 GiB usable "
+        "(Weights 900.00 MiB, KV cache 100.00 MiB, Compute 24.00 MiB)",
+        f"  attic (192.168.1.40:50052): not used - {DOWN}",
+    ]
+
+
+def test_without_a_gpu_budget_a_box_still_says_why_it_is_not_used() -> None:
+    status = with_rpc([ATTIC_BOX], [])
+    status["plan"] = {"total_bytes": 0, "reason": "no NVIDIA driver found (NVML: not loaded)"}
+    lines = render_status(status, URL, NOW).splitlines()
+    at = lines.index("No GPU budget: no NVIDIA driver found (NVML: not loaded)")
+    assert lines[at + 1] == f"  attic (192.168.1.40:50052): not used - {DOWN}"
+
+
+def test_without_rpc_boxes_the_budget_ends_with_the_caps() -> None:
+    budget = render_status(make_status(), URL, NOW).split("VRAM budget", 1)[1].split("\n\n", 1)[0]
+    assert budget.splitlines()[-1].startswith("  Context 4,096 per request")
+    assert "RPC" not in budget and "not used" not in budget
 
 
 def test_waiting_jobs_are_listed_oldest_first_with_the_question_each_asks() -> None:

@@ -384,7 +384,7 @@ def test_the_report_names_who_answered() -> None:
 
 
 def test_every_scenario_has_a_title() -> None:
-    assert list(SCENARIOS) == list(TITLES) == list("abcdefghijklmn")
+    assert list(SCENARIOS) == list(TITLES) == list("abcdefghijklmno")
 
 
 # ------------------------------------------------------------------------------------ drill config

@@ -164,7 +164,7 @@ def test_the_expected_attempts_are_checked_in_order() -> None:
 
 
 def test_scenario_selection() -> None:
-    assert command.selected_scenarios(None, pressure=False) == list("abcdefghijklmn")
+    assert command.selected_scenarios(None, pressure=False) == list("abcdefghijklmno")
     assert command.selected_scenarios(None, pressure=True) == []
     assert command.selected_scenarios(["g", "c,A"], pressure=False) == ["a", "c", "g"]
     with pytest.raises(ValueError, match="unknown scenario z"):

@@ -20,6 +20,8 @@ import pytest
 from tests.support.helpers import arm, base_settings, client_for, failsoft_of, seeded_chat, wait_replaced
 from tests.support.service import ServiceHandle, module_service
 from tests.support.waits import wait_until
+from tests.view.test_remote_bars import ATTIC_BOX, DOWN, NAS_BOX, NAS_SHARE
+from tray_app.server.status_page.routes import remote_view
 
 pytestmark = pytest.mark.integration
 
@@ -151,3 +153,33 @@ def test_without_a_login_the_page_shows_only_the_login(browser: Any, svc: Servic
     assert answer == 401
     wait_until(lambda: page.inner_text("#live") == "logged out", what="the page to say it is logged out")
     context.close()
+
+
+def test_rpc_boxes_show_under_the_budget_bar(browser: Any, svc: ServiceHandle) -> None:
+    """The service's own answer with an RPC box's share and a box that does not answer added: this service
+    has no boxes, and the page draws whatever `/failsoft/view` says."""
+
+    def with_boxes(route: Any) -> None:
+        view = route.fetch().json()
+        view["status"]["rpc"] = {"boxes": [NAS_BOX, ATTIC_BOX], "remote": [NAS_SHARE]}
+        view["bar"].update(remote_view(view["status"]))  # as the service says it with these boxes
+        route.fulfill(json=view)
+
+    page = logged_in_page(browser, svc, 1280, 900)
+    assert page.is_hidden("#remote")  # no boxes here
+    page.route("**/failsoft/view", with_boxes)
+    page.reload()
+    page.wait_for_selector("#remote:not([hidden])")
+    share = page.inner_text("#remote .remote-share[data-key='rpc:RPC0'] p")
+    assert share == (
+        "RPC0 · nas (192.168.1.30:50052) · 5 of 31 layers (blocks 26-29 and the output layer) · "
+        "1.00 GiB of 5.50 GiB usable"
+    )
+    keys = page.eval_on_selector_all("#remote .bar span", "spans => spans.map(s => s.dataset.key)")
+    assert keys == ["weights", "kv", "compute", "free"]
+    colour = "span => getComputedStyle(span).backgroundColor"
+    assert page.eval_on_selector("#remote .bar span[data-key='kv']", colour) == page.eval_on_selector(
+        "#bar span[data-key='kv']", colour
+    )
+    assert page.inner_text("#remote p.error") == f"attic (192.168.1.40:50052): not used - {DOWN}"
+    page.context.close()

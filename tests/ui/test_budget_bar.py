@@ -8,6 +8,7 @@ from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 
 from tests.support.status_samples import MiB, make_library_status, make_status
+from tests.view.test_remote_bars import ATTIC_BOX, DOWN, NAS_BOX, NAS_SHARE, with_rpc
 from tray_app.budget.plan import PLAN_PARTS
 from tray_app.contract.sizes import format_size
 from tray_app.ui.budget_bar import BudgetBar
@@ -157,3 +158,52 @@ def test_painted_bar_shows_the_other_model_in_its_colour(qtbot: QtBot) -> None:
     assert widths[index] >= 6
     pixel = image.pixelColor(int(middle), image.height() // 2)
     assert pixel.name() == MODEL_COLORS[0]
+
+
+def test_an_rpc_box_share_is_a_small_bar_under_the_gpu_bar_and_goes_when_it_does(qtbot: QtBot) -> None:
+    bar = BudgetBar()
+    qtbot.addWidget(bar)
+    bar.set_status(make_status())
+    assert bar.remote.isHidden() and bar.remote.labels == {}
+    bar.set_status(with_rpc([NAS_BOX, ATTIC_BOX], [NAS_SHARE]))
+    assert not bar.remote.isHidden()
+    label, canvas = bar.remote.labels["rpc:RPC0"], bar.remote.canvases["rpc:RPC0"]
+    assert label.text() == (
+        "RPC0 · nas (192.168.1.30:50052) · 5 of 31 layers (blocks 26-29 and the output layer) · "
+        "<b>1.00 GiB of 5.50 GiB usable</b>"
+    )
+    assert [(s.key, s.bytes) for s in canvas.segments] == [
+        ("weights", 900 * MiB),
+        ("kv", 100 * MiB),
+        ("compute", 24 * MiB),
+        ("free", (5632 - 1024) * MiB),
+    ]
+    assert canvas.sizeHint().height() < bar.canvas.sizeHint().height()  # smaller than the GPU's own
+    assert [p.text() for p in bar.remote.problem_labels] == [f"attic (192.168.1.40:50052): not used - {DOWN}"]
+    # The same boxes again: the rows are kept and their figures follow the status.
+    busier = {**NAS_SHARE, "kv_bytes": 600 * MiB}
+    bar.set_status(with_rpc([NAS_BOX, ATTIC_BOX], [busier]))
+    assert bar.remote.canvases["rpc:RPC0"] is canvas
+    assert "1.49 GiB of 5.50 GiB usable" in label.text()
+    assert canvas.segments[1].bytes == 600 * MiB
+    bar.set_status(make_status())  # an older service, or the boxes gone from the config
+    assert bar.remote.isHidden()
+    assert bar.remote.labels == {} and bar.remote.problem_labels == []
+    assert bar.remote.rows.count() == 0
+
+
+def test_painted_rpc_bar_shows_the_share_in_the_gpu_bar_colours(qtbot: QtBot) -> None:
+    bar = BudgetBar()
+    qtbot.addWidget(bar)
+    bar.resize(600, 300)
+    bar.set_status(with_rpc([NAS_BOX], [NAS_SHARE]))
+    bar.show()
+    qtbot.waitExposed(bar)
+    canvas = bar.remote.canvases["rpc:RPC0"]
+    image = canvas.grab().toImage()
+    weights, _kv, _compute, free = canvas.segment_widths(canvas.width() - 1)
+    colours = {key: colour for key, _label, colour, _keys in SEGMENTS}
+    assert weights >= 6
+    assert image.pixelColor(int(0.5 + weights / 2), image.height() // 2).name() == colours["weights"]
+    right = canvas.width() - 1 - free / 2
+    assert image.pixelColor(int(right), image.height() // 2).name() == colours["free"]

@@ -67,22 +67,30 @@ class RemoteShare:
         """The name llama.cpp prints for its buffers: "RPC0[192.168.1.20:50052]"."""
         return f"{self.device}[{self.endpoint}]"
 
-    def placement_words(self) -> str:
+    def which_layers(self) -> str:
+        """ "blocks 26-29 and the output layer"."""
         blocks = self.n_layers - self.output
+        if blocks == 0:
+            return "the output layer"
         last = self.first_layer + blocks - 1
         which = f"blocks {self.first_layer}-{last}" if blocks > 1 else f"block {self.first_layer}"
-        which = (
-            "the output layer" if blocks == 0 else which + (" and the output layer" if self.output else "")
-        )
+        return which + (" and the output layer" if self.output else "")
+
+    def placement_words(self) -> str:
         return (
-            f"{self.n_layers} layers ({which}) on {self.peer}'s device at {self.endpoint}: "
+            f"{self.n_layers} layers ({self.which_layers()}) on {self.peer}'s device at {self.endpoint}: "
             f"{format_size(self.used_bytes)} of {format_size(self.usable_bytes)} usable "
             f"({format_size(self.weights_bytes)} weights, {format_size(self.kv_bytes)} KV cache, "
             f"{format_size(self.compute_bytes)} compute)"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "used_bytes": self.used_bytes, "buffer_name": self.buffer_name}
+        return {
+            **asdict(self),
+            "used_bytes": self.used_bytes,
+            "buffer_name": self.buffer_name,
+            "which": self.which_layers(),
+        }
 
 
 def answering(boxes: tuple[RemoteDevice, ...]) -> list[tuple[str, bool]]:

@@ -8,7 +8,7 @@ from typing import Any
 from tray_app.config.notify import EVENT_NAMES
 from tray_app.contract.sizes import format_size, text_bar
 from tray_app.contract.status import ServiceStatus
-from tray_app.view.budget_split import caps_text, status_segments
+from tray_app.view.budget_split import box_problems, caps_text, remote_bars, status_segments
 from tray_app.view.device_now import device_lines
 from tray_app.view.peers import peer_views
 from tray_app.view.pending import PendingJob
@@ -38,14 +38,27 @@ def _budget_lines(status: ServiceStatus) -> list[str]:
     plan = status.get("plan") or {}
     total = int(plan.get("total_bytes") or 0)
     if total <= 0:
-        return [f"No GPU budget: {plan.get('reason') or 'no GPU to plan for'}"]
+        return [f"No GPU budget: {plan.get('reason') or 'no GPU to plan for'}", *_rpc_lines(status)]
     lines = [f"VRAM budget ({format_size(total)}):"]
     for segment in status_segments(status):
         lines.append(
             f"  {segment.label:<16} {text_bar(segment.bytes, total)} {format_size(segment.bytes):>11}"
         )
     lines.append("  " + caps_text(plan, status.get("caps") or {}))
-    return lines
+    return lines + _rpc_lines(status)
+
+
+def _rpc_lines(status: ServiceStatus) -> list[str]:
+    """The RPC boxes the GPU worker spans: a bar of each share's usable memory, its layers and parts; a line
+    per configured box that holds none, and why. Nothing without boxes."""
+    lines = []
+    for bar in remote_bars(status):
+        parts = ", ".join(f"{s.label} {format_size(s.bytes)}" for s in bar.segments if s.key != "free")
+        lines += [
+            f"  {bar.label}: {bar.layers}",
+            f"  {'':<16} {text_bar(bar.used_bytes, bar.total_bytes)} {bar.usage} ({parts})",
+        ]
+    return lines + ["  " + problem for problem in box_problems(status)]
 
 
 def _worker_lines(status: ServiceStatus, now: float) -> list[str]:

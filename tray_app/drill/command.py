@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from tray_app import paths
-from tray_app.config import load_config
+from tray_app.config import Config, load_config
 from tray_app.contract.sizes import parse_size
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.client import DrillError, EventLog, ServiceClient
@@ -23,17 +23,20 @@ from tray_app.drill.launcher import LaunchError, drill_config, launched_service,
 from tray_app.drill.peer_pair import PeerSide, launched_pair
 from tray_app.drill.pressure import apply_pressure
 from tray_app.drill.records import ScenarioRecord
-from tray_app.drill.registry import LONG_SLOT_SCENARIOS, PEER_SCENARIOS, SCENARIOS
+from tray_app.drill.registry import LONG_SLOT_SCENARIOS, PEER_SCENARIOS, RPC_SCENARIOS, SCENARIOS
 from tray_app.drill.report import DrillReport, text, write
+from tray_app.drill.rpc_launch import RpcBox, box_config, launched_box
 from tray_app.drill.service_check import Progress, checked_status, default_simulated_vram, service_summary
 from tray_app.drill.soak import soak_minutes
+from tray_app.engine import binary
+from tray_app.engine.rpc_command import rpc_server_path
 from tray_app.host.launch import ServeProcess
 
 SPEED_WAIT = 90.0  # the service measures the CPU worker's speed once it is ready; the policy needs it
 
 
 def selected_scenarios(requested: list[str] | None, *, pressure: bool) -> list[str]:
-    """The scenario keys to run, in order: all (a to n) by default, none with --pressure alone; "h,i,j"
+    """The scenario keys to run, in order: all (a to o) by default, none with --pressure alone; "h,i,j"
     works too."""
     if not requested:
         return [] if pressure else list(SCENARIOS)
@@ -79,8 +82,10 @@ async def drill(
     max_loaded: int | None = None,
     admin: str = "",
     peer: PeerSide | None = None,
+    box: RpcBox | None = None,
 ) -> DrillReport:
-    """`peer`: the service's peer the drill started beside it (scenarios m and n), if any."""
+    """`peer`: the service's peer the drill started beside it (scenarios m and n), if any; `box`: the RPC
+    box its GPU worker spans (scenario o), if any."""
     client = ServiceClient(url, api_key, admin=admin)
     events = EventLog(client)
     started = time.time()
@@ -93,7 +98,7 @@ async def drill(
         if pressure is not None:
             progress(f"memory pressure: taking {pressure} bytes")
             report.pressure = await apply_pressure(client, pressure)
-        ctx = DrillContext(client, events, status, stand_in_enabled, max_loaded, peer=peer)
+        ctx = DrillContext(client, events, status, stand_in_enabled, max_loaded, peer=peer, box=box)
         for key in keys:
             progress(f"scenario {key}: {TITLES[key]}")
             report.scenarios.append(await _play(ctx, key))
@@ -129,9 +134,14 @@ def _run_drill(
     settings = drill_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
     own = [key for key in keys if key in LONG_SLOT_SCENARIOS]
     paired = [key for key in keys if key in PEER_SCENARIOS]
-    shared = [key for key in keys if key not in own and key not in paired]
+    boxed = [key for key in keys if key in RPC_SCENARIOS]
+    missing = rpc_server_missing(cfg) if boxed else None
+    if missing is not None:  # played on the shared service without a box: it says why it is skipped
+        progress(f"scenario {', '.join(boxed)} without an RPC box: {missing}")
+        boxed = []
+    shared = [key for key in keys if key not in own and key not in paired and key not in boxed]
     reports: list[DrillReport] = []
-    if shared or pressure is not None or not (own or paired):
+    if shared or pressure is not None or not (own or paired or boxed):
         progress("starting `failsoft serve --enable-faults` for the drill (stopped at the end)")
         with launched_service(settings) as service:
             reports.append(_drill_on(service, settings, shared, pressure, progress))
@@ -145,7 +155,23 @@ def _run_drill(
         progress(f"starting a service and its peer (its [[peers]]) for scenario {', '.join(paired)}")
         with launched_pair(settings) as (service, peer):
             reports.append(_drill_on(service, settings, paired, None, progress, peer))
+    if boxed:
+        # A box the drill may kill, and a service planned with it from its start: both of their own.
+        progress(
+            f"starting an RPC box and a service whose GPU worker spans it for scenario {', '.join(boxed)}"
+        )
+        with launched_box(settings) as box, launched_service(box_config(settings, box.endpoint)) as service:
+            reports.append(_drill_on(service, settings, boxed, None, progress, box=box))
     return _merged(reports)
+
+
+def rpc_server_missing(cfg: Config) -> str | None:
+    """Why the engine has no rpc-server beside it (a build of one's own, without llama.cpp's RPC), or None."""
+    try:
+        rpc_server_path(binary.locate(cfg.engine.llama_server))
+    except binary.EngineError as error:
+        return str(error)
+    return None
 
 
 def _merged(reports: list[DrillReport]) -> DrillReport:
@@ -165,6 +191,7 @@ def _drill_on(
     pressure: int | None,
     progress: Progress,
     peer: PeerSide | None = None,
+    box: RpcBox | None = None,
 ) -> DrillReport:
     return asyncio.run(
         drill(
@@ -177,6 +204,7 @@ def _drill_on(
             stand_in_enabled=settings["library"]["stand_in"] == "auto",
             max_loaded=int(settings["library"]["max_loaded"]),
             peer=peer,
+            box=box,
         )
     )
 

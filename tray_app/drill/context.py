@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tray_app.contract.status import ServiceStatus
 from tray_app.drill.bodies import FAULT_REQUEST
 from tray_app.drill.client import Answer, EventLog, ServiceClient
 from tray_app.drill.peer_pair import PeerSide
 from tray_app.drill.records import Expectation, JobTrace, ScenarioRecord, account, answerer, explain
+
+if TYPE_CHECKING:
+    from tray_app.drill.rpc_launch import RpcBox  # it plays scenario o with this context
 
 
 @dataclass
@@ -26,6 +29,8 @@ class DrillContext:
     max_loaded: int | None = None
     # The peer the drill started beside this service (its `[[peers]]`); None: none (scenarios m and n skip).
     peer: PeerSide | None = None
+    # The RPC box the drill started beside this service (its `[[peers]] rpc`); None: none (o skips).
+    box: RpcBox | None = None
     _reference: dict[str, str] = field(default_factory=dict)
 
     @property

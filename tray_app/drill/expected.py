@@ -24,6 +24,7 @@ TITLES = {
     "l": "a conversation over 1,500 tokens loses its GPU worker mid-stream: the CPU has read it already",
     "m": "this GPU taken: the peer's GPU answers",
     "n": "the peer killed mid-stream: this CPU finishes, once",
+    "o": "the RPC box killed mid-stream: this CPU finishes, once; the GPU planned without it",
 }
 
 # How a GPU worker killed by SIGABRT is named: by the failure signature, or by how the process ended once its
@@ -54,6 +55,9 @@ EXPECTED: dict[str, Expectation] = {
     # The peer's service killed mid-stream: its connection drops ("exited": no supervisor here can say how
     # another machine's process ended), and this machine's CPU resumes the stream.
     "n": Expectation("cpu", ("exited",), "completed", (f"peer:{PEER_NAME} failed", "cpu completed")),
+    # The RPC box killed mid-stream: llama-server aborts on the lost connection (its own GGML_ABORT, named by
+    # its signature), and this machine's CPU resumes the stream.
+    "o": Expectation("cpu", ("crash_abort",), "completed", REPLAYED),
 }
 
 # d: every job completes once, and the one on the GPU at the crash is replayed on the CPU (the others may

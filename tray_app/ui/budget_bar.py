@@ -1,6 +1,7 @@
 """The VRAM budget as one stacked bar: the main model's weights, KV cache and compute, a share per other
 model loaded on the GPU, reserve, other processes and free, with a legend of sizes and the caps the plan
-leads to. Fed with /failsoft/status dicts and `budget` events."""
+leads to, and under it a small bar per RPC box that holds some of the layers. Fed with /failsoft/status dicts
+and `budget` events."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from tray_app.contract.sizes import format_size
 from tray_app.contract.status import ServiceStatus
 from tray_app.view.budget_split import (
     SEGMENTS,
+    RemoteBar,
     Segment,
+    box_problems,
     caps_text,
     plan_segments,
+    remote_bars,
     segment_tip,
     status_segments,
 )
@@ -48,14 +52,15 @@ def _clear(layout: QLayout) -> None:
 class BarCanvas(QWidget):
     """The painted bar itself."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, height: int = 22) -> None:
         super().__init__(parent)
         self.segments: list[Segment] = []
-        self.setMinimumHeight(20)
+        self.bar_height = height
+        self.setMinimumHeight(min(height, 20))
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def sizeHint(self) -> QSize:
-        return QSize(320, 22)
+        return QSize(320, self.bar_height)
 
     def set_segments(self, segments: list[Segment]) -> None:
         self.segments = segments
@@ -94,6 +99,65 @@ class BarCanvas(QWidget):
         painter.setBrush(Qt.BrushStyle.NoBrush)
         painter.drawPath(outline)
         painter.end()
+
+
+class RemoteBars(QWidget):
+    """The RPC boxes the GPU worker spans: a label and a small bar per box's share (its usable memory, split
+    as the GPU's is), and a line per configured box that holds none; hidden when there are no boxes."""
+
+    BAR_HEIGHT = 12
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("RemoteBars")
+        self.rows = QVBoxLayout(self)
+        self.rows.setContentsMargins(0, 2, 0, 0)
+        self.rows.setSpacing(3)
+        self.labels: dict[str, QLabel] = {}
+        self.canvases: dict[str, BarCanvas] = {}
+        self.problem_labels: list[QLabel] = []
+        self._shown: tuple[list[str], int] = ([], 0)
+        self.setVisible(False)
+
+    def set_status(self, status: ServiceStatus | None) -> None:
+        bars, problems = (remote_bars(status), box_problems(status)) if status else ([], [])
+        self._rebuild([bar.key for bar in bars], len(problems))
+        for bar in bars:
+            self.labels[bar.key].setText(self._label_text(bar))
+            self.canvases[bar.key].set_segments(list(bar.segments))
+        for label, problem in zip(self.problem_labels, problems, strict=True):
+            label.setText(problem)
+        self.setVisible(bool(bars or problems))
+
+    @staticmethod
+    def _label_text(bar: RemoteBar) -> str:
+        return f"{html.escape(bar.label)} · {html.escape(bar.layers)} · <b>{html.escape(bar.usage)}</b>"
+
+    def _rebuild(self, keys: list[str], problems: int) -> None:
+        """Only when the boxes in use change, not on every status (the tray menu would flicker)."""
+        if (keys, problems) == self._shown:
+            return
+        self._shown = (keys, problems)
+        _clear(self.rows)
+        self.labels, self.canvases, self.problem_labels = {}, {}, []
+        for key in keys:
+            self.labels[key] = self._row_label(f"remote-{key}", "")
+            self.canvases[key] = BarCanvas(height=self.BAR_HEIGHT)
+            self.rows.addWidget(self.labels[key])
+            self.rows.addWidget(self.canvases[key])
+        for index in range(problems):
+            label = self._row_label(f"remote-problem-{index}", "color: #c92a2a;")
+            label.setTextFormat(Qt.TextFormat.PlainText)  # the box's own words, not markup
+            self.problem_labels.append(label)
+            self.rows.addWidget(label)
+
+    @staticmethod
+    def _row_label(name: str, style: str) -> QLabel:
+        label = QLabel("")
+        label.setObjectName(name)
+        label.setWordWrap(True)
+        label.setStyleSheet(f"font-size: 11px; {style}")
+        return label
 
 
 class BudgetBar(QWidget):
@@ -137,6 +201,8 @@ class BudgetBar(QWidget):
         self.model_legend_labels: dict[str, QLabel] = {}
         self._model_legend_shown: list[tuple[str, str]] = []
         layout.addLayout(self.model_legend)
+        self.remote = RemoteBars()
+        layout.addWidget(self.remote)
 
         self.caps = QLabel("")
         self.caps.setWordWrap(True)
@@ -162,6 +228,7 @@ class BudgetBar(QWidget):
         simulated = bool((status.get("simulated") if status else False) or plan.get("simulated"))
         self.segments = status_segments(status) if status else plan_segments(plan)
         self.canvas.set_segments(self.segments)
+        self.remote.set_status(status)
         guests = [segment for segment in self.segments if segment.key not in self.legend_labels]
         self._show_model_legend(guests)
         for segment in self.segments:

@@ -150,3 +150,85 @@ def experts_in_ram_text(plan: Mapping[str, Any], n_blocks: int) -> str:
 def segment_tip(segment: Segment) -> str:
     tip = f"{segment.label}: {format_size(segment.bytes)}"
     return f"{tip} ({segment.detail})" if segment.detail else tip
+
+
+# The parts of a remote share's bar: the keys of SEGMENTS, so a box's weights look like the GPU's.
+REMOTE_PARTS = ("weights", "kv", "compute", "free")
+
+
+@dataclass(frozen=True)
+class RemoteBar:
+    """One RPC box's share of the GPU worker's layers, as a bar of its own: the box's usable memory split
+    into what the share takes there and what is left free."""
+
+    key: str  # "rpc:RPC0": llama.cpp's device name, unique in one worker
+    label: str  # "RPC0 · nas (192.168.1.30:50052)"
+    layers: str  # "5 of 31 layers (blocks 26-29 and the output layer)"
+    segments: tuple[Segment, ...]
+    used_bytes: int
+    total_bytes: int  # usable there: free (or rpc_memory) less the reserve
+
+    @property
+    def usage(self) -> str:
+        return f"{format_size(self.used_bytes)} of {format_size(self.total_bytes)} usable"
+
+
+def _rpc(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    rpc = status.get("rpc")  # absent from a service older than RPC boxes
+    return rpc if isinstance(rpc, Mapping) else {}
+
+
+def layers_words(share: Mapping[str, Any], plan: Mapping[str, Any]) -> str:
+    """ "5 of 31 layers (blocks 26-29 and the output layer)"; without the plan's count, "5 layers (...)"."""
+    count, of = int(share.get("n_layers") or 0), int(plan.get("n_layers") or 0)
+    noun = "layer" if count == 1 and not of else "layers"  # "1 of 31 layers", "1 layer"
+    counted = f"{count} of {of} {noun}" if of else f"{count} {noun}"
+    which = share.get("which")  # RemoteShare.which_layers
+    return f"{counted} ({which})" if which else counted
+
+
+def remote_bar(share: Mapping[str, Any], plan: Mapping[str, Any]) -> RemoteBar:
+    colors = {key: (label, color) for key, label, color, _keys in SEGMENTS}
+    usable = max(int(share.get("usable_bytes") or 0), 0)
+    used = {key: max(int(share.get(f"{key}_bytes") or 0), 0) for key in REMOTE_PARTS[:-1]}
+    sizes = {**used, "free": max(usable - sum(used.values()), 0)}
+    segments = tuple(Segment(key, *colors[key], sizes[key]) for key in REMOTE_PARTS)
+    device, peer, endpoint = share.get("device") or "RPC", share.get("peer") or "?", share.get("endpoint")
+    return RemoteBar(
+        key=f"rpc:{device}",
+        label=f"{device} · {peer} ({endpoint})",
+        layers=layers_words(share, plan),
+        segments=segments,
+        used_bytes=sum(used.values()),
+        total_bytes=usable,
+    )
+
+
+def remote_bars(status: Mapping[str, Any]) -> list[RemoteBar]:
+    """A bar per RPC box that holds some of the GPU worker's layers, in the worker's `--rpc` order."""
+    plan = status.get("plan") or {}
+    return [remote_bar(share, plan) for share in _rpc(status).get("remote") or ()]
+
+
+def _unused_why(plan: Mapping[str, Any], shares: list[Mapping[str, Any]]) -> str:
+    """Why a box that answers holds nothing: the layers went elsewhere, or none fits in what it offers."""
+    on_gpu, n_layers = int(plan.get("n_gpu_layers") or 0), int(plan.get("n_layers") or 0)
+    if n_layers and on_gpu + sum(int(share.get("n_layers") or 0) for share in shares) >= n_layers:
+        return "the GPU and the other boxes hold every layer" if shares else "the GPU holds every layer"
+    if not on_gpu:
+        return "the plan puts no layer on the GPU, so none on a box either"
+    return "no layer fits in its usable memory"
+
+
+def box_problems(status: Mapping[str, Any]) -> list[str]:
+    """A line per configured RPC box that holds none of the layers, and why: "nas (192.168.1.30:50052): not
+    used - the RPC server at ... does not answer"."""
+    rpc = _rpc(status)
+    shares = list(rpc.get("remote") or ())
+    used = {share.get("endpoint") for share in shares}
+    lines = []
+    for box in rpc.get("boxes") or ():
+        if box.get("endpoint") not in used:
+            why = box.get("problem") or _unused_why(status.get("plan") or {}, shares)
+            lines.append(f"{box.get('peer') or '?'} ({box.get('endpoint')}): not used - {why}")
+    return lines

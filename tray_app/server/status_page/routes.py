@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -20,7 +21,7 @@ from tray_app.server.http import error_response, read_body
 from tray_app.server.ports import StatusView
 from tray_app.server.status_page import session
 from tray_app.server.status_page.actions import Actions
-from tray_app.view.budget_split import caps_text, status_segments
+from tray_app.view.budget_split import Segment, box_problems, caps_text, remote_bars, status_segments
 
 FILES = {"index.html": "text/html", "app.css": "text/css", "app.js": "text/javascript"}
 # The page's own files and nothing else: no inline script, no other site, no framing (clickjacking a
@@ -128,25 +129,44 @@ class StatusPage:
             {
                 "status": status,
                 "bar": {
-                    "segments": [
-                        {
-                            "key": s.key,
-                            "label": s.label,
-                            "color": s.color,
-                            "bytes": s.bytes,
-                            "size": format_size(s.bytes),
-                            "detail": s.detail,
-                        }
-                        for s in segments
-                    ],
+                    "segments": [_segment(s) for s in segments],
                     "total": budget_title(status.get("plan") or {}, sum(s.bytes for s in segments)),
                     "caps": caps_text(status.get("plan") or {}, status.get("caps") or {}),
+                    **remote_view(status),
                 },
                 "approvals": [job for job in jobs if job["state"] == "awaiting_approval"],
                 "jobs": [job for job in jobs if job["state"] != "awaiting_approval"],
                 "failovers": failovers[-RECENT_FAILOVERS:][::-1],
             }
         )
+
+
+def remote_view(status: Mapping[str, Any]) -> dict[str, Any]:
+    """Other machines' devices the GPU worker spans: a bar each, and why a configured box holds none."""
+    return {
+        "remote": [
+            {
+                "key": bar.key,
+                "label": bar.label,
+                "layers": bar.layers,
+                "usage": bar.usage,
+                "segments": [_segment(s) for s in bar.segments],
+            }
+            for bar in remote_bars(status)
+        ],
+        "problems": box_problems(status),
+    }
+
+
+def _segment(segment: Segment) -> dict[str, Any]:
+    return {
+        "key": segment.key,
+        "label": segment.label,
+        "color": segment.color,
+        "bytes": segment.bytes,
+        "size": format_size(segment.bytes),
+        "detail": segment.detail,
+    }
 
 
 def budget_title(plan: dict[str, Any], total: int) -> str:

@@ -68,16 +68,20 @@ function showLogin() {
   $("token").focus();
 }
 
-function drawBar(bar) {
-  const total = bar.segments.reduce((sum, s) => sum + s.bytes, 0) || 1;
-  const parts = bar.segments.filter((s) => s.bytes > 0).map((s) => {
+// A bar's parts as spans, each as wide as its share of the bar's total; a part of zero is left out.
+function barSpans(segments) {
+  const total = segments.reduce((sum, s) => sum + s.bytes, 0) || 1;
+  return segments.filter((s) => s.bytes > 0).map((s) => {
     const span = el("span", { title: `${s.label}: ${s.size}${s.detail ? ` (${s.detail})` : ""}`,
       dataset: { key: s.key } });
     span.style.width = `${(100 * s.bytes) / total}%`;
     span.style.background = s.color;
     return span;
   });
-  $("bar").replaceChildren(...parts);
+}
+
+function drawBar(bar) {
+  $("bar").replaceChildren(...barSpans(bar.segments));
   $("bar").setAttribute("aria-label", bar.segments.map((s) => `${s.label} ${s.size}`).join(", "));
   const legend = bar.segments.filter((s) => s.bytes > 0).map((s) => {
     const swatch = el("i");
@@ -87,6 +91,24 @@ function drawBar(bar) {
   $("legend").replaceChildren(...legend);
   $("total").textContent = bar.total;
   $("caps").textContent = bar.caps;
+}
+
+// One RPC box's share (view/budget_split.py remote_bars): its usable memory split as the GPU's is.
+function remoteShare(share) {
+  const bar = el("div", { class: "bar small", role: "img",
+    "aria-label": `${share.label}: ${share.segments.map((s) => `${s.label} ${s.size}`).join(", ")}` },
+  ...barSpans(share.segments));
+  return el("div", { class: "remote-share", dataset: { key: share.key } },
+    el("p", {}, `${share.label} · ${share.layers} · `, el("strong", {}, share.usage)), bar);
+}
+
+// The RPC boxes the GPU worker spans: a small bar per box that holds layers, and a line per configured box
+// that holds none, and why (view/budget_split.py box_problems).
+function drawRemote(bar) {
+  const shares = bar.remote || [];
+  const problems = (bar.problems || []).map((line) => el("p", { class: "error" }, line));
+  fill($("remote"), [...shares.map(remoteShare), ...problems]);
+  $("remote").hidden = shares.length + problems.length === 0;
 }
 
 // A peer ("peer:gaming-pc", a fallback's `to`) by name and what it is; never "the CPU" (view/reasons.py).
@@ -171,6 +193,7 @@ function approvalItem(job) {
 function render(view) {
   const status = view.status;
   drawBar(view.bar);
+  drawRemote(view.bar);
   const path = status.gpu_path || {};
   $("gpu-path").replaceChildren(...(path.state ? [el("span", {}, "GPU path "), stateBadge(path.state),
     path.state !== "normal" && path.reason ? ` ${path.reason}` : ""] : []));
