@@ -10,7 +10,6 @@ not start, a box that cannot start, and that the drill starts a box only when o 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -23,6 +22,7 @@ from typing import Any, cast
 import pytest
 
 from tests.drill.test_drill_run import drill_env, processes_under
+from tests.drill.test_peer_scenarios import run_drill
 from tray_app import config
 from tray_app.config import from_dict
 from tray_app.contract.status import ServiceStatus
@@ -210,11 +210,6 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str], RpcB
     monkeypatch.setattr(command, "_drill_on", drill_on)
     monkeypatch.setattr(command, "rpc_server_missing", lambda cfg: None)
     return played
-
-
-def run_drill(keys: list[str]) -> DrillReport:
-    args = argparse.Namespace(url=None, simulate_vram="4GiB")
-    return command._run_drill(args, keys, None, lambda message: None)
 
 
 def test_the_box_is_started_only_when_o_is_asked_for(
