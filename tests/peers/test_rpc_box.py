@@ -167,7 +167,7 @@ def submit_background_job(svc: ServiceHandle) -> str:
 def test_a_box_back_on_the_lan_is_planned_with_again_at_the_gpu_workers_next_start(
     svc: ServiceHandle, box: RpcBox
 ) -> None:
-    with rpc_box(port=box.port):
+    with rpc_box(port=box.port) as back:
         restarted = httpx.post(
             f"{svc.base_url}/failsoft/workers/gpu/restart", headers=svc.headers(), timeout=120
         )
@@ -181,3 +181,26 @@ def test_a_box_back_on_the_lan_is_planned_with_again_at_the_gpu_workers_next_sta
             model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=8
         )
         assert failsoft_of(answer)["worker"] == "gpu"
+        # And gone again while the worker is idle: it is restarted without the box before any request
+        # meets the lost connection (host.rpc_watch), not after one failed there.
+        before = svc.status()
+        back.kill()
+        gone = wait_until(
+            lambda: (
+                (s := svc.status())["workers"]["gpu"]["state"] == "ready"
+                and not s["workers"]["gpu"]["profile"]["rpc"]
+                and s
+            ),
+            60,
+            "the idle GPU worker restarted without the box",
+        )
+        assert "does not answer" in gone["rpc"]["boxes"][0]["problem"]
+        assert gone["workers"]["gpu"]["restarts"] > before["workers"]["gpu"]["restarts"]
+        answer = client_for(svc).chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+        )
+        said = failsoft_of(answer)
+        assert (said["worker"], said["attempts"]) == ("gpu", 1)  # no request paid for the lost box
+        after, counted = svc.status()["counters"], before["counters"]
+        assert after["completed"] == counted["completed"] + 1
+        assert after.get("failed", 0) == counted.get("failed", 0)

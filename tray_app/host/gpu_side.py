@@ -33,6 +33,7 @@ from tray_app.host.gpu_path import GpuPathTracker
 from tray_app.host.gpu_start import GpuStarts, configured_reserve, on_gpu_side, weigh
 from tray_app.host.gpu_watch import GpuWatch
 from tray_app.host.gpu_yield import GpuWorker, GpuYield
+from tray_app.host.rpc_watch import RpcWatch
 from tray_app.supervisor.profile import profiles_from_plans
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,11 @@ MARKERS = 500
 class Supervised(GpuWorker, Protocol):
     @property
     def profile(self) -> WorkerProfile: ...
+
+    @property
+    def running_profile(self) -> WorkerProfile: ...
+
+    async def restart(self, reason: str) -> bool: ...
 
 
 class Library(Protocol):
@@ -80,6 +86,7 @@ class GpuSide:
         self.watch = self._new_watch(host.cfg)
         self.yielding = GpuYield(self)
         self._task: asyncio.Task[None] | None = None
+        self._rpc_task: asyncio.Task[None] | None = None  # host.rpc_watch, with RPC boxes configured
         # What the timeline marks: failovers, restarts, GPU loads, the path's changes (bounded, newest last).
         self.markers: deque[dict[str, Any]] = deque(maxlen=MARKERS)
         self._remove = host.bus.add_listener(self._on_event)
@@ -90,16 +97,21 @@ class GpuSide:
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         await self.watch.start()
+        loop = asyncio.get_running_loop()
         if self.watch.watcher is not None:
             self.host.replan()  # on the watcher's first reading rather than the probe's
-            self._task = asyncio.get_running_loop().create_task(self._follow(), name="gpu-path")
+            self._task = loop.create_task(self._follow(), name="gpu-path")
+        if configured_endpoints(self.host.cfg):
+            watch = RpcWatch(lambda: self.host.workers, self.host.in_flight)
+            self._rpc_task = loop.create_task(watch.run(), name="rpc-boxes")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._rpc_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._rpc_task = None
         await self.yielding.stop()
         await self.watch.stop()
 
