@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ import pytest
 from tests.support.helpers import base_settings, client_for, failsoft_of, job_state, wait_until
 from tests.support.rpc_box import RpcBox, rpc_box
 from tests.support.service import ServiceHandle, running_service, write_config
+from tray_app.engine import binary
+from tray_app.engine.devices import DeviceListError, rpc_device
 from tray_app.engine.llama_log import as_printed
 
 pytestmark = pytest.mark.integration
@@ -72,6 +76,23 @@ def test_an_unreachable_box_is_planned_without_and_says_why(tmp_path: Path) -> N
     write_config(config, {**endpoint_settings, "device": {"simulate_vram": SIMULATED}})
     plan = plan_json(config)
     assert plan["remote"] == [] and "does not answer" in plan["boxes"][0]["problem"]
+
+
+def test_a_box_busy_with_another_client_is_named_so(box: RpcBox) -> None:
+    # rpc-server serves one client at a time: while one holds it, a listing waits, and says why it stopped.
+    with socket.create_connection(("127.0.0.1", box.port)) as holder:
+        time.sleep(0.5)  # accepted: rpc-server now waits on this client
+        with pytest.raises(DeviceListError, match="it serves one client at a time"):
+            rpc_device(binary.locate(""), box.endpoint, timeout=3)
+        holder.close()
+    assert wait_until(lambda: listed(box), 30, "the box free again")
+
+
+def listed(box: RpcBox) -> bool:
+    try:
+        return rpc_device(binary.locate(""), box.endpoint, timeout=10).prefix == "RPC"
+    except DeviceListError:
+        return False
 
 
 @pytest.fixture(scope="module")

@@ -158,10 +158,11 @@ def list_devices(binary: Path) -> DeviceListing:
 
 
 RPC_PREFIX = "RPC"  # llama.cpp's RPC backend: a device on another machine
+RPC_LIST_TIMEOUT_S = 15.0
 RPC_CONNECT_TIMEOUT_S = 3.0  # llama.cpp's own connect waits for the system's timeout: minutes on a LAN
 
 
-def rpc_device(binary: Path, endpoint: str) -> LlamaDevice:
+def rpc_device(binary: Path, endpoint: str, timeout: float = RPC_LIST_TIMEOUT_S) -> LlamaDevice:
     """The device `failsoft rpc serve` offers at `endpoint` (host:port), as this build of llama-server lists
     it with `--rpc` (its memory is the other machine's, read now); DeviceListError saying why when it does
     not answer. Not cached: a box on the LAN comes and goes."""
@@ -176,10 +177,15 @@ def rpc_device(binary: Path, endpoint: str) -> LlamaDevice:
             [str(binary), "--rpc", endpoint, "--list-devices"],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=timeout,
             stdin=subprocess.DEVNULL,
         )
-    except (OSError, subprocess.TimeoutExpired) as error:
+    except subprocess.TimeoutExpired as error:
+        raise DeviceListError(
+            f"the RPC server at {endpoint} took the connection but did not answer within "
+            f"{timeout:.0f} s: it serves one client at a time (a GPU worker using it now?)"
+        ) from error
+    except OSError as error:
         raise DeviceListError(f"{binary} --rpc {endpoint} --list-devices could not run: {error}") from error
     remote = [device for device in parse_device_list(done.stdout).devices if device.prefix == RPC_PREFIX]
     if done.returncode != 0 or not remote:
