@@ -32,6 +32,8 @@ def test_real_cpu_load_log() -> None:
         "compute_bytes": mib(99.38),
         "output_bytes": mib(0.19),
         "model_buffers": {"AMX": mib(95.34), "CPU_Mapped": mib(92.10)},
+        "kv_buffers": {"CPU": 45 * MIB},
+        "compute_buffers": {"CPU": mib(99.38)},
     }
 
 

@@ -71,6 +71,9 @@ def test_the_box_killed_mid_stream_the_cpu_finishes_once_and_the_gpu_is_planned_
     assert 0 < layers < 31 and f"on {BOX_NAME}'s device RPC0 at 127.0.0.1:" in planned, planned
     endpoint = planned.split(" at ")[1].split()[0]
     assert f"the GPU worker runs with --rpc {endpoint}" in notes
+    assert any(
+        note.startswith(f"llama.cpp's buffers on RPC0[{endpoint}], printed/planned: ") for note in notes
+    )
     (killed,) = [note for note in notes if note.startswith(f"box {endpoint} (pid ")]
     assert killed.endswith(" characters"), killed
     assert any(note.startswith("the answer is whole: 200 tokens of 200, ") for note in notes), notes
@@ -101,13 +104,37 @@ def test_the_service_spans_the_box_on_a_small_simulated_gpu(model_path: Path) ->
     )
 
 
-def status(remote: list[dict[str, Any]], problem: str = "", rpc: list[str] | None = None) -> dict[str, Any]:
+MIB = 1024 * 1024
+NAME = f"RPC0[{ENDPOINT}]"
+SHARE = {
+    "peer": BOX_NAME,
+    "endpoint": ENDPOINT,
+    "device": "RPC0",
+    "buffer_name": NAME,
+    "n_layers": 5,
+    "weights_bytes": 38949120,
+    "kv_bytes": 6 * MIB,
+    "compute_bytes": 15 * MIB,
+}
+# As llama.cpp printed them for that share (two decimals of MiB); its compute buffer below the estimate.
+PRINTED = {
+    "model_buffers": {"CPU": 80 * MIB, NAME: round(37.14 * MIB)},
+    "kv_buffers": {"CPU": 39 * MIB, NAME: 6 * MIB},
+    "compute_buffers": {"CPU": 14 * MIB, NAME: round(11.76 * MIB)},
+}
+
+
+def status(
+    remote: list[dict[str, Any]],
+    problem: str = "",
+    rpc: list[str] | None = None,
+    printed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     boxes = [{"peer": BOX_NAME, "endpoint": ENDPOINT, "problem": problem}]
-    gpu = {"state": "ready", "profile": {"rpc": rpc or []}}
+    gpu = {"state": "ready", "profile": {"rpc": rpc or []}, "health": {"buffers": printed or PRINTED}}
     return {"rpc": {"boxes": boxes, "remote": remote}, "workers": {"gpu": gpu}}
 
 
-SHARE = {"peer": BOX_NAME, "endpoint": ENDPOINT, "device": "RPC0", "n_layers": 5, "weights_bytes": 38949120}
 BOX = RpcBox(BOX_NAME, ENDPOINT, 1)
 
 
@@ -122,6 +149,15 @@ def test_o_plays_only_when_the_plan_puts_layers_on_the_box_and_the_gpu_worker_ca
     assert record.notes == [
         f"the plan puts 5 layers on {BOX_NAME}'s device RPC0 at {ENDPOINT} (37.14 MiB of weights)",
         f"the GPU worker runs with --rpc {ENDPOINT}",
+        f"llama.cpp's buffers on {NAME}, printed/planned: model 37.14/37.14 MiB, kv 6.00/6.00 MiB, "
+        "compute 11.76/15.00 MiB",
+    ]
+    # A KV cache on the box other than the plan's is a failed check, not a note.
+    other = {**PRINTED, "kv_buffers": {NAME: 8 * MIB}}
+    played, record = spans(status([SHARE], rpc=[ENDPOINT], printed=other))
+    assert record.failed_checks == [
+        f"llama.cpp's buffers on {NAME} are not the plan's (printed/planned): model 37.14/37.14 MiB, "
+        "kv 8.00/6.00 MiB, compute 11.76/15.00 MiB"
     ]
     played, record = spans(status([SHARE]))  # planned with the box, started without it
     assert not played and record.failed_checks == [f"the GPU worker's profile has rpc [], not [{ENDPOINT}]"]

@@ -22,6 +22,7 @@ from tray_app.drill.context import DrillContext, finish
 from tray_app.drill.expected import EXPECTED, TITLES
 from tray_app.drill.records import ScenarioRecord
 from tray_app.drill.rpc_launch import BOX_MEMORY, SIMULATED_VRAM, RpcBox
+from tray_app.engine.llama_log import as_printed
 
 STORY_TOKENS = 200  # long enough that the GPU worker is still answering when the box goes
 REPLAN_WAIT = 120.0  # the GPU worker's restart: the box probed, the plan made, the model loaded again
@@ -69,7 +70,31 @@ def _spans_box(record: ScenarioRecord, status: dict[str, Any], box: RpcBox) -> b
         )
         return False
     record.notes.append(f"the GPU worker runs with --rpc {box.endpoint}")
+    _buffers_as_planned(record, status, share)
     return True
+
+
+PLANNED = {"model": "weights_bytes", "kv": "kv_bytes", "compute": "compute_bytes"}  # buffer -> share key
+
+
+def _buffers_as_planned(record: ScenarioRecord, status: dict[str, Any], share: dict[str, Any]) -> None:
+    """llama.cpp's own buffers on the box (its load log, as the worker's status has it) against the plan's
+    share, at the log's precision: the weights and KV cache equal; the compute buffer at most the plan's."""
+    printed = (((status.get("workers") or {}).get("gpu") or {}).get("health") or {}).get("buffers") or {}
+    name = str(share.get("buffer_name"))
+    got = {
+        kind: int((printed.get(f"{kind}_buffers") or {}).get(name) or 0)
+        for kind in ("model", "kv", "compute")
+    }
+    planned = {kind: int(share.get(key) or 0) for kind, key in PLANNED.items()}
+    words = ", ".join(f"{kind} {as_printed(got[kind])}/{as_printed(planned[kind])} MiB" for kind in PLANNED)
+    equal = all(as_printed(got[kind]) == as_printed(planned[kind]) for kind in ("model", "kv"))
+    if equal and 0 < got["compute"] <= planned["compute"]:
+        record.notes.append(f"llama.cpp's buffers on {name}, printed/planned: {words}")
+    else:
+        record.failed_checks.append(
+            f"llama.cpp's buffers on {name} are not the plan's (printed/planned): {words}"
+        )
 
 
 def _check_answer(record: ScenarioRecord, answer: Answer, job: dict[str, Any]) -> None:

@@ -50,6 +50,7 @@ class BufferSizes:
     output_bytes: int = 0
     model_buffers: tuple[tuple[str, int], ...] = ()
     compute_buffers: tuple[tuple[str, int], ...] = ()  # per backend (a split model has one on each device)
+    kv_buffers: tuple[tuple[str, int], ...] = ()  # per backend, summed
 
     @property
     def total_bytes(self) -> int:
@@ -72,6 +73,8 @@ class BufferSizes:
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
             "model_buffers": dict(self.model_buffers),
+            "kv_buffers": dict(self.kv_buffers),
+            "compute_buffers": dict(self.compute_buffers),
         }
 
 
@@ -100,6 +103,7 @@ def parse_buffer_sizes(text: str) -> BufferSizes:
     """
     totals = {"model": 0, "KV": 0, "output": 0}
     compute: dict[str, int] = {}
+    kv: dict[str, int] = {}
     model_buffers: list[tuple[str, int]] = []
     kv_lines = 0
     kv_summary = 0
@@ -113,6 +117,8 @@ def parse_buffer_sizes(text: str) -> BufferSizes:
                 totals[kind] += size
             if kind == "model":
                 model_buffers.append((backend, size))
+            if kind == "KV":
+                kv[backend] = kv.get(backend, 0) + size
             kv_lines += kind == "KV"
             continue
         summary = _KV_SUMMARY_RE.search(line)
@@ -125,6 +131,7 @@ def parse_buffer_sizes(text: str) -> BufferSizes:
         output_bytes=totals["output"],
         model_buffers=tuple(model_buffers),
         compute_buffers=tuple(compute.items()),
+        kv_buffers=tuple(kv.items()),
     )
 
 
