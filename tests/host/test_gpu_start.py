@@ -3,7 +3,7 @@ it fits, a smaller plan when only that fits, none (naming who holds the memory) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -11,6 +11,7 @@ import pytest
 from tray_app.budget.device import SimulatedDevice
 from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan_set import PlanSet, plan_from_config
+from tray_app.budget.remote import RemoteDevice
 from tray_app.config import Config, from_dict
 from tray_app.contract.events import EventBus, WorkerStateChanged, WorkerUnhealthy
 from tray_app.contract.sizes import format_size
@@ -89,6 +90,21 @@ def test_a_start_that_only_fits_smaller_gets_the_smaller_plan(plans: Plans, gpu:
     assert weighed.profile.model_name == "smollm2:135m"
     assert weighed.need_bytes + plan.reserve_bytes <= free
     assert "comfyui (python3, pid 4242)" in weighed.decision.reason
+
+
+def test_a_smaller_start_gives_the_rpc_box_what_this_gpu_no_longer_holds(
+    plans: Plans, gpu: WorkerProfile
+) -> None:
+    box = RemoteDevice("nas", "10.0.0.3:50052", "10.0.0.3:50052", 24 * GIB, 24 * GIB, cap_bytes=GIB)
+    with_box = Plans(plans.cfg, replace(plans.plan_set, boxes=(box,)))
+    plan = plans.plan_set.gpu
+    assert plan.n_gpu_layers == plan.n_layers  # as planned, this GPU held every layer: no share on the box
+    free = plan.reserve_bytes + plan.used_bytes // 4  # room for some of the layers only
+    weighed = weigh(with_box, gpu, device_with(TOTAL - free), "normal")
+    assert weighed.decision.action == "smaller" and weighed.profile is not None, weighed.decision.reason
+    on_gpu = weighed.profile.n_gpu_layers
+    assert 0 < on_gpu < plan.n_layers and weighed.profile.rpc == (box.endpoint,)
+    assert 0 < weighed.profile.rpc_layers[0] <= plan.n_layers - on_gpu
 
 
 def test_a_start_with_no_room_is_not_made_and_says_who_holds_the_memory(

@@ -16,6 +16,7 @@ from tray_app.budget.library_plan import ModelPlans
 from tray_app.budget.plan import Plan
 from tray_app.budget.plan_set import PlanSet, gpu_request
 from tray_app.budget.planner import plan_gpu
+from tray_app.budget.remote import RemoteShare, remote_shares
 from tray_app.config import Config
 from tray_app.contract.roles import EMBED_ROLES
 from tray_app.contract.sizes import parse_size
@@ -83,6 +84,21 @@ def smaller_plan(plans: StartPlans, free_bytes: int) -> Plan:
     return plan_gpu(device, plan_set.model, gpu_request(cfg), measured)
 
 
+def boxes_beside(plans: StartPlans, smaller: Plan) -> tuple[RemoteShare, ...]:
+    """The RPC boxes' shares of what a smaller plan leaves off this GPU (as they were last probed)."""
+    plan_set = plans.plan_set
+    if not plan_set.boxes:
+        return ()
+    return remote_shares(
+        plan_set.model,
+        gpu_request(plans.cfg),
+        smaller,
+        list(plan_set.boxes),
+        local_device_in_build=plan_set.target.kind == "gpu",
+        measured=calibration.measured_compute(plans.cfg.model_path()),
+    )
+
+
 def weigh(
     plans: StartPlans,
     profile: WorkerProfile,
@@ -117,7 +133,7 @@ def weigh(
         return Weighed(decision, replace(profile, simulated_vram_bytes=simulated), check.need_bytes)
     if decision.action == "smaller" and smaller is not None:
         started = replace(
-            gpu_profile(cfg, smaller, profile.model_path, simulated),
+            gpu_profile(cfg, smaller, profile.model_path, simulated, boxes_beside(plans, smaller)),
             enable_faults=profile.enable_faults,
             fault_load_oom=profile.fault_load_oom,
         )
