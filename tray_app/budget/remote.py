@@ -106,6 +106,64 @@ def _blocks(model: ModelInfo, first: int, count: int) -> range:
     return range(first, min(first + count, model.n_layers))
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """What one box takes: `count` layers ending at `end`, in what it may use."""
+
+    box: RemoteDevice
+    end: int
+    count: int
+    usable: int
+    compute: int
+
+
+def _fill(
+    model: ModelInfo,
+    request: PlanRequest,
+    local: Plan,
+    box: RemoteDevice,
+    end: int,
+    left: int,
+    measured: MeasuredCompute | None,
+) -> _Taken:
+    """The most layers below `end` (at most `left`) that fit on `box` with their KV cache and its compute."""
+    memory = DeviceMemory(
+        box.peer, "nvidia", box.total_bytes, box.free_bytes, box.total_bytes - box.free_bytes, False
+    )
+    budget = budget_for(memory, model, request, measured)
+    # rpc_memory is what the plan may use there, the user's own margin included; else the reserve rule.
+    usable = min(box.cap_bytes, box.free_bytes) if box.cap_bytes else budget.usable
+    compute = budget.compute(local.n_ctx, local.n_parallel)[0]
+    count, need = 0, compute
+    while count < left:
+        layer = end - count - 1
+        cache = kv_cache_bytes(model, local.n_ctx, request, _blocks(model, layer, 1), local.n_parallel)
+        if need + _layer_bytes(model, layer) + cache > usable:
+            break
+        count, need = count + 1, need + _layer_bytes(model, layer) + cache
+    return _Taken(box, end, count, usable, compute)
+
+
+def _share(model: ModelInfo, request: PlanRequest, local: Plan, taken: _Taken, index: int) -> RemoteShare:
+    first, box = taken.end - taken.count, taken.box
+    return RemoteShare(
+        peer=box.peer,
+        endpoint=box.endpoint,
+        device=f"RPC{index}",
+        total_bytes=box.total_bytes,
+        free_bytes=box.free_bytes,
+        usable_bytes=taken.usable,
+        first_layer=first,
+        n_layers=taken.count,
+        output=taken.end == model.n_layers + 1,
+        weights_bytes=sum(_layer_bytes(model, layer) for layer in range(first, taken.end)),
+        kv_bytes=kv_cache_bytes(
+            model, local.n_ctx, request, _blocks(model, first, taken.count), local.n_parallel
+        ),
+        compute_bytes=taken.compute,
+    )
+
+
 def remote_shares(
     model: ModelInfo,
     request: PlanRequest,
@@ -119,49 +177,16 @@ def remote_shares(
     all_layers = model.n_layers + 1
     if local.verdict == "cpu" or not 0 < local.n_gpu_layers < all_layers:
         return ()
-    n_ctx, n_parallel = local.n_ctx, local.n_parallel
     # The layers a box may take, highest first: below the local GPU's, or (simulated) from the output down.
     end = all_layers - local.n_gpu_layers if local_device_in_build else all_layers
     left = all_layers - local.n_gpu_layers
-    taken: list[tuple[RemoteDevice, int, int, int, int]] = []  # box, first, count, usable, compute
+    taken: list[_Taken] = []
     for box in (box for box in boxes if box.reachable):
         if left <= 0:
             break
-        memory = DeviceMemory(
-            box.peer, "nvidia", box.total_bytes, box.free_bytes, box.total_bytes - box.free_bytes, False
-        )
-        budget = budget_for(memory, model, request, measured)
-        # rpc_memory is what the plan may use there, the user's own margin included; else the reserve rule.
-        usable = min(box.cap_bytes, box.free_bytes) if box.cap_bytes else budget.usable
-        compute = budget.compute(n_ctx, n_parallel)[0]
-        count, need = 0, compute
-        while count < left:
-            layer = end - count - 1
-            blocks = _blocks(model, layer, 1)
-            more = _layer_bytes(model, layer) + kv_cache_bytes(model, n_ctx, request, blocks, n_parallel)
-            if need + more > usable:
-                break
-            count, need = count + 1, need + more
-        if count:
-            taken.append((box, end - count, count, usable, compute))
-            end, left = end - count, left - count
-    shares = []
-    for index, (box, first, count, usable, compute) in enumerate(reversed(taken)):  # lowest layers first
-        blocks = _blocks(model, first, count)
-        shares.append(
-            RemoteShare(
-                peer=box.peer,
-                endpoint=box.endpoint,
-                device=f"RPC{index}",
-                total_bytes=box.total_bytes,
-                free_bytes=box.free_bytes,
-                usable_bytes=usable,
-                first_layer=first,
-                n_layers=count,
-                output=first + count == all_layers,
-                weights_bytes=sum(_layer_bytes(model, layer) for layer in range(first, first + count)),
-                kv_bytes=kv_cache_bytes(model, n_ctx, request, blocks, n_parallel),
-                compute_bytes=compute,
-            )
-        )
-    return tuple(shares)
+        filled = _fill(model, request, local, box, end, left, measured)
+        if filled.count:
+            taken.append(filled)
+            end, left = end - filled.count, left - filled.count
+    # In --rpc order: the box with the lowest layers first.
+    return tuple(_share(model, request, local, each, index) for index, each in enumerate(reversed(taken)))

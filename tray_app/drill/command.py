@@ -116,21 +116,7 @@ def _run_drill(
 ) -> DrillReport:
     cfg = load_config(args)
     if args.url:
-        # A service on this machine is usually the configured one: its API key (if any) is the config's,
-        # and so are its library settings, which its status does not show.
-        return asyncio.run(
-            drill(
-                args.url,
-                keys,
-                pressure,
-                launched=False,
-                progress=progress,
-                api_key=cfg.server.api_key,
-                stand_in_enabled=cfg.library.stand_in == "auto",
-                max_loaded=cfg.library.max_loaded,
-                admin=getattr(args, "admin_token", None) or "",  # elsewhere than here: named by the user
-            )
-        )
+        return _drill_at(args, cfg, keys, pressure, progress)
     settings = drill_config(cfg, args.simulate_vram or default_simulated_vram(cfg))
     own = [key for key in keys if key in LONG_SLOT_SCENARIOS]
     paired = [key for key in keys if key in PEER_SCENARIOS]
@@ -163,6 +149,26 @@ def _run_drill(
         with launched_box(settings) as box, launched_service(box_config(settings, box.endpoint)) as service:
             reports.append(_drill_on(service, settings, boxed, None, progress, box=box))
     return _merged(reports)
+
+
+def _drill_at(
+    args: argparse.Namespace, cfg: Config, keys: list[str], pressure: int | None, progress: Progress
+) -> DrillReport:
+    """The drill against the service at --url. A service on this machine is usually the configured one: its
+    API key (if any) is the config's, and so are its library settings, which its status does not show."""
+    return asyncio.run(
+        drill(
+            args.url,
+            keys,
+            pressure,
+            launched=False,
+            progress=progress,
+            api_key=cfg.server.api_key,
+            stand_in_enabled=cfg.library.stand_in == "auto",
+            max_loaded=cfg.library.max_loaded,
+            admin=getattr(args, "admin_token", None) or "",  # elsewhere than here: named by the user
+        )
+    )
 
 
 def rpc_server_missing(cfg: Config) -> str | None:

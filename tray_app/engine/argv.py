@@ -23,9 +23,7 @@ ALL_LAYERS = 999  # llama-server takes a number (or auto/all); more than any mod
 
 
 def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[str]:
-    layers = ALL_LAYERS if profile.n_gpu_layers < 0 else profile.n_gpu_layers
-    if profile.rpc:
-        layers = rpc_offload(profile)
+    layers = rpc_offload(profile) if profile.rpc else profile.n_gpu_layers
     argv = [
         str(binary),
         "--model", str(profile.model_path),
@@ -33,7 +31,7 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         "--port", str(port),
         "--ctx-size", str(profile.n_ctx),
         "--parallel", str(max(profile.n_parallel, 1)),
-        "--n-gpu-layers", str(layers),
+        "--n-gpu-layers", str(ALL_LAYERS if layers < 0 else layers),
         "--threads", str(profile.n_threads),
         "--threads-batch", str(profile.n_threads),
         # One HTTP thread per slot, plus the health probe, the router's spare connection and a control
@@ -57,8 +55,7 @@ def llama_server_argv(binary: Path, profile: WorkerProfile, port: int) -> list[s
         # No layers on a GPU means no GPU at all: a GPU build would otherwise still send large prompt
         # batches to the card (op offload) and hold a context there, memory the plan never gave it.
         argv += ["--device", "none"]
-    argv += expert_split_args(profile.n_cpu_moe, profile.cpu_expert_tensors)
-    argv += rpc_args(profile)
+    argv += [*expert_split_args(profile.n_cpu_moe, profile.cpu_expert_tensors), *rpc_args(profile)]
     if profile.cache_ram_mib is not None:
         # The prompt cache the CPU mirror fills, sized by the planner out of the RAM plan's free part.
         argv += ["--cache-ram", str(profile.cache_ram_mib)]
