@@ -10,17 +10,16 @@ this service A, and B, its `[[peers]]` entry, on a simulated GPU of its own.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from tray_app.drill.bodies import BASE, FAULT_REQUEST, STORY
-from tray_app.drill.client import Answer, DrillError, ServiceClient
+from tray_app.drill.client import DrillError, ServiceClient
 from tray_app.drill.context import DrillContext, finish
 from tray_app.drill.expected import EXPECTED, TITLES
+from tray_app.drill.kill import Kill
 from tray_app.drill.peer_pair import PeerSide
 from tray_app.drill.records import ScenarioRecord
 
@@ -110,30 +109,24 @@ async def peer_killed(ctx: DrillContext) -> ScenarioRecord:
         )
         return record
     await _peer_in(ctx, peer, "ready", PEER_WAIT)
-    delivered = [""]  # what the client had when B was killed
-
-    async def kill_peer(answer: Answer) -> bool:
-        if not delivered[0] and len(answer.content_at) >= KILL_AFTER:
-            os.kill(peer.pid, signal.SIGKILL)  # B's service, mid-answer: its connection to A drops
-            delivered[0] = answer.text
-        return False
-
+    # B's service, mid-answer: its connection to A drops.
+    kill = Kill(peer.pid, lambda answer: len(answer.content_at) >= KILL_AFTER)
     async with _gpu_stopped(ctx):
         start = time.time()
-        answer = await ctx.client.stream_chat(LONG_STORY, stop_after=kill_peer)
+        answer = await ctx.client.stream_chat(LONG_STORY, stop_after=kill.on_chunk())
     await finish(ctx, record, answer, EXPECTED["n"], start)
     record.decision_why = (
         "the peer's attempt failed after text reached the client; stream_after_content = resume: this "
         "machine's CPU, the next rung, continued from the text already sent"
     )
-    if not delivered[0]:
+    if not kill.delivered:
         record.failed_checks.append("the stream ended before the peer could be killed")
         return record
     record.notes.append(
-        f"peer {peer.name} (pid {peer.pid}) killed after {len(delivered[0])} characters; the answer has "
+        f"peer {peer.name} (pid {peer.pid}) killed after {len(kill.delivered)} characters; the answer has "
         f"{len(answer.text)}"
     )
-    if len(answer.text) <= len(delivered[0]):
+    if len(answer.text) <= len(kill.delivered):
         record.failed_checks.append("the answer does not continue after the text streamed before the kill")
     if answer.finish_reasons != 1:
         record.failed_checks.append(f"{answer.finish_reasons} finish reasons on the wire, expected 1")

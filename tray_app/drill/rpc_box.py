@@ -10,8 +10,6 @@ finds it gone and is planned without it; the GPU answers again.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import Any
 
@@ -20,6 +18,7 @@ from tray_app.drill.bodies import BASE, FAULT_REQUEST, STORY
 from tray_app.drill.client import Answer, DrillError
 from tray_app.drill.context import DrillContext, finish
 from tray_app.drill.expected import EXPECTED, TITLES
+from tray_app.drill.kill import Kill
 from tray_app.drill.records import ScenarioRecord
 from tray_app.drill.rpc_launch import BOX_MEMORY, SIMULATED_VRAM, RpcBox
 from tray_app.engine.llama_log import as_printed
@@ -183,27 +182,19 @@ async def box_killed(ctx: DrillContext) -> ScenarioRecord:
     if not _spans_box(record, dict(await ctx.client.wait_ready()), box):
         record.actual = "not played: the GPU worker does not span the box"
         return record
-    delivered = [""]  # what the client had when the box was killed
-    killed_at = [0.0]
-
-    async def kill_box(answer: Answer) -> bool:
-        if not delivered[0] and answer.text:
-            os.kill(box.pid, signal.SIGKILL)  # rpc-server, mid-answer: the GPU worker loses its device
-            delivered[0], killed_at[0] = answer.text, time.time()
-        return False
-
+    kill = Kill(box.pid, lambda answer: bool(answer.text))  # rpc-server: the GPU worker loses its device
     start = time.time()
-    answer = await ctx.client.stream_chat(LONG_STORY, stop_after=kill_box)
+    answer = await ctx.client.stream_chat(LONG_STORY, stop_after=kill.on_chunk())
     trace = await finish(ctx, record, answer, EXPECTED["o"], start)
     record.decision_why = (
         "the box was lost mid-stream: llama-server aborts on a lost RPC connection (crash_abort); "
         "stream_after_content = resume: this machine's CPU continued from the text already sent"
     )
-    if not delivered[0]:
+    if not kill.delivered:
         record.failed_checks.append("the stream ended before the box could be killed")
         return record
-    record.notes.append(f"box {box.endpoint} (pid {box.pid}) killed after {len(delivered[0])} characters")
+    record.notes.append(f"box {box.endpoint} (pid {box.pid}) killed after {len(kill.delivered)} characters")
     if trace is not None:
         _check_answer(record, answer, trace.record)
-    await _planned_without(ctx, record, box, killed_at[0])
+    await _planned_without(ctx, record, box, kill.at)
     return record
