@@ -4,26 +4,19 @@ resumed once on the CPU, and the CPU finds the whole conversation in its cache (
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.drill.test_drill_run import drill_env, processes_under
+from tests.drill.test_drill_run import drill_env, drill_json, processes_under
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_long_conversation_fails_over_onto_what_the_mirror_read(tmp_path: Path) -> None:
     env, _scratch = drill_env(tmp_path)
-    command = [sys.executable, "-m", "tray_app", "drill", "--simulate-vram", "4GiB", "--scenario", "l"]
-    command.append("--json")
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = drill_json(env, "l", timeout=400)
     (record,) = report["scenarios"]
     assert record["key"] == "l" and not record["skipped"] and record["decision_ok"], record
     assert (record["lost"], record["doubled"], record["final_states"]) == (0, 0, ["completed"])

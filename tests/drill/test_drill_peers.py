@@ -5,14 +5,11 @@ once, and the peer is reported down. Nothing the drill started is left running, 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.drill.test_drill_run import drill_env, processes_under
+from tests.drill.test_drill_run import drill_env, drill_json, processes_under
 from tray_app.drill.peer_pair import PEER_NAME
 
 pytestmark = pytest.mark.integration
@@ -20,12 +17,7 @@ pytestmark = pytest.mark.integration
 
 def test_the_peer_answers_and_this_cpu_finishes_what_a_killed_peer_began(tmp_path: Path) -> None:
     env, scratch = drill_env(tmp_path)
-    command = [sys.executable, "-m", "tray_app", "drill", "--simulate-vram", "4GiB", "--scenario", "m,n"]
-    done = subprocess.run(
-        [*command, "--json"], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = drill_json(env, "m,n")
     records = {record["key"]: record for record in report["scenarios"]}
     assert list(records) == ["m", "n"] and report["passed"] is True
     for record in records.values():

@@ -49,6 +49,18 @@ def drill_env(root: Path) -> tuple[dict[str, str], Path]:
     return env, scratch
 
 
+def drill_json(env: dict[str, str], scenarios: str, timeout: float = 300) -> dict[str, Any]:
+    """`failsoft drill --simulate-vram 4GiB --scenario <scenarios> --json` in `env`: its report, once it
+    exited 0."""
+    command = [sys.executable, "-m", "tray_app", "drill", "--simulate-vram", "4GiB", "--scenario", scenarios]
+    done = subprocess.run(
+        [*command, "--json"], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
 @pytest.fixture(scope="module")
 def drill_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("drill")

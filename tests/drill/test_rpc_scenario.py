@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from tests.drill.test_drill_run import drill_env, processes_under
+from tests.drill.test_drill_run import drill_env, drill_json, processes_under
 from tests.drill.test_peer_scenarios import run_drill
 from tray_app import config
 from tray_app.config import from_dict
@@ -50,12 +47,7 @@ def test_the_box_killed_mid_stream_the_cpu_finishes_once_and_the_gpu_is_planned_
     tmp_path: Path,
 ) -> None:
     env, scratch = drill_env(tmp_path)
-    command_line = [sys.executable, "-m", "tray_app", "drill", "--simulate-vram", "4GiB", "--scenario", "o"]
-    done = subprocess.run(
-        [*command_line, "--json"], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = drill_json(env, "o")
     (record,) = report["scenarios"]
     assert record["key"] == "o" and report["passed"] is True and not record["skipped"], record
     assert record["problems"] == [] and record["failed_checks"] == [], record

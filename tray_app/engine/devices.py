@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tray_app.config.peers import split_endpoint
+
 MIB = 1024 * 1024
 # Device-name prefix -> the backend as a user names it (GPU_BACKEND values where there is one).
 GPU_BACKENDS = {
@@ -166,9 +168,8 @@ def rpc_device(binary: Path, endpoint: str, timeout: float = RPC_LIST_TIMEOUT_S)
     """The device `failsoft rpc serve` offers at `endpoint` (host:port), as this build of llama-server lists
     it with `--rpc` (its memory is the other machine's, read now); DeviceListError saying why when it does
     not answer. Not cached: a box on the LAN comes and goes."""
-    host, _, port = endpoint.rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RPC_CONNECT_TIMEOUT_S).close()
+        socket.create_connection(split_endpoint(endpoint), timeout=RPC_CONNECT_TIMEOUT_S).close()
     except (OSError, ValueError) as error:
         raise DeviceListError(f"the RPC server at {endpoint} does not answer: {error}") from error
     try:
